@@ -1,0 +1,26 @@
+"""Dense decoding: one target pass per token. The reference every other strategy matches."""
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+
+from .base import DecodeState
+
+
+class Autoregressive:
+    name = "dense"
+    lossless = True
+
+    def decode(self, state: DecodeState) -> Iterator[list[int]]:
+        model, cache = state.model, state.cache
+        logits = state.logits
+        while True:
+            token = int(state.sampler.pick(logits)[0])
+            state.tokens.append(token)
+            yield [token]
+            ids = torch.tensor([token], device=model.device)
+            positions = torch.tensor([cache.length], device=model.device)
+            logits = model(ids, positions, cache)
+            state.stats.target_passes += 1
+            state.stats.weight_bytes += model.weight_bytes

@@ -1,0 +1,34 @@
+"""What every decoding strategy receives and yields."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Protocol
+
+import torch
+
+from ..model.cache import KVCache
+from ..model.llama import Transformer
+from ..sampling import Sampler
+from ..stats import GenerationStats
+
+
+@dataclass
+class DecodeState:
+    """Everything a strategy needs after prefill. `tokens` holds prompt + output so far and
+    grows as the strategy yields; `logits` are the target's logits after the last prompt token."""
+
+    model: Transformer
+    cache: KVCache
+    tokens: list[int]
+    logits: torch.Tensor  # [1, vocab]
+    sampler: Sampler
+    stats: GenerationStats
+
+
+class Strategy(Protocol):
+    """A decoding strategy: yields lists of newly committed token ids until closed."""
+
+    name: str
+    lossless: bool
+
+    def decode(self, state: DecodeState) -> Iterator[list[int]]: ...

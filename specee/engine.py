@@ -1,0 +1,187 @@
+"""The Engine: owns the model, tokenizer and KV cache; runs prefill and a strategy's step loop."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+
+from .decoding.autoregressive import Autoregressive
+from .decoding.base import DecodeState, Strategy
+from .model.cache import KVCache
+from .model.llama import Transformer
+from .sampling import Sampler, SamplingParams
+from .stats import GenerationStats
+from .text_stream import TextStream
+from .tokenizer import Messages, Tokenizer
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DEVICES = ("cpu", "cuda")
+# Cache slots beyond prompt + max_tokens, so a verification pass may write draft tokens past the end.
+CACHE_SLACK = 128
+
+
+@dataclass
+class Event:
+    """One step of a stream: the tokens it committed and the text they made final."""
+
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None = None  # set on the last event: "stop" (EOS or stop string) or "length"
+
+
+@dataclass
+class Result:
+    text: str
+    token_ids: list[int]
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str
+    stats: GenerationStats = field(repr=False)
+
+    def to_dict(self) -> dict:
+        return {
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "finish_reason": self.finish_reason,
+            "stats": self.stats.to_dict() | {"prefill_s": self.stats.prefill_s, "decode_s": self.stats.decode_s},
+        }
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r} (choose from {', '.join(DTYPES)})")
+    return DTYPES[name]
+
+
+def parse_device(name: str) -> torch.device:
+    if name not in DEVICES:
+        raise ValueError(f"unknown device {name!r} (choose from {', '.join(DEVICES)})")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device cuda requested but no CUDA GPU is available")
+    return torch.device(name)
+
+
+class Engine:
+    def __init__(self, model: Transformer, tokenizer: Tokenizer, name: str = "") -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.name = name
+        self._cache: KVCache | None = None
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def context_length(self) -> int:
+        return self.config.max_position_embeddings
+
+    def encode(self, prompt: str | Messages, chat: bool = True) -> list[int]:
+        return self.tokenizer.encode_prompt(prompt, chat=chat)
+
+    def generate(self, prompt: str | Messages, **options) -> Result:
+        stream = self.stream(prompt, **options)
+        for _ in stream:
+            pass
+        return stream.result
+
+    def stream(self, prompt: str | Messages | list[int], **options) -> "Generation":
+        """Options: max_tokens, temperature, top_k, top_p, seed, stop, ignore_eos, chat, strategy."""
+        return Generation(self, prompt, **options)
+
+    def cache_for(self, length: int) -> KVCache:
+        """A reset cache with room for `length` positions (reused across requests)."""
+        if self._cache is None or self._cache.max_len < length:
+            self._cache = self.model.new_cache(length)
+        self._cache.reset()
+        return self._cache
+
+    def prefill(self, ids: list[int], cache: KVCache) -> torch.Tensor:
+        """Run the prompt through the model; returns the logits after its last token [1, vocab]."""
+        device = self.model.device
+        h = self.model.hidden(torch.tensor(ids, device=device), torch.arange(len(ids), device=device), cache)
+        return self.model.logits(self.model.norm(h[-1:]))
+
+
+class Generation:
+    """A running request: iterate for Events; `.result` is filled when iteration ends."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        prompt: str | Messages | list[int],
+        max_tokens: int = 256,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop: list[str] | tuple[str, ...] | str = (),
+        ignore_eos: bool = False,
+        chat: bool = True,
+        strategy: Strategy | None = None,
+    ) -> None:
+        if not isinstance(max_tokens, int) or max_tokens <= 0:
+            raise ValueError(f"max_tokens must be a positive integer, got {max_tokens}")
+        self.engine = engine
+        self.params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            self.prompt_ids = list(prompt)
+        else:
+            self.prompt_ids = engine.encode(prompt, chat=chat)
+        if not self.prompt_ids:
+            raise ValueError("the prompt is empty")
+        if len(self.prompt_ids) >= engine.context_length:
+            raise ValueError(
+                f"the prompt has {len(self.prompt_ids)} tokens but the model's context is "
+                f"{engine.context_length}: shorten it"
+            )
+        self.max_tokens = min(max_tokens, engine.context_length - len(self.prompt_ids))
+        self.stop = [stop] if isinstance(stop, str) else list(stop)
+        self.eos = set() if ignore_eos else set(engine.tokenizer.eos_token_ids)
+        self.strategy = strategy or Autoregressive()
+        self.result: Result | None = None
+
+    def __iter__(self) -> Iterator[Event]:
+        engine, model = self.engine, self.engine.model
+        stats = GenerationStats(prompt_tokens=len(self.prompt_ids))
+        text = TextStream(engine.tokenizer, self.stop)
+        output: list[int] = []
+        finish = "length"
+        with torch.inference_mode():
+            cache = engine.cache_for(len(self.prompt_ids) + self.max_tokens + CACHE_SLACK)
+            start = time.perf_counter()
+            logits = engine.prefill(self.prompt_ids, cache)
+            stats.weight_bytes += model.weight_bytes
+            stats.prefill_s = time.perf_counter() - start
+            state = DecodeState(model, cache, list(self.prompt_ids), logits, Sampler(self.params, model.device), stats)
+            steps = self.strategy.decode(state)
+            start = time.perf_counter()
+            try:
+                for new in steps:
+                    new, finish = self._cut(new, len(output))
+                    output.extend(new)
+                    delta = text.add(new)
+                    if text.stopped:
+                        finish = "stop"
+                    if finish != "continue":
+                        break
+                    yield Event(new, delta)
+            finally:
+                steps.close()
+                stats.decode_s = time.perf_counter() - start
+        stats.generated_tokens = len(output)
+        yield Event(new, delta + text.finish(), finish)
+        self.result = Result(text.text, output, len(self.prompt_ids), len(output), finish, stats)
+
+    def _cut(self, new: list[int], produced: int) -> tuple[list[int], str]:
+        """Keep the tokens up to an EOS or the token limit; say whether generation goes on."""
+        for i, token in enumerate(new):
+            if token in self.eos:
+                return new[: i + 1], "stop"
+            if produced + i + 1 >= self.max_tokens:
+                return new[: i + 1], "length"
+        return new, "continue"

@@ -1,0 +1,84 @@
+"""A preallocated, rewindable KV cache with one filled length per layer.
+
+Layers keep their own lengths because after an early exit the deeper layers lag behind the
+shallow ones until they are caught up. Nothing here knows about models or decoding strategies.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        max_len: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        shape = (num_layers, num_kv_heads, max_len, head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.lengths = [0] * num_layers
+        self.max_len = max_len
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def length(self) -> int:
+        """Length of the longest layer: the number of positions written so far."""
+        return max(self.lengths)
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write k, v ([T, kv_heads, head_dim]) after the layer's filled part.
+
+        Returns views of everything the layer holds now: ([kv_heads, S, head_dim], same).
+        """
+        start = self.lengths[layer]
+        end = start + k.shape[0]
+        if end > self.max_len:
+            raise ValueError(f"KV cache full: {end} positions needed, {self.max_len} allocated")
+        self.keys[layer, :, start:end] = k.transpose(0, 1)
+        self.values[layer, :, start:end] = v.transpose(0, 1)
+        self.lengths[layer] = end
+        return self.keys[layer, :, :end], self.values[layer, :, :end]
+
+    def truncate(self, length: int) -> None:
+        """Forget every position at or after `length`, in every layer."""
+        self.lengths = [min(n, length) for n in self.lengths]
+
+    def trim(self, n: int) -> int:
+        """Rewind the last `n` positions (counted on the longest layer); returns how many went."""
+        n = max(0, min(n, self.length))
+        self.truncate(self.length - n)
+        return n
+
+    def keep(self, start: int, indices: torch.Tensor | list[int]) -> None:
+        """Compact the positions `indices` (absolute slots, ascending, all >= start) into the
+        contiguous slots start, start + 1, ...; everything after them is forgotten.
+
+        Used after tree verification: the accepted path's entries move next to the prefix.
+        Applies to every layer that has written past `start`.
+        """
+        index = torch.as_tensor(indices, dtype=torch.long, device=self.keys.device)
+        n = index.numel()
+        if n and (int(index.min()) < start or int(index.max()) >= self.length):
+            raise ValueError("keep: indices must lie in the written part of the cache, at or after start")
+        layers = [i for i, length in enumerate(self.lengths) if length > start]
+        if len(layers) == self.num_layers:
+            # One gather for all layers at once (the common case: nobody lags).
+            self.keys[:, :, start : start + n] = self.keys.index_select(2, index)
+            self.values[:, :, start : start + n] = self.values.index_select(2, index)
+        else:
+            for i in layers:
+                self.keys[i, :, start : start + n] = self.keys[i].index_select(1, index)
+                self.values[i, :, start : start + n] = self.values[i].index_select(1, index)
+        for i in layers:
+            self.lengths[i] = start + n
+
+    def reset(self) -> None:
+        self.lengths = [0] * self.num_layers

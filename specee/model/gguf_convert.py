@@ -1,0 +1,129 @@
+"""Convert a GGUF file (any quantization the `gguf` package can dequantize) to a Hugging Face
+layout directory: config.json, model.safetensors (fp32), tokenizer files with chat template."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from .config import LlamaConfig
+from .loading import ModelLoadError
+
+# GGUF tensor names -> Hugging Face names ("{i}" is the layer index).
+_TENSOR_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+    "blk.{i}.attn_norm.weight": "model.layers.{i}.input_layernorm.weight",
+    "blk.{i}.ffn_norm.weight": "model.layers.{i}.post_attention_layernorm.weight",
+    "blk.{i}.attn_q.weight": "model.layers.{i}.self_attn.q_proj.weight",
+    "blk.{i}.attn_k.weight": "model.layers.{i}.self_attn.k_proj.weight",
+    "blk.{i}.attn_v.weight": "model.layers.{i}.self_attn.v_proj.weight",
+    "blk.{i}.attn_q.bias": "model.layers.{i}.self_attn.q_proj.bias",
+    "blk.{i}.attn_k.bias": "model.layers.{i}.self_attn.k_proj.bias",
+    "blk.{i}.attn_v.bias": "model.layers.{i}.self_attn.v_proj.bias",
+    "blk.{i}.attn_output.weight": "model.layers.{i}.self_attn.o_proj.weight",
+    "blk.{i}.ffn_gate.weight": "model.layers.{i}.mlp.gate_proj.weight",
+    "blk.{i}.ffn_up.weight": "model.layers.{i}.mlp.up_proj.weight",
+    "blk.{i}.ffn_down.weight": "model.layers.{i}.mlp.down_proj.weight",
+}
+_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "mistral": "mistral"}
+
+
+def _hf_name(gguf_name: str) -> str | None:
+    parts = gguf_name.split(".")
+    if parts[0] == "blk":
+        key = "blk.{i}." + ".".join(parts[2:])
+        return _TENSOR_NAMES[key].format(i=parts[1]) if key in _TENSOR_NAMES else None
+    return _TENSOR_NAMES.get(gguf_name)
+
+
+def _field(reader, key: str, default=None):
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
+def read_config(reader) -> LlamaConfig:
+    arch = _field(reader, "general.architecture")
+    if arch not in _ARCHITECTURES:
+        raise ModelLoadError(f"GGUF architecture {arch!r} is not a Llama-family model specee runs")
+    a = lambda key, default=None: _field(reader, f"{arch}.{key}", default)  # noqa: E731
+    names = {t.name for t in reader.tensors}
+    vocab_size = a("vocab_size") or len(_field(reader, "tokenizer.ggml.tokens", []))
+    heads = a("attention.head_count")
+    config = {
+        "model_type": _ARCHITECTURES[arch],
+        "hidden_size": a("embedding_length"),
+        "intermediate_size": a("feed_forward_length"),
+        "num_hidden_layers": a("block_count"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": a("attention.head_count_kv", heads),
+        "head_dim": a("attention.key_length") or a("rope.dimension_count"),
+        "max_position_embeddings": a("context_length", 2048),
+        "rms_norm_eps": a("attention.layer_norm_rms_epsilon", 1e-6),
+        "rope_theta": a("rope.freq_base", 10000.0),
+        "vocab_size": vocab_size,
+        "tie_word_embeddings": "output.weight" not in names,
+        "attention_bias": "blk.0.attn_q.bias" in names,
+        "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
+        "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id"),
+    }
+    if a("rope.scaling.type") == "linear":
+        config["rope_scaling"] = {"rope_type": "linear", "factor": a("rope.scaling.factor")}
+    if "rope_freqs.weight" in names:
+        raise ModelLoadError("GGUF files with baked rope_freqs (Llama 3.1 style) are not supported yet; "
+                             "use the Hugging Face model directory instead")
+    return LlamaConfig.from_dict(config)
+
+
+def _unpermute(weight: np.ndarray, heads: int) -> np.ndarray:
+    # llama.cpp's converter interleaves the two rotary halves of each head; undo it.
+    dim = weight.shape[0] // heads // 2
+    return weight.reshape(heads, dim, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+def read_tensors(reader, config: LlamaConfig) -> dict[str, torch.Tensor]:
+    from gguf.quants import dequantize
+
+    tensors = {}
+    for t in tqdm(reader.tensors, desc="dequantizing", unit="tensor", leave=False):
+        name = _hf_name(t.name)
+        if name is None:
+            continue
+        w = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
+        if config.model_type == "llama" and ".attn_q." in t.name:
+            w = _unpermute(w, config.num_attention_heads)
+        elif config.model_type == "llama" and ".attn_k." in t.name:
+            w = _unpermute(w, config.num_key_value_heads)
+        tensors[name] = torch.from_numpy(np.array(w, dtype=np.float32, order="C"))
+    return tensors
+
+
+def convert_tokenizer(path: Path, out_dir: Path) -> None:
+    from transformers import AutoTokenizer
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    tokenizer.save_pretrained(str(out_dir))
+
+
+def convert_gguf(path: Path, out_dir: Path) -> None:
+    import gguf
+    from safetensors.torch import save_file
+
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except Exception as e:  # the reader raises assorted errors on truncated or corrupt files
+        raise ModelLoadError(f"{path} is not a readable GGUF file ({type(e).__name__}: {e})") from None
+    config = read_config(reader)
+    try:
+        tensors = read_tensors(reader, config)
+        convert_tokenizer(path, out_dir)
+    except Exception as e:  # truncated data surfaces only when a tensor or the vocabulary is read
+        raise ModelLoadError(f"cannot convert {path} ({type(e).__name__}: {e})") from None
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"source": path.name})
+    (out_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2))

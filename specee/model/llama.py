@@ -1,0 +1,179 @@
+"""A Llama-family decoder whose pieces strategies can call one by one.
+
+Parameter names follow Hugging Face (`model.` prefix dropped), except that q/k/v and gate/up
+are stored fused (`qkv_proj`, `gate_up_proj`, as in vLLM) so a batch-1 step runs one matmul
+where HF runs three: the loader concatenates them.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .cache import KVCache
+from .config import LlamaConfig
+from .rope import RopeAngles, apply_rope, inverse_frequencies, rope_angles
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in fp32 and scale in the input dtype, exactly like HF.
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: LlamaConfig, layer_index: int) -> None:
+        super().__init__()
+        self.layer_index = layer_index
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        qkv_dim = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
+        self.qkv_proj = nn.Linear(config.hidden_size, qkv_dim, bias=config.attention_bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+
+    def forward(
+        self, x: torch.Tensor, angles: RopeAngles, cache: KVCache, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        T = x.shape[0]
+        nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
+        group = nh // nkv
+        qkv = self.qkv_proj(x)  # [T, (nh + 2 nkv) hd]
+        qk = apply_rope(qkv[:, : (nh + nkv) * hd].view(T, nh + nkv, hd), angles)
+        v = qkv[:, (nh + nkv) * hd :].view(T, nkv, hd)
+        keys, values = cache.append(self.layer_index, qk[:, nh:], v)  # [nkv, S, hd]
+        # Query heads sharing a kv head become rows of one matrix: no repeated K/V.
+        q = qk[:, :nh].reshape(T, nkv, group, hd).permute(1, 2, 0, 3).reshape(nkv, group * T, hd)
+        attn_mask = None
+        if T > 1 or mask is not None:
+            attn_mask = full_attention_mask(mask, T, keys.shape[1], x.device).repeat(group, 1)
+        out = F.scaled_dot_product_attention(q.to(keys.dtype), keys, values, attn_mask=attn_mask)
+        out = out.view(nkv, group, T, hd).permute(2, 0, 1, 3).reshape(T, nh * hd)
+        return self.o_proj(out.to(x.dtype))
+
+
+def full_attention_mask(mask: torch.Tensor | None, T: int, S: int, device) -> torch.Tensor:
+    """[T, S] bool: the S - T cached positions are visible to all new tokens; among the new
+    ones, `mask` ([T, T], e.g. a tree) or causal order when None."""
+    if mask is None:
+        return torch.ones(T, S, dtype=torch.bool, device=device).tril(S - T)
+    prefix = torch.ones(T, S - T, dtype=torch.bool, device=device)
+    return torch.cat((prefix, mask.to(device=device, dtype=torch.bool)), dim=1)
+
+
+class MLP(nn.Module):
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.intermediate_size = config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: LlamaConfig, layer_index: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, layer_index)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(
+        self, h: torch.Tensor, angles: RopeAngles, cache: KVCache, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), angles, cache, mask)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Transformer(nn.Module):
+    """The pieces: embed(ids), layers[i](h, angles, cache, mask), norm(h), logits(h, rows)."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.register_buffer("inv_freq", inverse_frequencies(config), persistent=False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    def new_cache(self, max_len: int, dtype: torch.dtype | None = None) -> KVCache:
+        c = self.config
+        return KVCache(
+            c.num_hidden_layers, c.num_key_value_heads, c.head_dim, max_len,
+            dtype=dtype or self.dtype, device=self.device,
+        )
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(ids)  # [T, hidden]
+
+    def angles(self, positions: torch.Tensor) -> RopeAngles:
+        """RoPE angles for one pass; `positions` [T] are absolute token positions."""
+        return rope_angles(self.inv_freq, positions, self.dtype)
+
+    def logits(self, h: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """h: [T, hidden] (already normed). `rows` picks vocabulary entries: [T, len(rows)]."""
+        if rows is None:
+            return self.lm_head(h)
+        return F.linear(h, self.head_weight[rows])
+
+    @functools.cached_property
+    def weight_bytes(self) -> int:
+        """Weight bytes one pass streams in: every matrix and norm, the full output head, and
+        one embedding row (negligible, so left out)."""
+        c = self.config
+        per_layer = (
+            (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim * c.hidden_size
+            + c.num_attention_heads * c.head_dim * c.hidden_size
+            + 3 * c.hidden_size * c.intermediate_size
+            + 2 * c.hidden_size
+        )
+        elements = c.num_hidden_layers * per_layer + c.hidden_size + c.vocab_size * c.hidden_size
+        return elements * self.embed_tokens.weight.element_size()
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        return self.lm_head.weight
+
+    def hidden(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KVCache,
+        mask: torch.Tensor | None = None,
+        layers: range | None = None,
+    ) -> torch.Tensor:
+        """Embed `ids` and run them through `layers` (all by default); returns [T, hidden]."""
+        h = self.embed(ids)
+        angles = self.angles(positions)
+        for i in layers if layers is not None else range(len(self.layers)):
+            h = self.layers[i](h, angles, cache, mask)
+        return h
+
+    def forward(
+        self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The default loop over the pieces: logits [T, vocab] for every new token."""
+        return self.logits(self.norm(self.hidden(ids, positions, cache, mask)))

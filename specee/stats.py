@@ -1,0 +1,70 @@
+"""The statistics every decoding strategy fills, so CLI, server and benchmarks treat them alike."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    target_passes: int = 0  # forward passes of the target model after prefill
+    draft_tokens_proposed: int = 0
+    draft_tokens_accepted: int = 0
+    accept_lengths: list[int] = field(default_factory=list)  # tokens gained per pass, bonus included
+    position_proposed: list[int] = field(default_factory=list)  # [k]: passes with a k+1-th draft token
+    position_accepted: list[int] = field(default_factory=list)  # [k]: ... where it was accepted
+    exit_layers: list[int] = field(default_factory=list)  # layer count used per token (early exit)
+    weight_bytes: int = 0  # weight bytes read by every model pass (target + drafter)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.generated_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens per target pass, counting the bonus token (vLLM/SGLang convention)."""
+        return sum(self.accept_lengths) / len(self.accept_lengths) if self.accept_lengths else 0.0
+
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        return [a / p if p else 0.0 for a, p in zip(self.position_accepted, self.position_proposed)]
+
+    def ctar(self, w: int) -> float:
+        """Kangaroo's consistent token acceptance rate: the chance that a window of w draft
+        tokens is accepted whole, i.e. the product of the first w per-position rates."""
+        rate = 1.0
+        for r in self.per_position_acceptance[:w]:
+            rate *= r
+        return rate if len(self.position_proposed) >= w else 0.0
+
+    @property
+    def bytes_per_token(self) -> float:
+        return self.weight_bytes / self.generated_tokens if self.generated_tokens else 0.0
+
+    def record_pass(self, proposed: int, accepted: int) -> None:
+        """One verification pass: `proposed` draft tokens along the checked path(s), `accepted`
+        of them kept; the pass adds accepted + 1 tokens (the bonus)."""
+        self.target_passes += 1
+        self.draft_tokens_proposed += proposed
+        self.draft_tokens_accepted += accepted
+        self.accept_lengths.append(accepted + 1)
+        for k in range(proposed):
+            if k >= len(self.position_proposed):
+                self.position_proposed.append(0)
+                self.position_accepted.append(0)
+            self.position_proposed[k] += 1
+            self.position_accepted[k] += k < accepted
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(
+            tokens_per_s=self.tokens_per_s,
+            mean_acceptance_length=self.mean_acceptance_length,
+            per_position_acceptance=self.per_position_acceptance,
+            ctar={w: self.ctar(w) for w in range(1, 7)},
+            bytes_per_token=self.bytes_per_token,
+        )
+        return d
