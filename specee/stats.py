@@ -21,7 +21,8 @@ class GenerationStats:
 
     @property
     def tokens_per_s(self) -> float:
-        return self.generated_tokens / self.decode_s if self.decode_s > 0 else 0.0
+        """Decode speed: the first token comes from prefill, the other n - 1 from decode_s."""
+        return (self.generated_tokens - 1) / self.decode_s if self.decode_s > 0 else 0.0
 
     @property
     def mean_acceptance_length(self) -> float:

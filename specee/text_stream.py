@@ -22,7 +22,9 @@ class TextStream:
         self._read = 0
 
     def add(self, ids: list[int]) -> str:
-        """Append token ids; returns the newly final text."""
+        """Append token ids; returns the newly final text (nothing once a stop string is hit)."""
+        if self.stopped:
+            return ""
         self.ids.extend(ids)
         before = self.tokenizer.decode(self.ids[self._prefix : self._read])
         after = self.tokenizer.decode(self.ids[self._prefix :])

@@ -56,8 +56,9 @@ class Attention(nn.Module):
         attn_mask = None
         if T > 1 or mask is not None:
             attn_mask = full_attention_mask(mask, T, keys.shape[1], x.device).repeat(group, 1)
-        out = F.scaled_dot_product_attention(q.to(keys.dtype), keys, values, attn_mask=attn_mask)
-        out = out.view(nkv, group, T, hd).permute(2, 0, 1, 3).reshape(T, nh * hd)
+        # 4-D inputs select PyTorch's fused CPU attention kernel (3-D falls back to plain maths).
+        out = F.scaled_dot_product_attention(q.to(keys.dtype)[None], keys[None], values[None], attn_mask=attn_mask)
+        out = out[0].view(nkv, group, T, hd).permute(2, 0, 1, 3).reshape(T, nh * hd)
         return self.o_proj(out.to(x.dtype))
 
 
@@ -119,12 +120,12 @@ class Transformer(nn.Module):
     def device(self) -> torch.device:
         return self.embed_tokens.weight.device
 
-    def new_cache(self, max_len: int, dtype: torch.dtype | None = None) -> KVCache:
+    def new_cache(self, max_len: int) -> KVCache:
         c = self.config
-        return KVCache(
-            c.num_hidden_layers, c.num_key_value_heads, c.head_dim, max_len,
-            dtype=dtype or self.dtype, device=self.device,
-        )
+        # On CPU attention runs in fp32 even for bf16 weights: PyTorch's CPU bf16 attention
+        # kernels are several times slower at batch 1, and the cache is small next to the weights.
+        dtype = torch.float32 if self.device.type == "cpu" else self.dtype
+        return KVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, max_len, dtype, self.device)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(ids)  # [T, hidden]

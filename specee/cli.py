@@ -1,0 +1,160 @@
+"""The `specee` command line: generate, chat, bench, train."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+EXIT_BAD_INPUT = 2
+
+
+class UsageError(Exception):
+    """Bad input from the user: printed as one line on stderr, exit code 2."""
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def _add_model_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="GGUF file or Hugging Face model directory (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--dtype", default="fp32", help="fp32 or bf16 (default fp32)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument("--threads", type=_positive_int, help="CPU threads for PyTorch")
+
+
+def _add_sampling_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-tokens", type=int, default=256, help="most tokens to generate (default 256)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0 = off)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1]")
+    p.add_argument("--seed", type=int, help="random seed for sampling")
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-sequence (benchmarks)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specee", description="Fast LLM decoding on your machine.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="generate a completion for one prompt")
+    gen.add_argument("prompt", nargs="?", default="-", help="prompt text, or - to read stdin (default)")
+    _add_model_options(gen)
+    _add_sampling_options(gen)
+    gen.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
+    gen.add_argument("--json", action="store_true", help="end stdout with one JSON object of the result")
+
+    chat = sub.add_parser("chat", help="interactive conversation (empty line or Ctrl-D ends it)")
+    _add_model_options(chat)
+    _add_sampling_options(chat)
+    chat.add_argument("--system", help="system message")
+    return parser
+
+
+def _sampling_kwargs(args) -> dict:
+    return dict(
+        max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+        seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos,
+    )
+
+
+def _validate_sampling(args) -> None:
+    # Checked before the model loads, so bad flags fail in milliseconds.
+    from .sampling import SamplingParams
+
+    if args.max_tokens <= 0:
+        raise UsageError(f"--max-tokens must be a positive integer, got {args.max_tokens}")
+    try:
+        SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    except ValueError as e:
+        raise UsageError(str(e).replace("top_p", "--top-p").replace("top_k", "--top-k")) from None
+    from .engine import parse_device, parse_dtype
+
+    try:
+        parse_dtype(args.dtype)
+        parse_device(args.device)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def _load(args):
+    from . import load
+
+    return load(args.model, dtype=args.dtype, device=args.device, threads=args.threads)
+
+
+def _speed_line(result) -> str:
+    s = result.stats
+    return (
+        f"[{result.prompt_tokens} prompt tokens, prefill {s.prefill_s:.2f} s; {result.completion_tokens} tokens "
+        f"in {s.decode_s:.2f} s = {s.tokens_per_s:.1f} tokens/s; finish: {result.finish_reason}]"
+    )
+
+
+def cmd_generate(args) -> int:
+    _validate_sampling(args)
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if not prompt.strip():
+        raise UsageError("the prompt is empty")
+    engine = _load(args)
+    stream = engine.stream(prompt, chat=not args.no_chat, **_sampling_kwargs(args))
+    for event in stream:
+        sys.stdout.write(event.text)
+        sys.stdout.flush()
+    result = stream.result
+    sys.stdout.write("\n")
+    print(_speed_line(result), file=sys.stderr)
+    if args.json:
+        print(json.dumps(result.to_dict()))
+    return 0
+
+
+def cmd_chat(args) -> int:
+    _validate_sampling(args)
+    engine = _load(args)
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    print("specee chat: type a message; an empty line or Ctrl-D ends the conversation.", file=sys.stderr)
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            break
+        if not line.strip():
+            break
+        messages.append({"role": "user", "content": line})
+        stream = engine.stream(messages, **_sampling_kwargs(args))
+        for event in stream:
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+        print(_speed_line(stream.result), file=sys.stderr)
+        messages.append({"role": "assistant", "content": stream.result.text})
+    return 0
+
+
+COMMANDS = {"generate": cmd_generate, "chat": cmd_chat}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)  # argparse itself exits with code 2 on malformed flags
+    from .model.loading import ModelLoadError
+
+    try:
+        return COMMANDS[args.command](args)
+    except (UsageError, ModelLoadError, ValueError) as e:
+        print(f"specee: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("\nspecee: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

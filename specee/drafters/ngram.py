@@ -1,0 +1,291 @@
+"""A Katz-backoff n-gram model over token ids, trained offline on target outputs, and its drafter.
+
+Smoothing: Katz backoff with absolute discounting. A continuation w seen after context h gets
+(c(h, w) - D) / c(h); the mass D * types(h) / c(h) taken from the seen ones goes to the unseen
+ones in proportion to the next-shorter context's probabilities, scaled by the backoff weight
+alpha(h) so the distribution sums to 1. A context never seen backs off with weight 1. The base is
+the unigram interpolated with the uniform distribution over the whole vocabulary, so every token
+id keeps a non-zero probability. D is estimated per order as n1 / (n1 + 2 n2) (Ney et al.), where
+nk is the number of n-grams seen exactly k times.
+"""
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from specee.drafters.base import Draft
+from specee.tree import dynamic_tree
+
+FORMAT = "specee-ngram"
+FORMAT_VERSION = 1
+# Keeps the estimated discount away from 0 (no mass left for unseen continuations) and from 1.
+DISCOUNT_RANGE = (0.1, 0.9)
+FALLBACK_DISCOUNT = 0.5  # when the data has no n-grams seen once or twice to estimate it from
+
+
+@dataclass
+class OrderTable:
+    """Seen continuations of every context of one order, grouped by context, most probable first."""
+
+    contexts: np.ndarray  # [n_contexts] int64 context keys, sorted for binary search
+    starts: np.ndarray  # [n_contexts + 1] int64 offsets of each context's continuations
+    tokens: np.ndarray  # [n_seen] int64 continuation token ids
+    probs: np.ndarray  # [n_seen] float64 discounted probabilities
+    backoff: np.ndarray  # [n_contexts] float64 alpha(h), the weight of the shorter context
+
+    def find(self, key: int) -> int | None:
+        row = int(np.searchsorted(self.contexts, key))
+        return row if row < len(self.contexts) and self.contexts[row] == key else None
+
+
+@dataclass
+class Level:
+    """One step of the backoff chain for a given context: its seen continuations and alpha."""
+
+    tokens: np.ndarray  # [seen] int64, most probable first
+    probs: np.ndarray  # [seen] float64
+    backoff: float
+
+
+@dataclass
+class NgramModel:
+    order: int
+    vocab_size: int
+    unigram: np.ndarray  # [vocab] float64, the base distribution
+    tables: list[OrderTable]  # tables[k - 2] holds contexts of k - 1 tokens, for k = 2..order
+
+    def __post_init__(self) -> None:
+        # The unigram is the last level of every backoff chain, with every token "seen".
+        by_prob = np.argsort(-self.unigram, kind="stable")
+        self._unigram_level = Level(by_prob, self.unigram[by_prob], backoff=0.0)
+
+    @staticmethod
+    def train(
+        sequences: Iterable[Sequence[int]], vocab_size: int, order: int = 3, progress: bool = True
+    ) -> "NgramModel":
+        if order < 1:
+            raise ValueError(f"n-gram order must be at least 1, got {order}")
+        if vocab_size**order >= 2**63:
+            raise ValueError(
+                f"order {order} over {vocab_size} tokens overflows the int64 n-gram keys"
+            )
+        keys: list[list[np.ndarray]] = [[] for _ in range(order)]  # keys[k - 1]: k-gram keys
+        for sequence in tqdm(
+            sequences, desc="n-gram counts", unit="seq", file=sys.stderr, disable=not progress
+        ):
+            ids = np.asarray(sequence, dtype=np.int64)  # [len]
+            if len(ids) and (ids.min() < 0 or ids.max() >= vocab_size):
+                raise ValueError(f"token ids must lie in [0, {vocab_size})")
+            for k in range(1, order + 1):
+                keys[k - 1].append(_ngram_keys(ids, k, vocab_size))
+        if not keys[0]:
+            raise ValueError("no sequences to train the n-gram model on")
+        grams = [np.unique(np.concatenate(k_keys), return_counts=True) for k_keys in keys]
+
+        unigram = _unigram(*grams[0], vocab_size)
+        tables: list[OrderTable] = []
+        lower_keys, lower_probs = np.arange(vocab_size), unigram  # seen (k-1)-grams by key
+        for k in range(2, order + 1):
+            gram_keys, counts = grams[k - 1]
+            table, probs_by_key = _order_table(
+                gram_keys, counts, lower_keys, lower_probs, vocab_size, k
+            )
+            tables.append(table)
+            lower_keys, lower_probs = gram_keys, probs_by_key
+        return NgramModel(order, vocab_size, unigram, tables)
+
+    def _levels(self, context: Sequence[int]) -> list[Level]:
+        """The backoff chain for `context`, longest context first, ending with the unigram."""
+        levels = []
+        for k in range(min(self.order, len(context) + 1), 1, -1):
+            table = self.tables[k - 2]
+            row = table.find(_key(context[len(context) - (k - 1) :], self.vocab_size))
+            if row is not None:
+                seen = slice(table.starts[row], table.starts[row + 1])
+                backoff = float(table.backoff[row])
+                levels.append(Level(table.tokens[seen], table.probs[seen], backoff))
+        levels.append(self._unigram_level)
+        return levels
+
+    def prob(self, context: Sequence[int], token: int) -> float:
+        scale = 1.0
+        for level in self._levels(context)[:-1]:
+            hit = np.flatnonzero(level.tokens == token)
+            if len(hit):
+                return scale * float(level.probs[hit[0]])
+            scale *= level.backoff
+        return scale * float(self.unigram[token])
+
+    def distribution(self, context: Sequence[int]) -> torch.Tensor:
+        """P(token | context) for every token id: float64 [vocab], sums to 1."""
+        dist = self.unigram.copy()  # [vocab]
+        for level in reversed(self._levels(context)[:-1]):
+            dist *= level.backoff
+            dist[level.tokens] = level.probs
+        return torch.from_numpy(dist)
+
+    def top_k(self, context: Sequence[int], k: int) -> list[tuple[int, float]]:
+        """The k most probable next tokens, without building the whole distribution.
+
+        A token's probability is set by the longest context it was seen after, so the answer is
+        among the best k of each level once tokens seen at longer contexts are skipped; the walk
+        stops once nothing in the shorter levels can beat the k-th found so far.
+        """
+        levels = self._levels(context)
+        # reach[i]: the most any token can get from levels i.. on, before the longer alphas.
+        reach = [float(levels[-1].probs[0])]
+        for level in reversed(levels[:-1]):
+            reach.insert(0, max(float(level.probs[0]), level.backoff * reach[0]))
+        found: dict[int, float] = {}
+        seen_longer = np.zeros(self.vocab_size, dtype=bool)  # [vocab] seen at a longer context
+        num_seen_longer = 0
+        scale = 1.0
+        for i, level in enumerate(levels):
+            # Among the first k + num_seen_longer entries at least k are new to this level.
+            head = slice(0, k + num_seen_longer)
+            new = ~seen_longer[level.tokens[head]]
+            for token, prob in zip(level.tokens[head][new][:k], level.probs[head][new][:k]):
+                found[int(token)] = scale * float(prob)
+            if i + 1 == len(levels):
+                break
+            seen_longer[level.tokens] = True
+            num_seen_longer = int(seen_longer.sum())
+            scale *= level.backoff
+            if len(found) >= k and sorted(found.values())[-k] >= scale * reach[i + 1]:
+                break
+        return sorted(found.items(), key=lambda item: -item[1])[:k]
+
+    def save(self, path: str | Path, fingerprint: str) -> None:
+        """One file with the format version and the fingerprint of the model it was trained for."""
+        torch.save(
+            {
+                "format": FORMAT,
+                "version": FORMAT_VERSION,
+                "fingerprint": fingerprint,
+                "order": self.order,
+                "vocab_size": self.vocab_size,
+                "unigram": torch.from_numpy(self.unigram),
+                "tables": [
+                    {name: torch.from_numpy(array) for name, array in vars(table).items()}
+                    for table in self.tables
+                ],
+            },
+            path,
+        )
+
+    @staticmethod
+    def load(path: str | Path, fingerprint: str) -> "NgramModel":
+        """Load a table trained for the model with `fingerprint`; anything else is a ValueError."""
+        saved = torch.load(path, weights_only=True)
+        if not isinstance(saved, dict) or saved.get("format") != FORMAT:
+            raise ValueError(f"{path} is not a specee n-gram table")
+        if saved["version"] != FORMAT_VERSION:
+            raise ValueError(
+                f"{path} has n-gram format version {saved['version']}, this specee reads "
+                f"version {FORMAT_VERSION}: train the table again"
+            )
+        if saved["fingerprint"] != fingerprint:
+            raise ValueError(
+                f"{path} was trained for model {saved['fingerprint']!r}, not {fingerprint!r}"
+            )
+        tables = [
+            OrderTable(**{name: tensor.numpy() for name, tensor in table.items()})
+            for table in saved["tables"]
+        ]
+        return NgramModel(saved["order"], saved["vocab_size"], saved["unigram"].numpy(), tables)
+
+
+def _key(tokens: Sequence[int], vocab_size: int) -> int:
+    key = 0
+    for token in tokens:
+        key = key * vocab_size + int(token)
+    return key
+
+
+def _ngram_keys(ids: np.ndarray, k: int, vocab_size: int) -> np.ndarray:
+    """Every k-gram of `ids` as one int64, the first token most significant."""
+    count = len(ids) - k + 1
+    if count <= 0:
+        return np.empty(0, dtype=np.int64)
+    keys = np.zeros(count, dtype=np.int64)  # [count]
+    for offset in range(k):
+        keys = keys * vocab_size + ids[offset : offset + count]
+    return keys
+
+
+def _discount(counts: np.ndarray) -> float:
+    once, twice = int((counts == 1).sum()), int((counts == 2).sum())
+    if once + twice == 0:
+        return FALLBACK_DISCOUNT
+    return float(np.clip(once / (once + 2 * twice), *DISCOUNT_RANGE))
+
+
+def _unigram(tokens: np.ndarray, counts: np.ndarray, vocab_size: int) -> np.ndarray:
+    total = counts.sum()
+    if total == 0:
+        return np.full(vocab_size, 1.0 / vocab_size)
+    discount = _discount(counts)
+    dist = np.full(vocab_size, discount * len(tokens) / (total * vocab_size))  # [vocab]
+    dist[tokens] += (counts - discount) / total
+    return dist
+
+
+def _order_table(
+    gram_keys: np.ndarray,  # [n_seen] sorted k-gram keys
+    counts: np.ndarray,  # [n_seen]
+    lower_keys: np.ndarray,  # [n_lower] sorted (k-1)-gram keys
+    lower_probs: np.ndarray,  # [n_lower] their probabilities
+    vocab_size: int,
+    k: int,
+) -> tuple[OrderTable, np.ndarray]:
+    """Discounted probabilities and backoff weights of one order; also returns probs by key."""
+    context_of, token_of = np.divmod(gram_keys, vocab_size)
+    contexts, starts, types = np.unique(context_of, return_index=True, return_counts=True)
+    group = np.repeat(np.arange(len(contexts)), types)  # [n_seen] row of each k-gram's context
+    context_counts = np.add.reduceat(counts, starts)  # [n_contexts]
+    # A context already followed by every token has no unseen continuation to give mass to.
+    discount = np.where(types == vocab_size, 0.0, _discount(counts))  # [n_contexts]
+    probs = (counts - discount[group]) / context_counts[group]  # [n_seen]
+    left_over = discount * types / context_counts  # [n_contexts]
+
+    # Every k-gram's last k-1 tokens were seen too, so its backoff probability is a seen one.
+    shorter = gram_keys % vocab_size ** (k - 1)
+    shorter_probs = lower_probs[np.searchsorted(lower_keys, shorter)]  # [n_seen]
+    unseen_shorter_mass = 1.0 - np.add.reduceat(shorter_probs, starts)  # [n_contexts]
+    backoff = np.divide(
+        left_over, unseen_shorter_mass, out=np.zeros_like(left_over), where=left_over > 0
+    )
+
+    # Sort each context's continuations by probability, most probable first, for top_k.
+    by_prob = np.lexsort((-probs, group))
+    ends = np.append(starts, len(gram_keys))
+    table = OrderTable(contexts, ends, token_of[by_prob], probs[by_prob], backoff)
+    return table, probs
+
+
+@dataclass
+class NgramProposer:
+    """Drafts from an n-gram model: a chain of argmaxes, or a best-first tree of top guesses."""
+
+    model: NgramModel
+    num_draft_tokens: int = 8
+    tree_width: int = 1  # candidates per node; 1 gives a chain
+
+    def propose(self, context: list[int], max_tokens: int) -> Draft:
+        budget = min(max_tokens, self.num_draft_tokens)
+        # Only the last order - 1 tokens matter, so long contexts are not copied per expansion.
+        tail = list(context[len(context) - (self.model.order - 1) :])
+
+        def expand(path: tuple[int, ...]) -> list[tuple[int, float]]:
+            return self.model.top_k(tail + list(path), self.tree_width)
+
+        return dynamic_tree(expand, budget=budget, max_depth=budget)
+
+    def update(self, context: list[int], num_accepted: int) -> None:
+        """The table is fixed after training."""

@@ -1,0 +1,305 @@
+"""Benchmark outputs: per-prompt records in, summary metrics, tables, JSON and plots out."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+from dataclasses import dataclass, field, fields
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from matplotlib.figure import Figure  # the object API renders with Agg and leaves pyplot's global state alone
+from matplotlib.ticker import MaxNLocator
+
+
+@dataclass
+class BenchRecord:
+    """One prompt run by one mode; `write_outputs` stores these as dicts (dataclasses.asdict)."""
+
+    mode: str
+    lossless: bool  # the mode promises the dense output token for token
+    prompt_id: str
+    category: str
+    dataset: str
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    wall_s: float = 0.0
+    tokens_per_s: float = 0.0  # decode tokens per second
+    accept_lengths: list[int] = field(default_factory=list)  # tokens gained per target pass, bonus included
+    exit_layers: list[int] = field(default_factory=list)  # layer each early-exited token left at
+    avg_layers: float | None = None  # layers run per generated token
+    bytes_per_token: float | None = None  # weight bytes read per generated token
+    peak_rss_mb: float = 0.0
+    token_ids: list[int] = field(default_factory=list)
+    matches_dense: bool | None = None
+    first_divergence: int | None = None
+    correct: bool | None = None
+    skipped: str | None = None  # why the prompt was not run; None when it was
+
+
+RECORD_FIELDS = tuple(f.name for f in fields(BenchRecord))
+
+
+def check_records(records: list[dict]) -> None:
+    for index, record in enumerate(records):
+        missing = [name for name in RECORD_FIELDS if name not in record]
+        if missing:
+            raise ValueError(f"record {index} ({record.get('mode')}, {record.get('prompt_id')}) lacks {missing}")
+
+
+def mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def token_weighted(records: list[dict], key: str) -> float | None:
+    """Per-token average of a per-record per-token metric, so long outputs count for more."""
+    measured = [r for r in records if r[key] is not None and r["new_tokens"] > 0]
+    tokens = sum(r["new_tokens"] for r in measured)
+    return sum(r[key] * r["new_tokens"] for r in measured) / tokens if tokens else None
+
+
+def throughput(records: list[dict]) -> float | None:
+    decode_s = sum(r["decode_s"] for r in records)
+    return sum(r["new_tokens"] for r in records) / decode_s if decode_s > 0 else None
+
+
+def speedup(records: list[dict], baseline_mode: str, runs: dict[tuple, dict]) -> float | None:
+    """Ratio of decode throughputs over the prompts that both this mode and the baseline ran."""
+    pairs = [(r, runs[(baseline_mode, r["dataset"], r["prompt_id"])]) for r in records
+             if (baseline_mode, r["dataset"], r["prompt_id"]) in runs]
+    mine, baseline = throughput([r for r, _ in pairs]), throughput([b for _, b in pairs])
+    return mine / baseline if mine is not None and baseline else None
+
+
+def group_stats(group: list[dict], runs: dict[tuple, dict], reference_mode: str, hf_mode: str) -> dict:
+    done = [r for r in group if not r["skipped"]]
+    accept_lengths = [n for r in done for n in r["accept_lengths"]]
+    judged = [r["correct"] for r in done if r["correct"] is not None]
+    compared = [r["matches_dense"] for r in done if r["lossless"] and r["matches_dense"] is not None]
+    return {
+        "prompts": len(done),
+        "skipped": len(group) - len(done),
+        "new_tokens": sum(r["new_tokens"] for r in done),
+        "decode_s": sum(r["decode_s"] for r in done),
+        "tokens_per_s": mean([r["tokens_per_s"] for r in done]),
+        "speedup_vs_dense": speedup(done, reference_mode, runs),
+        "speedup_vs_hf": speedup(done, hf_mode, runs),
+        "mean_accept_length": mean(accept_lengths),
+        "avg_layers": token_weighted(done, "avg_layers"),
+        "bytes_per_token": token_weighted(done, "bytes_per_token"),
+        "peak_rss_mb": max((r["peak_rss_mb"] for r in done), default=None),
+        "accuracy": mean([float(c) for c in judged]),
+        "accuracy_n": len(judged),
+        "lossless_ok": all(compared) if compared else None,  # None: lossy mode or nothing compared
+    }
+
+
+def summarize(records: list[dict], reference_mode: str = "dense", hf_mode: str = "hf") -> dict:
+    check_records(records)
+    runs = {(r["mode"], r["dataset"], r["prompt_id"]): r for r in records if not r["skipped"]}
+    modes = list(dict.fromkeys(r["mode"] for r in records))  # in the order they were run
+    categories = list(dict.fromkeys(r["category"] for r in records))
+    summary_modes = {}
+    for mode in modes:
+        of_mode = [r for r in records if r["mode"] == mode]
+        stats = group_stats(of_mode, runs, reference_mode, hf_mode)
+        stats["lossless"] = any(r["lossless"] for r in of_mode)
+        stats["categories"] = {
+            category: group_stats(in_category, runs, reference_mode, hf_mode)
+            for category in categories
+            if (in_category := [r for r in of_mode if r["category"] == category])
+        }
+        summary_modes[mode] = stats
+    failures = [
+        {key: r[key] for key in ("mode", "dataset", "prompt_id", "category", "first_divergence")}
+        for r in records
+        if not r["skipped"] and r["lossless"] and r["matches_dense"] is False
+    ]
+    return {
+        "reference_mode": reference_mode,
+        "hf_mode": hf_mode,
+        "categories": categories,
+        "modes": summary_modes,
+        "lossless_failures": failures,
+    }
+
+
+def fmt(value, spec: str = ".2f", suffix: str = "") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "NO"  # capitals: a False here is a lossless check that failed
+    return f"{value:{spec}}{suffix}"
+
+
+MODE_COLUMNS = ("mode", "lossless", "prompts", "skipped", "tok/s", "vs dense", "vs hf", "accept len",
+                "layers", "MB/token", "peak RSS MB", "accuracy", "lossless ok")
+
+
+def mode_rows(summary: dict) -> list[list[str]]:
+    rows = []
+    for mode, s in summary["modes"].items():
+        mb_per_token = s["bytes_per_token"] / 1e6 if s["bytes_per_token"] is not None else None
+        rows.append([
+            mode, "yes" if s["lossless"] else "no", str(s["prompts"]), str(s["skipped"]), fmt(s["tokens_per_s"]),
+            fmt(s["speedup_vs_dense"], suffix="x"), fmt(s["speedup_vs_hf"], suffix="x"),
+            fmt(s["mean_accept_length"]), fmt(s["avg_layers"], ".1f"), fmt(mb_per_token, ".1f"),
+            fmt(s["peak_rss_mb"], ".0f"), fmt(s["accuracy"], ".3f"), fmt(s["lossless_ok"]),
+        ])
+    return rows
+
+
+def category_rows(summary: dict) -> tuple[list[str], list[list[str]]]:
+    """Speedup vs dense, one row per category and one column per mode."""
+    modes = list(summary["modes"])
+    rows = [
+        [category] + [fmt(summary["modes"][m]["categories"].get(category, {}).get("speedup_vs_dense"), suffix="x")
+                      for m in modes]
+        for category in summary["categories"]
+    ]
+    return ["category", *modes], rows
+
+
+def failure_lines(summary: dict) -> list[str]:
+    return [
+        f"LOSSLESS FAILURE: mode {f['mode']} differs from {summary['reference_mode']} on "
+        f"{f['dataset']}/{f['prompt_id']} ({f['category']}), first divergence at token {f['first_divergence']}"
+        for f in summary["lossless_failures"]
+    ]
+
+
+def fixed_width(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(row[i]) for row in [headers, *rows]) for i in range(len(headers))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [headers, *rows])
+
+
+def markdown(headers: list[str], rows: list[list[str]]) -> str:
+    lines = [headers, ["---"] * len(headers), *rows]
+    return "\n".join("| " + " | ".join(row) + " |" for row in lines)
+
+
+def format_table(summary: dict) -> str:
+    """Modes by metrics, then speedups by category; lossless failures last, where they are seen."""
+    parts = [fixed_width(list(MODE_COLUMNS), mode_rows(summary)),
+             f"\nspeedup vs {summary['reference_mode']} by category (decode tokens/s ratio)",
+             fixed_width(*category_rows(summary))]
+    return "\n".join(parts + failure_lines(summary))
+
+
+def summary_markdown(summary: dict, meta: dict) -> str:
+    parts = ["# specee bench", f"`{meta.get('command', '')}`", markdown(list(MODE_COLUMNS), mode_rows(summary)),
+             f"## Speedup vs {summary['reference_mode']} by category", markdown(*category_rows(summary))]
+    failures = failure_lines(summary)
+    if failures:
+        parts.append("## Lossless failures\n\n" + "\n".join(f"- **{line}**" for line in failures))
+    return "\n\n".join(parts) + "\n"
+
+
+def plot_speedup_by_category(summary: dict, path: Path) -> None:
+    modes = [m for m in summary["modes"] if m != summary["reference_mode"]]
+    groups = [*summary["categories"], "overall"]
+    width = 0.8 / max(len(modes), 1)
+    fig = Figure(figsize=(max(6.0, 1.5 + 0.3 * len(groups) * max(len(modes), 1)), 4.5))
+    ax = fig.subplots()
+    for i, mode in enumerate(modes):
+        stats = summary["modes"][mode]
+        values = [stats["categories"].get(g, {}).get("speedup_vs_dense") for g in summary["categories"]]
+        values.append(stats["speedup_vs_dense"])
+        ax.bar([x + i * width for x in range(len(groups))],
+               [v if v is not None else float("nan") for v in values], width, label=mode)
+    ax.axhline(1.0, color="gray", linestyle="--", linewidth=1)
+    ax.set_xticks([x + width * (len(modes) - 1) / 2 for x in range(len(groups))], groups, rotation=30, ha="right")
+    ax.set_ylabel(f"speedup vs {summary['reference_mode']}")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def plot_accuracy_vs_speedup(summary: dict, path: Path) -> bool:
+    points = [(m, s["speedup_vs_dense"], s["accuracy"]) for m, s in summary["modes"].items()
+              if s["speedup_vs_dense"] is not None and s["accuracy"] is not None]
+    if not points:
+        return False
+    fig = Figure(figsize=(6, 4.5))
+    ax = fig.subplots()
+    for mode, x, y in points:
+        ax.scatter(x, y)
+        ax.annotate(mode, (x, y), textcoords="offset points", xytext=(5, 5), fontsize="small")
+    ax.set_xlabel(f"speedup vs {summary['reference_mode']}")
+    ax.set_ylabel("accuracy")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return True
+
+
+def plot_histograms(records: list[dict], key: str, xlabel: str, path: Path) -> bool:
+    """One step histogram of an integer per-token quantity per mode that has any; False if none."""
+    by_mode: dict[str, list[int]] = {}
+    for r in records:
+        if not r["skipped"] and r[key]:
+            by_mode.setdefault(r["mode"], []).extend(r[key])
+    if not by_mode:
+        return False
+    low = min(min(values) for values in by_mode.values())
+    high = max(max(values) for values in by_mode.values())
+    bins = [b - 0.5 for b in range(low, high + 2)]  # one bin per integer value
+    fig = Figure(figsize=(6, 4.5))
+    ax = fig.subplots()
+    for mode, values in by_mode.items():
+        ax.hist(values, bins=bins, density=True, histtype="step", linewidth=1.5, label=mode)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("fraction")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return True
+
+
+def write_outputs(out_dir: str | Path, records: list[dict], summary: dict, meta: dict) -> list[Path]:
+    """Write records.jsonl, summary.json, summary.md and the plots that have data; return the paths."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = [out_dir / "records.jsonl", out_dir / "summary.json", out_dir / "summary.md",
+               out_dir / "speedup_by_category.png"]
+    written[0].write_text("".join(json.dumps(r) + "\n" for r in records))
+    written[1].write_text(json.dumps({"meta": meta, **summary}, indent=2))
+    written[2].write_text(summary_markdown(summary, meta))
+    plot_speedup_by_category(summary, written[3])
+    optional_plots = [
+        ("accuracy_vs_speedup.png", lambda p: plot_accuracy_vs_speedup(summary, p)),
+        ("exit_layers.png", lambda p: plot_histograms(records, "exit_layers", "exit layer", p)),
+        ("acceptance_lengths.png", lambda p: plot_histograms(records, "accept_lengths", "tokens per target pass", p)),
+    ]
+    written += [out_dir / name for name, plot in optional_plots if plot(out_dir / name)]
+    return written
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info() -> dict:
+    import torch  # here, not at the top: only this function needs it
+
+    try:
+        specee_version = version("specee")
+    except PackageNotFoundError:  # running from a checkout that is not pip-installed
+        specee_version = "unknown"
+    return {
+        "cpu": cpu_model(),
+        "logical_cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "specee": specee_version,
+    }

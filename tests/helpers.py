@@ -1,0 +1,48 @@
+"""Tiny random models for fast tests, built both as Hugging Face and as specee models."""
+from __future__ import annotations
+
+import torch
+
+from specee.model.config import LlamaConfig
+from specee.model.cpu_packing import pack_linears
+from specee.model.loading import LoadedWeights, build_model
+
+TINY = dict(
+    hidden_size=64, intermediate_size=112, num_hidden_layers=3, num_attention_heads=4,
+    num_key_value_heads=2, vocab_size=97, max_position_embeddings=256, rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+)
+
+
+def tiny_hf_model(seed: int = 0, model_type: str = "llama", **overrides):
+    """A randomly initialised HF causal LM (weights scaled up so logits are far from uniform)."""
+    import transformers
+
+    settings = {**TINY, **overrides}
+    if model_type == "qwen2":
+        hf_config = transformers.Qwen2Config(**settings)
+        cls = transformers.Qwen2ForCausalLM
+    else:
+        hf_config = transformers.LlamaConfig(**settings)
+        cls = transformers.LlamaForCausalLM
+    torch.manual_seed(seed)
+    model = cls(hf_config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.2)
+            else:
+                p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+def specee_from_hf(hf_model, pack: bool = True, dtype=torch.float32):
+    config = LlamaConfig.from_dict(hf_model.config.to_dict())
+    state = {k: v.detach().clone() for k, v in hf_model.state_dict().items()}
+    model = build_model(LoadedWeights(config, state, None), dtype, "cpu")
+    return pack_linears(model) if pack else model
+
+
+def tiny_model(seed: int = 0, pack: bool = True, **overrides):
+    """A specee model with random weights (no HF model needed afterwards)."""
+    return specee_from_hf(tiny_hf_model(seed, **overrides), pack=pack)

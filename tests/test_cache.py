@@ -1,0 +1,115 @@
+"""KV cache invariants: incremental decoding, rewind, compaction, per-layer lengths."""
+import pytest
+import torch
+
+from helpers import tiny_model
+from specee.model.cache import KVCache
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model(seed=4)
+
+
+def greedy_continue(model, cache, last_token, n):
+    out = []
+    token = last_token
+    for _ in range(n):
+        logits = model(torch.tensor([token]), torch.tensor([cache.length]), cache)
+        token = int(logits.argmax(-1))
+        out.append(token)
+    return out
+
+
+def test_prefill_then_token_by_token_equals_one_full_forward(model):
+    ids = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38]
+    with torch.no_grad():
+        full = model(torch.tensor(ids), torch.arange(len(ids)), model.new_cache(16))
+        cache = model.new_cache(16)
+        rows = [model(torch.tensor(ids[:4]), torch.arange(4), cache)]
+        for pos in range(4, len(ids)):
+            rows.append(model(torch.tensor([ids[pos]]), torch.tensor([pos]), cache))
+    torch.testing.assert_close(torch.cat(rows), full, atol=1e-5, rtol=1e-5)
+    assert cache.lengths == [len(ids)] * 3
+
+
+def test_trim_then_redecode_reproduces_the_same_tokens(model):
+    prompt = [1, 2, 3, 4, 5, 6]
+    with torch.no_grad():
+        cache = model.new_cache(64)
+        model(torch.tensor(prompt[:-1]), torch.arange(5), cache)
+        first = greedy_continue(model, cache, prompt[-1], 12)
+        assert cache.trim(7) == 7
+        assert cache.length == len(prompt) - 1 + 12 - 7
+        redo = greedy_continue(model, cache, first[4], 7)
+    assert redo == first[5:12]
+
+
+def test_trim_more_than_written_empties_the_cache():
+    cache = KVCache(2, 1, 4, 10)
+    cache.append(0, torch.ones(3, 1, 4), torch.ones(3, 1, 4))
+    assert cache.trim(100) == 3
+    assert cache.lengths == [0, 0]
+
+
+def test_keep_moves_exactly_the_selected_positions():
+    cache = KVCache(num_layers=2, num_kv_heads=1, head_dim=2, max_len=10)
+    for layer in range(2):
+        values = torch.arange(8, dtype=torch.float32).repeat_interleave(2).view(8, 1, 2) + 100 * layer
+        cache.append(layer, values, -values)
+    cache.keep(start=3, indices=[3, 5, 7])
+    assert cache.lengths == [6, 6]
+    for layer in range(2):
+        kept = cache.keys[layer, 0, :6, 0] - 100 * layer
+        assert kept.tolist() == [0, 1, 2, 3, 5, 7]
+        assert (cache.values[layer, 0, :6, 0] + 100 * layer).tolist() == [0, -1, -2, -3, -5, -7]
+
+
+def test_keep_rejects_indices_outside_the_new_region():
+    cache = KVCache(1, 1, 2, 10)
+    cache.append(0, torch.zeros(5, 1, 2), torch.zeros(5, 1, 2))
+    with pytest.raises(ValueError):
+        cache.keep(start=3, indices=[2, 4])
+    with pytest.raises(ValueError):
+        cache.keep(start=3, indices=[3, 5])
+
+
+def test_layers_keep_their_own_lengths():
+    cache = KVCache(num_layers=3, num_kv_heads=1, head_dim=2, max_len=10)
+    for layer, n in enumerate([5, 3, 3]):
+        cache.append(layer, torch.ones(n, 1, 2), torch.ones(n, 1, 2))
+    assert cache.lengths == [5, 3, 3] and cache.length == 5
+    keys, _ = cache.append(1, torch.full((2, 1, 2), 7.0), torch.zeros(2, 1, 2))
+    assert keys.shape == (1, 5, 2) and keys[0, 3:, 0].tolist() == [7.0, 7.0]
+    cache.keep(start=4, indices=[4])  # only layers that wrote past 4 are compacted
+    assert cache.lengths == [5, 5, 3]
+    cache.truncate(4)
+    assert cache.lengths == [4, 4, 3]
+
+
+def test_appending_past_the_end_is_an_error():
+    cache = KVCache(1, 1, 2, max_len=4)
+    with pytest.raises(ValueError, match="full"):
+        cache.append(0, torch.zeros(5, 1, 2), torch.zeros(5, 1, 2))
+
+
+def test_tree_mask_pass_matches_separate_chains(model):
+    """Two branches verified in one pass with a tree mask give each branch's own logits."""
+    prefix = [7, 8, 9]
+    a, b = [10, 11], [20]
+    with torch.no_grad():
+        cache = model.new_cache(16)
+        model(torch.tensor(prefix), torch.arange(3), cache)
+        # nodes: a0 (depth 1), a1 (depth 2, child of a0), b0 (depth 1)
+        mask = torch.tensor([[1, 0, 0], [1, 1, 0], [0, 0, 1]], dtype=torch.bool)
+        tree = model(torch.tensor(a + b), torch.tensor([3, 4, 3]), cache, mask=mask)
+        chain_a = model(torch.tensor(a), torch.tensor([3, 4]), _prefilled(model, prefix))
+        chain_b = model(torch.tensor(b), torch.tensor([3]), _prefilled(model, prefix))
+    torch.testing.assert_close(tree[:2], chain_a, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(tree[2:], chain_b, atol=1e-5, rtol=1e-5)
+
+
+def _prefilled(model, prefix):
+    cache = model.new_cache(16)
+    model(torch.tensor(prefix), torch.arange(len(prefix)), cache)
+    return cache

@@ -1,0 +1,158 @@
+import json
+from dataclasses import asdict
+
+import pytest
+
+from specee.eval.report import (
+    RECORD_FIELDS,
+    BenchRecord,
+    format_table,
+    machine_info,
+    summarize,
+    write_outputs,
+)
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+SUMMARY_FIELDS = {"prompts", "skipped", "new_tokens", "decode_s", "tokens_per_s", "speedup_vs_dense",
+                  "speedup_vs_hf", "mean_accept_length", "avg_layers", "bytes_per_token", "peak_rss_mb",
+                  "accuracy", "accuracy_n", "lossless_ok"}
+
+
+def record(mode, prompt_id, category, decode_s, new_tokens=20, **extra):
+    fields = dict(mode=mode, lossless=mode != "early-exit", prompt_id=prompt_id, category=category, dataset="toy",
+                  prompt_tokens=10, new_tokens=new_tokens, prefill_s=0.1, decode_s=decode_s, wall_s=decode_s + 0.1,
+                  tokens_per_s=new_tokens / decode_s, token_ids=list(range(new_tokens)), peak_rss_mb=500.0,
+                  matches_dense=True, first_divergence=None)
+    fields.update(extra)
+    return asdict(BenchRecord(**fields))
+
+
+def toy_records():
+    """Two categories x two prompts; spec is 2x dense on 'qa' and 4x on 'code', hf is half dense."""
+    records = []
+    for category, spec_speed in (("qa", 2.0), ("code", 4.0)):
+        for n in range(2):
+            pid = f"{category}-{n}"
+            records.append(record("hf", pid, category, 2.0, bytes_per_token=2e9))
+            records.append(record("dense", pid, category, 1.0, avg_layers=16.0, bytes_per_token=1e9, correct=n == 0))
+            records.append(record("spec", pid, category, 1.0 / spec_speed, accept_lengths=[1, 3, 4, 2], correct=n == 0))
+            records.append(record("early-exit", pid, category, 0.5 if n == 0 else 1.5, new_tokens=20 if n == 0 else 60,
+                                  avg_layers=12.0 if n == 0 else 8.0, exit_layers=[8, 12, 16, 12],
+                                  matches_dense=None, correct=False))
+    return records
+
+
+def test_record_has_the_documented_fields():
+    expected = {"mode", "lossless", "prompt_id", "category", "dataset", "prompt_tokens", "new_tokens", "prefill_s",
+                "decode_s", "wall_s", "tokens_per_s", "accept_lengths", "exit_layers", "avg_layers",
+                "bytes_per_token", "peak_rss_mb", "token_ids", "matches_dense", "first_divergence", "correct",
+                "skipped"}
+    assert set(RECORD_FIELDS) == expected
+    assert set(record("dense", "p", "qa", 1.0)) == expected
+
+
+def test_summary_metrics():
+    summary = summarize(toy_records())
+    assert list(summary["modes"]) == ["hf", "dense", "spec", "early-exit"]
+    assert summary["categories"] == ["qa", "code"]
+    for stats in summary["modes"].values():
+        assert SUMMARY_FIELDS | {"lossless", "categories"} <= set(stats)
+    spec, dense, early = summary["modes"]["spec"], summary["modes"]["dense"], summary["modes"]["early-exit"]
+    assert spec["categories"]["qa"]["speedup_vs_dense"] == pytest.approx(2.0)
+    assert spec["categories"]["code"]["speedup_vs_dense"] == pytest.approx(4.0)
+    # overall: 80 tokens in 2 * 0.5 + 2 * 0.25 s against 80 tokens in 4 s
+    assert spec["speedup_vs_dense"] == pytest.approx(80 / 1.5 / 20)
+    assert spec["speedup_vs_hf"] == pytest.approx(80 / 1.5 / 10)
+    assert dense["speedup_vs_dense"] == pytest.approx(1.0)
+    assert spec["mean_accept_length"] == pytest.approx(2.5)
+    assert dense["mean_accept_length"] is None
+    assert spec["tokens_per_s"] == pytest.approx((40 + 40 + 80 + 80) / 4)
+    # per-token layers: (12 * 20 + 8 * 60) / 80 per category
+    assert early["avg_layers"] == pytest.approx((12 * 20 + 8 * 60) / 80)
+    assert dense["bytes_per_token"] == pytest.approx(1e9)
+    assert (dense["accuracy"], dense["accuracy_n"]) == (0.5, 4)
+    assert early["accuracy"] == 0.0
+    assert summary["modes"]["hf"]["accuracy"] is None
+    assert dense["lossless_ok"] is True and early["lossless_ok"] is None and not early["lossless"]
+    assert dense["peak_rss_mb"] == 500.0
+    assert summary["lossless_failures"] == []
+    assert "LOSSLESS FAILURE" not in format_table(summary)
+
+
+def test_skipped_prompts_are_counted_and_left_out_of_speedup():
+    records = toy_records() + [record("spec", "qa-2", "qa", 100.0, skipped="out of memory")]
+    records.append(record("dense", "qa-3", "qa", 100.0))  # no spec run to pair with
+    spec = summarize(records)["modes"]["spec"]
+    assert (spec["prompts"], spec["skipped"]) == (4, 1)
+    assert spec["speedup_vs_dense"] == pytest.approx(80 / 1.5 / 20)
+
+
+def test_lossless_failure_is_loud():
+    records = toy_records()
+    records.append(record("spec", "qa-9", "qa", 0.5, matches_dense=False, first_divergence=7))
+    records.append(record("dense", "qa-9", "qa", 1.0))
+    summary = summarize(records)
+    assert summary["lossless_failures"] == [
+        {"mode": "spec", "dataset": "toy", "prompt_id": "qa-9", "category": "qa", "first_divergence": 7}
+    ]
+    assert summary["modes"]["spec"]["lossless_ok"] is False
+    assert summary["modes"]["spec"]["categories"]["code"]["lossless_ok"] is True
+    failure_lines = [line for line in format_table(summary).splitlines() if line.startswith("LOSSLESS FAILURE")]
+    assert len(failure_lines) == 1 and "spec" in failure_lines[0] and "qa-9" in failure_lines[0]
+
+
+def test_lossy_mode_differences_are_not_failures():
+    records = toy_records() + [record("early-exit", "qa-9", "qa", 0.5, matches_dense=False, first_divergence=3)]
+    assert summarize(records)["lossless_failures"] == []
+
+
+def test_missing_record_field_is_a_clear_error():
+    bad = record("dense", "p", "qa", 1.0)
+    del bad["decode_s"]
+    with pytest.raises(ValueError, match="decode_s"):
+        summarize([bad])
+
+
+def test_format_table_rows_and_category_speedups():
+    table = format_table(summarize(toy_records()))
+    lines = table.splitlines()
+    assert lines[0].split()[:3] == ["mode", "lossless", "prompts"]
+    spec_row = next(line for line in lines if line.startswith("spec "))
+    assert "2.67x" in spec_row  # overall speedup vs dense
+    qa_row = next(line for line in lines if line.startswith("qa "))
+    assert qa_row.split() == ["qa", "0.50x", "1.00x", "2.00x", "2.00x"]
+
+
+def test_write_outputs_creates_every_file(tmp_path):
+    records = toy_records()
+    summary = summarize(records)
+    meta = {"command": "specee bench --toy", "machine": {"cpu": "test"}}
+    written = write_outputs(tmp_path / "out", records, summary, meta)
+    names = {p.name for p in written}
+    assert names == {"records.jsonl", "summary.json", "summary.md", "speedup_by_category.png",
+                     "accuracy_vs_speedup.png", "exit_layers.png", "acceptance_lengths.png"}
+    out = tmp_path / "out"
+    lines = (out / "records.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in lines] == records
+    stored = json.loads((out / "summary.json").read_text())
+    assert stored["meta"] == meta and stored["modes"]["spec"]["speedup_vs_dense"] == pytest.approx(80 / 1.5 / 20)
+    markdown = (out / "summary.md").read_text()
+    assert "| spec |" in markdown and "specee bench --toy" in markdown
+    for name in names:
+        if name.endswith(".png"):
+            data = (out / name).read_bytes()
+            assert data.startswith(PNG_SIGNATURE) and len(data) > 1000
+
+
+def test_plots_without_data_are_left_out(tmp_path):
+    records = [record("dense", "p", "qa", 1.0), record("spec", "p", "qa", 0.5)]
+    written = write_outputs(tmp_path, records, summarize(records), {"command": "x"})
+    assert {p.name for p in written} == {"records.jsonl", "summary.json", "summary.md", "speedup_by_category.png"}
+    assert not (tmp_path / "exit_layers.png").exists()
+
+
+def test_machine_info():
+    info = machine_info()
+    assert set(info) == {"cpu", "logical_cores", "torch_threads", "platform", "python", "torch", "specee"}
+    assert info["logical_cores"] >= 1 and info["torch_threads"] >= 1
+    assert info["cpu"] and info["python"].count(".") == 2

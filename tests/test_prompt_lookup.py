@@ -1,0 +1,46 @@
+import pytest
+
+from specee.drafters.prompt_lookup import PromptLookup
+
+
+def test_copies_after_the_most_recent_match():
+    context = [1, 2, 3, 4, 9, 1, 2, 3, 5, 6, 7, 8, 1, 2, 3]
+    draft = PromptLookup(num_draft_tokens=3).propose(context, max_tokens=10)
+    assert draft.tokens == [5, 6, 7]
+    assert draft.parents == [-1, 0, 1]
+
+
+def test_respects_max_tokens_and_the_end_of_the_context():
+    context = [1, 2, 3, 4, 9, 1, 2, 3, 5, 6, 7, 8, 1, 2, 3]
+    assert PromptLookup(num_draft_tokens=8).propose(context, max_tokens=2).tokens == [5, 6]
+    # The only earlier match of [1, 2] is near the end: its continuation is cut by the context.
+    assert PromptLookup(num_draft_tokens=8).propose([1, 2, 1, 2], max_tokens=8).tokens == [1, 2]
+
+
+def test_backs_off_to_shorter_ngrams_down_to_min_ngram():
+    context = [7, 8, 1, 2, 9, 3, 2]  # [9, 3, 2] and [3, 2] never occurred before; [2] did
+    assert PromptLookup(num_draft_tokens=3).propose(context, 8).tokens == [9, 3, 2]
+    assert len(PromptLookup(min_ngram=2, num_draft_tokens=3).propose(context, 8)) == 0
+
+
+def test_prefers_the_longest_matching_ngram():
+    # [5] last occurred before 8, but [4, 5] occurred before 6 earlier on.
+    context = [4, 5, 6, 0, 5, 8, 4, 5]
+    assert PromptLookup(num_draft_tokens=1).propose(context, 8).tokens == [6]
+
+
+def test_empty_draft_when_nothing_matches():
+    lookup = PromptLookup(num_draft_tokens=4)
+    assert len(lookup.propose([1, 2, 3, 4], 4)) == 0
+    assert len(lookup.propose([], 4)) == 0
+    assert len(lookup.propose([1, 2, 1], 0)) == 0
+
+
+def test_rejects_inverted_ngram_range():
+    with pytest.raises(ValueError, match="min_ngram"):
+        PromptLookup(max_ngram=1, min_ngram=2)
+
+
+def test_finds_a_match_far_back_in_a_long_context():
+    context = list(range(4000)) + [10, 11, 12]
+    assert PromptLookup(num_draft_tokens=5).propose(context, 5).tokens == [13, 14, 15, 16, 17]
