@@ -15,6 +15,7 @@ class Tokenizer:
         file = directory / "tokenizer.json"
         if not file.exists():
             raise ValueError(f"{directory} has no tokenizer.json")
+        self.directory = directory
         self._tok = FastTokenizer.from_file(str(file))
         config_file = directory / "tokenizer_config.json"
         config = json.loads(config_file.read_text()) if config_file.exists() else {}

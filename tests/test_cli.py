@@ -1,0 +1,102 @@
+"""The command line: bad input gets one clear line and exit code 2; a real run end to end."""
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from specee.cli import main
+from specee.model.loading import default_model_path
+
+
+def run_main(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--max-tokens", "0"], "--max-tokens must be a positive integer"),
+        (["--max-tokens", "-3"], "--max-tokens must be a positive integer"),
+        (["--temperature", "-0.5"], "temperature must be >= 0"),
+        (["--top-p", "0"], "--top-p must be in (0, 1]"),
+        (["--top-p", "1.5"], "--top-p must be in (0, 1]"),
+        (["--dtype", "fp16"], "unknown dtype 'fp16'"),
+        (["--device", "tpu"], "unknown device 'tpu'"),
+        (["--model", "/no/such/model.gguf"], "does not exist"),
+    ],
+)
+def test_bad_flags_exit_2_with_a_message(capsys, flags, message):
+    code, out, err = run_main(capsys, "generate", "hello", *flags)
+    assert code == 2
+    assert message in err
+    assert "Traceback" not in err and out == ""
+
+
+def test_malformed_number_is_an_argparse_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", "hi", "--max-tokens", "many"])
+    assert exit_info.value.code == 2
+
+
+def test_truncated_gguf_is_a_clear_error(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECEE_CACHE", str(tmp_path / "cache"))
+    truncated = tmp_path / "truncated.gguf"
+    with open(default_model_path(), "rb") as f:
+        truncated.write_bytes(f.read(3_000_000))
+    code, _, err = run_main(capsys, "generate", "hi", "--model", str(truncated))
+    assert code == 2 and "truncated.gguf" in err and "Traceback" not in err
+    assert not list((tmp_path / "cache").glob("truncated*"))  # no half-converted cache left behind
+
+
+def test_corrupt_gguf_is_a_clear_error(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECEE_CACHE", str(tmp_path / "cache"))
+    corrupt = tmp_path / "corrupt.gguf"
+    corrupt.write_bytes(b"GGUF" + bytes(range(256)) * 40)
+    code, _, err = run_main(capsys, "generate", "hi", "--model", str(corrupt))
+    assert code == 2 and "not a readable GGUF file" in err
+
+
+def test_directory_without_weights_is_a_clear_error(capsys, tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    code, _, err = run_main(capsys, "generate", "hi", "--model", str(tmp_path))
+    assert code == 2 and "no *.safetensors weights" in err
+
+
+def test_directory_without_config_is_a_clear_error(capsys, tmp_path):
+    code, _, err = run_main(capsys, "generate", "hi", "--model", str(tmp_path))
+    assert code == 2 and "no config.json" in err
+
+
+@pytest.mark.slow
+def test_prompt_longer_than_the_context_is_a_clear_error(capsys):
+    code, _, err = run_main(capsys, "generate", "word " * 9000, "--no-chat")
+    assert code == 2 and "the model's context is 8192" in err
+
+
+def test_empty_prompt_is_a_clear_error(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", type("S", (), {"read": staticmethod(lambda: "  \n")})())
+    code, _, err = run_main(capsys, "generate", "-")
+    assert code == 2 and "the prompt is empty" in err
+
+
+@pytest.mark.slow
+def test_generate_end_to_end_json():
+    exe = shutil.which("specee") or pytest.fail("the specee console script is not installed")
+    proc = subprocess.run(
+        [exe, "generate", "-", "--max-tokens", "12", "--json", "--ignore-eos"],
+        input="Name three colours.", capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(result) >= {"text", "token_ids", "prompt_tokens", "completion_tokens", "finish_reason", "stats"}
+    assert result["completion_tokens"] == len(result["token_ids"]) == 12
+    assert result["finish_reason"] == "length"
+    assert result["prompt_tokens"] > 10
+    assert {"prefill_s", "decode_s", "tokens_per_s"} <= set(result["stats"])
+    assert result["stats"]["tokens_per_s"] > 0
+    assert result["text"] and proc.stdout.startswith(result["text"])  # streamed before the JSON
+    assert "tokens/s" in proc.stderr
