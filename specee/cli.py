@@ -54,7 +54,36 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_options(chat)
     _add_sampling_options(chat)
     chat.add_argument("--system", help="system message")
+    bench = sub.add_parser("bench", help="speed and quality of every mode, side by side with baselines")
+    _add_model_options(bench)
+    bench.add_argument("--suite", default="quick", help="quick (a few minutes) or full (default quick)")
+    bench.add_argument("--dataset", action="append", help="spec-bench, humaneval, mtbench, gsm8k, mmlu or a "
+                       "Spec-Bench-format .jsonl file (repeatable; default: the suite's)")
+    bench.add_argument("--num-prompts", type=_positive_int, help="prompts per category")
+    bench.add_argument("--categories", help="comma-separated categories to keep")
+    bench.add_argument("--max-tokens", type=_positive_int, help="tokens generated per prompt")
+    bench.add_argument("--modes", help="comma-separated modes (default: all registered modes and baselines)")
+    bench.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--out", default="bench-out", help="output folder (default bench-out)")
     return parser
+
+
+def cmd_bench(args) -> int:
+    from .eval.bench import BenchConfig, run_bench
+
+    if args.temperature < 0:
+        raise UsageError(f"--temperature must be >= 0, got {args.temperature}")
+    split = lambda text: [x.strip() for x in text.split(",") if x.strip()] if text else None  # noqa: E731
+    config = BenchConfig(
+        suite=args.suite, datasets=args.dataset, num_prompts=args.num_prompts, categories=split(args.categories),
+        max_tokens=args.max_tokens, modes=split(args.modes), temperature=args.temperature, seed=args.seed,
+        out=args.out, threads=args.threads or __import__("torch").get_num_threads(),
+        command="specee " + " ".join(sys.argv[1:]),
+    )
+    config.resolved()  # reject an unknown suite before the model loads
+    run_bench(_load(args), config, explicit_datasets=bool(args.dataset))
+    return 0
 
 
 def _sampling_kwargs(args) -> dict:
@@ -138,17 +167,18 @@ def cmd_chat(args) -> int:
     return 0
 
 
-COMMANDS = {"generate": cmd_generate, "chat": cmd_chat}
+COMMANDS = {"generate": cmd_generate, "chat": cmd_chat, "bench": cmd_bench}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)  # argparse itself exits with code 2 on malformed flags
+    from .eval.datasets import DatasetMissing
     from .model.loading import ModelLoadError
 
     try:
         return COMMANDS[args.command](args)
-    except (UsageError, ModelLoadError, ValueError) as e:
+    except (UsageError, ModelLoadError, DatasetMissing, ValueError) as e:
         print(f"specee: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -66,10 +67,10 @@ def parse_device(name: str) -> torch.device:
 
 
 class Engine:
-    def __init__(self, model: Transformer, tokenizer: Tokenizer, name: str = "") -> None:
+    def __init__(self, model: Transformer, tokenizer: Tokenizer, source: Path | None = None) -> None:
         self.model = model
         self.tokenizer = tokenizer
-        self.name = name
+        self.source = source  # the GGUF file or model directory it was loaded from
         self._cache: KVCache | None = None
 
     @property

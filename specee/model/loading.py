@@ -56,9 +56,8 @@ def cache_root() -> Path:
     return Path(os.environ.get("SPECEE_CACHE", Path.home() / ".cache" / "specee"))
 
 
-def resolve_model_dir(model: str | Path | None) -> Path:
-    """A Hugging Face layout directory for `model` (converting a GGUF file on first use)."""
-    path = default_model_path() if model is None else Path(model).expanduser()
+def resolve_model_dir(path: Path) -> Path:
+    """A Hugging Face layout directory for `path` (converting a GGUF file on first use)."""
     if not path.exists():
         raise ModelLoadError(f"model path {str(path)!r} does not exist")
     if path.is_dir():

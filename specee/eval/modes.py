@@ -1,0 +1,176 @@
+"""What the benchmark runs: our engine's strategies and the outside baselines, behind one interface."""
+from __future__ import annotations
+
+import importlib.util
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from ..decoding.registry import REGISTRY, StrategySpec
+from ..engine import Engine
+from ..sampling import SamplingParams
+
+LLAMA_CPP_INSTALL = "pip install 'specee[llamacpp]' (builds llama.cpp from source, ~15 minutes on 2 cores)"
+
+
+@dataclass
+class Run:
+    token_ids: list[int]
+    prefill_s: float
+    decode_s: float
+    accept_lengths: list[int] = field(default_factory=list)
+    exit_layers: list[int] = field(default_factory=list)
+    bytes_per_token: float | None = None
+    avg_layers: float | None = None
+
+
+class BenchMode(Protocol):
+    name: str
+    lossless: bool  # promises the dense output token for token
+
+    def run(self, prompt_ids: list[int], max_tokens: int, params: SamplingParams) -> Run: ...
+
+
+class EngineMode:
+    """One registered decoding strategy of our engine."""
+
+    def __init__(self, engine: Engine, spec: StrategySpec) -> None:
+        self.engine = engine
+        self.name = spec.name
+        self.lossless = spec.lossless
+        self.strategy = spec.build(engine, dict(spec.bench_options))
+
+    def run(self, prompt_ids: list[int], max_tokens: int, params: SamplingParams) -> Run:
+        result = self.engine.generate(
+            prompt_ids, max_tokens=max_tokens, ignore_eos=True, strategy=self.strategy,
+            temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=params.seed,
+        )
+        s = result.stats
+        layers = s.exit_layers
+        return Run(
+            result.token_ids, s.prefill_s, s.decode_s, list(s.accept_lengths), list(layers),
+            s.bytes_per_token, sum(layers) / len(layers) if layers else None,
+        )
+
+
+class HFMode:
+    """Hugging Face `generate` on the same weights and dtype; optionally its prompt lookup."""
+
+    _models: dict[tuple, torch.nn.Module] = {}  # shared by the greedy and prompt-lookup modes
+
+    def __init__(self, engine: Engine, prompt_lookup_tokens: int | None = None) -> None:
+        self.name = "hf" if prompt_lookup_tokens is None else "hf-prompt-lookup"
+        self.lossless = False  # a baseline: compared with dense, never judged
+        self.prompt_lookup_tokens = prompt_lookup_tokens
+        self.engine = engine
+        self.model = self._load(engine.source, engine.model.dtype)
+        self.weight_bytes = engine.model.weight_bytes
+
+    @classmethod
+    def _load(cls, source: Path, dtype: torch.dtype) -> torch.nn.Module:
+        key = (str(source), dtype)
+        if key not in cls._models:
+            from transformers import AutoModelForCausalLM
+            from transformers.utils import logging
+
+            logging.set_verbosity_error()
+            if source.is_dir():
+                model = AutoModelForCausalLM.from_pretrained(str(source), dtype=dtype)
+            else:  # HF reads the GGUF with its own loader: an independent check of ours
+                model = AutoModelForCausalLM.from_pretrained(str(source.parent), gguf_file=source.name, dtype=dtype)
+            model.generation_config.eos_token_id = None  # run the full length, like ignore_eos
+            cls._models[key] = model.eval()
+        return cls._models[key]
+
+    def _generate(self, ids: torch.Tensor, max_tokens: int, params: SamplingParams) -> list[int]:
+        options = dict(max_new_tokens=max_tokens, pad_token_id=0, do_sample=not params.greedy)
+        if not params.greedy:
+            options.update(temperature=params.temperature, top_k=params.top_k or None, top_p=params.top_p)
+            torch.manual_seed(params.seed or 0)
+        if self.prompt_lookup_tokens:
+            options["prompt_lookup_num_tokens"] = self.prompt_lookup_tokens
+        with torch.inference_mode():
+            return self.model.generate(ids, **options)[0, ids.shape[1]:].tolist()
+
+    def run(self, prompt_ids: list[int], max_tokens: int, params: SamplingParams) -> Run:
+        ids = torch.tensor([prompt_ids])
+        start = time.perf_counter()
+        self._generate(ids, 1, params)  # prefill alone, to split it from decoding
+        prefill_s = time.perf_counter() - start
+        start = time.perf_counter()
+        tokens = self._generate(ids, max_tokens, params)
+        total_s = time.perf_counter() - start
+        bytes_per_token = None if self.prompt_lookup_tokens else self.weight_bytes
+        return Run(tokens, prefill_s, max(total_s - prefill_s, 1e-9), bytes_per_token=bytes_per_token)
+
+
+class LlamaCppMode:
+    """llama.cpp (through llama-cpp-python) on the same GGUF file, same threads, greedy."""
+
+    name = "llama.cpp"
+    lossless = False
+
+    def __init__(self, engine: Engine, threads: int) -> None:
+        from llama_cpp import Llama
+
+        self.llm = Llama(model_path=str(engine.source), n_ctx=4096, n_threads=threads, n_threads_batch=threads,
+                         verbose=False)
+        # llama.cpp reads the quantized weights as they are stored in the file.
+        self.bytes_per_token = float(engine.source.stat().st_size)
+
+    def run(self, prompt_ids: list[int], max_tokens: int, params: SamplingParams) -> Run:
+        tokens: list[int] = []
+        start = time.perf_counter()
+        prefill_s = 0.0
+        for token in self.llm.generate(prompt_ids, top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0, reset=True):
+            if not tokens:
+                prefill_s = time.perf_counter() - start
+            tokens.append(token)
+            if len(tokens) >= max_tokens:
+                break
+        total_s = time.perf_counter() - start
+        return Run(tokens, prefill_s, max(total_s - prefill_s, 1e-9), bytes_per_token=self.bytes_per_token)
+
+
+class Skip(Exception):
+    """A baseline that cannot run here; the message says why and how to get it."""
+
+
+def _llama_cpp(engine: Engine, params: SamplingParams, threads: int) -> LlamaCppMode:
+    if importlib.util.find_spec("llama_cpp") is None:
+        raise Skip(f"llama-cpp-python is not installed: {LLAMA_CPP_INSTALL}")
+    if engine.source.is_dir():
+        raise Skip("it needs a GGUF model file (--model FILE.gguf)")
+    if not params.greedy:
+        raise Skip("the baseline runs greedy only")
+    return LlamaCppMode(engine, threads)
+
+
+BASELINES = {
+    "hf": lambda engine, params, threads: HFMode(engine),
+    "hf-prompt-lookup": lambda engine, params, threads: HFMode(engine, prompt_lookup_tokens=10),
+    "llama.cpp": _llama_cpp,
+}
+
+
+def default_mode_names() -> list[str]:
+    return [name for name, spec in REGISTRY.items() if spec.in_default_bench] + list(BASELINES)
+
+
+def build_modes(engine: Engine, names: list[str], params: SamplingParams, threads: int) -> tuple[list, list[str]]:
+    """The modes to run, and one line for each that is skipped (with how to get it)."""
+    modes, skipped = [], []
+    for name in names:
+        if name in REGISTRY:
+            modes.append(EngineMode(engine, REGISTRY[name]))
+        elif name in BASELINES:
+            try:
+                modes.append(BASELINES[name](engine, params, threads))
+            except Skip as reason:
+                skipped.append(f"{name}: skipped, {reason}")
+        else:
+            raise ValueError(f"unknown mode {name!r} (choose from {', '.join(default_mode_names())})")
+    return modes, skipped
