@@ -37,6 +37,12 @@ def _add_sampling_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, help="random seed for sampling")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-sequence (benchmarks)")
+    p.add_argument("--spec-method", default="none", help="none, prompt-lookup, ngram, draft or staged (lossless)")
+    p.add_argument("--num-draft-tokens", type=_positive_int, help="draft tokens per step (default 8, adapted)")
+    p.add_argument("--tree", help='verify a tree: "auto" (best-first under --tree-budget) or rank paths "0;1;0,0"')
+    p.add_argument("--tree-budget", type=_positive_int, help="draft nodes per tree (default 16)")
+    p.add_argument("--draft-model", help="draft model path, or self:L for the target's first L layers")
+    p.add_argument("--ngram-model", help="n-gram table from `specee train ngram` (default: the bundled one)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,7 +95,9 @@ def cmd_bench(args) -> int:
 def _sampling_kwargs(args) -> dict:
     return dict(
         max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-        seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos,
+        seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos, spec_method=args.spec_method,
+        num_draft_tokens=args.num_draft_tokens, tree=args.tree, tree_budget=args.tree_budget,
+        draft_model=args.draft_model, ngram_model=args.ngram_model,
     )
 
 
@@ -97,6 +105,10 @@ def _validate_sampling(args) -> None:
     # Checked before the model loads, so bad flags fail in milliseconds.
     from .sampling import SamplingParams
 
+    from .decoding.spec_builder import METHODS
+
+    if args.spec_method not in ("none", *METHODS):
+        raise UsageError(f"unknown --spec-method {args.spec_method!r} (choose from none, {', '.join(METHODS)})")
     if args.max_tokens <= 0:
         raise UsageError(f"--max-tokens must be a positive integer, got {args.max_tokens}")
     try:
@@ -120,9 +132,10 @@ def _load(args):
 
 def _speed_line(result) -> str:
     s = result.stats
+    speculative = f"; {s.mean_acceptance_length:.2f} tokens per target pass" if s.accept_lengths else ""
     return (
         f"[{result.prompt_tokens} prompt tokens, prefill {s.prefill_s:.2f} s; {result.completion_tokens} tokens "
-        f"in {s.decode_s:.2f} s = {s.tokens_per_s:.1f} tokens/s; finish: {result.finish_reason}]"
+        f"in {s.decode_s:.2f} s = {s.tokens_per_s:.1f} tokens/s{speculative}; finish: {result.finish_reason}]"
     )
 
 

@@ -1,6 +1,9 @@
 """The Engine: owns the model, tokenizer and KV cache; runs prefill and a strategy's step loop."""
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
 import time
 from pathlib import Path
 from dataclasses import dataclass, field
@@ -72,10 +75,19 @@ class Engine:
         self.tokenizer = tokenizer
         self.source = source  # the GGUF file or model directory it was loaded from
         self._cache: KVCache | None = None
+        self._strategies: dict[str, Strategy] = {}
 
     @property
     def config(self):
         return self.model.config
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """Identifies the model for trained artifacts: architecture and tokenizer (what a token-level
+        table depends on), independent of dtype and device."""
+        config = {k: v for k, v in self.config.to_dict().items() if k not in ("extra", "torch_dtype", "dtype")}
+        blob = json.dumps([config, sorted(self.tokenizer.vocab.items())], sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     @property
     def context_length(self) -> int:
@@ -90,9 +102,34 @@ class Engine:
             pass
         return stream.result
 
-    def stream(self, prompt: str | Messages | list[int], **options) -> "Generation":
-        """Options: max_tokens, temperature, top_k, top_p, seed, stop, ignore_eos, chat, strategy."""
+    def stream(
+        self, prompt: str | Messages | list[int], spec_method: str | None = None, num_draft_tokens: int | None = None,
+        tree: str | None = None, tree_budget: int | None = None, draft_model: str | None = None,
+        ngram_model: str | None = None, **options,
+    ) -> "Generation":
+        """Options: max_tokens, temperature, top_k, top_p, seed, stop, ignore_eos, chat, and either a
+        ready `strategy` or speculative decoding settings (spec_method: none, prompt-lookup, ngram,
+        draft, staged; num_draft_tokens, tree: "auto" or rank paths, tree_budget, draft_model:
+        a path or "self:L", ngram_model)."""
+        if spec_method not in (None, "none"):
+            options["strategy"] = self.strategy(
+                spec_method, num_draft_tokens=num_draft_tokens, tree=tree, tree_budget=tree_budget,
+                draft_model=draft_model, ngram_model=ngram_model,
+            )
         return Generation(self, prompt, **options)
+
+    def strategy(self, spec_method: str | None = None, **spec_options) -> Strategy:
+        """The decoding strategy for these options, built once and reused (draft models and
+        n-gram tables are loaded only the first time)."""
+        if spec_method in (None, "none"):
+            return Autoregressive()
+        from .decoding.spec_builder import build_speculative
+
+        options = {k: v for k, v in spec_options.items() if v is not None}
+        key = json.dumps([spec_method, options], sort_keys=True)
+        if key not in self._strategies:
+            self._strategies[key] = build_speculative(self, {"method": spec_method, **options})
+        return self._strategies[key]
 
     def cache_for(self, length: int) -> KVCache:
         """A reset cache with room for `length` positions (reused across requests)."""

@@ -15,7 +15,8 @@ class GenerationStats:
     draft_tokens_accepted: int = 0
     accept_lengths: list[int] = field(default_factory=list)  # tokens gained per pass, bonus included
     position_proposed: list[int] = field(default_factory=list)  # [k]: passes with a k+1-th draft token
-    position_accepted: list[int] = field(default_factory=list)  # [k]: ... where it was accepted
+    position_reached: list[int] = field(default_factory=list)  # [k]: ... whose positions < k were all accepted
+    position_accepted: list[int] = field(default_factory=list)  # [k]: ... where position k was accepted too
     exit_layers: list[int] = field(default_factory=list)  # layer count used per token (early exit)
     weight_bytes: int = 0  # weight bytes read by every model pass (target + drafter)
 
@@ -31,15 +32,15 @@ class GenerationStats:
 
     @property
     def per_position_acceptance(self) -> list[float]:
-        return [a / p if p else 0.0 for a, p in zip(self.position_accepted, self.position_proposed)]
+        """Chance that draft position k is accepted given that position k - 1 was (and k drafted)."""
+        return [a / r if r else 0.0 for a, r in zip(self.position_accepted, self.position_reached)]
 
     def ctar(self, w: int) -> float:
-        """Kangaroo's consistent token acceptance rate: the chance that a window of w draft
-        tokens is accepted whole, i.e. the product of the first w per-position rates."""
-        rate = 1.0
-        for r in self.per_position_acceptance[:w]:
-            rate *= r
-        return rate if len(self.position_proposed) >= w else 0.0
+        """Kangaroo's consistent token acceptance rate: among passes that drafted at least w
+        tokens, the fraction whose first w draft tokens were all accepted."""
+        if len(self.position_proposed) < w or not self.position_proposed[w - 1]:
+            return 0.0
+        return self.position_accepted[w - 1] / self.position_proposed[w - 1]
 
     @property
     def bytes_per_token(self) -> float:
@@ -55,8 +56,10 @@ class GenerationStats:
         for k in range(proposed):
             if k >= len(self.position_proposed):
                 self.position_proposed.append(0)
+                self.position_reached.append(0)
                 self.position_accepted.append(0)
             self.position_proposed[k] += 1
+            self.position_reached[k] += k <= accepted
             self.position_accepted[k] += k < accepted
 
     def to_dict(self) -> dict:

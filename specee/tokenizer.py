@@ -34,6 +34,10 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
+    @property
+    def vocab(self) -> dict[str, int]:
+        return self._tok.get_vocab(with_added_tokens=True)
+
     def token_id(self, text: str) -> int | None:
         return self._tok.token_to_id(text)
 

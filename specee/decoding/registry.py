@@ -37,4 +37,22 @@ def build_strategy(name: str, engine: "Engine", options: dict | None = None) -> 
     return REGISTRY[name].build(engine, options or {})
 
 
+def _speculative(method: str, **defaults):
+    def build(engine: "Engine", options: dict) -> Strategy:
+        from .spec_builder import build_speculative
+
+        return build_speculative(engine, {"method": method, **defaults, **options})
+
+    return build
+
+
 register(StrategySpec("dense", True, lambda engine, options: Autoregressive(), "one target pass per token"))
+register(StrategySpec("prompt-lookup", True, _speculative("prompt-lookup"), "chain copied from earlier text"))
+register(StrategySpec("prompt-lookup-tree", True, _speculative("prompt-lookup", tree="auto"),
+                      "tree of the continuations of every earlier match"))
+register(StrategySpec("ngram", True, _speculative("ngram"), "chain from the bundled trigram table"))
+register(StrategySpec("ngram-tree", True, _speculative("ngram", tree="auto"), "best-first trigram tree"))
+register(StrategySpec("draft-self", True, _speculative("draft", draft_model="self:6"),
+                      "the target's first 6 layers as draft model"))
+register(StrategySpec("staged", True, _speculative("staged", draft_model="self:6"),
+                      "self:6 draft model, itself sped up by prompt lookup"))

@@ -287,5 +287,8 @@ class NgramProposer:
 
         return dynamic_tree(expand, budget=budget, max_depth=budget)
 
+    def candidates(self, context: list[int], k: int) -> list[tuple[int, float]]:
+        return self.model.top_k(context[len(context) - (self.model.order - 1) :], k)
+
     def update(self, context: list[int], num_accepted: int) -> None:
         """The table is fixed after training."""

@@ -40,5 +40,23 @@ class PromptLookup:
                 return Draft.chain(context[copy_from : copy_from + count])
         return Draft.empty()
 
+    def candidates(self, context: list[int], k: int) -> list[tuple[int, float]]:
+        """The tokens that followed earlier matches of the longest matching suffix, ranked by how
+        often (ties: most recent first), with their frequencies as probabilities."""
+        ids = torch.tensor(context, dtype=torch.long)  # [len]
+        for n in range(self.max_ngram, self.min_ngram - 1, -1):
+            if len(context) <= n:
+                continue
+            windows = ids[:-1].unfold(0, n, 1)  # [len - n, n]
+            starts = (windows == ids[-n:]).all(dim=1).nonzero().flatten()  # [matches]
+            if len(starts):
+                following = ids[starts + n].flip(0).tolist()  # most recent first
+                counts: dict[int, int] = {}
+                for token in following:
+                    counts[token] = counts.get(token, 0) + 1
+                ranked = sorted(counts.items(), key=lambda item: -item[1])[:k]
+                return [(token, count / len(following)) for token, count in ranked]
+        return []
+
     def update(self, context: list[int], num_accepted: int) -> None:
         """Nothing to learn: the context itself is the table."""

@@ -1,0 +1,113 @@
+"""Lossless speculative decoding: draft -> verify in one target pass -> extend.
+
+Each step runs the target over [root] + draft nodes (a chain, or a tree with a tree attention
+mask), accepts the longest path the target agrees with (greedy) or would have sampled (rejection
+sampling), adds the target's own next token after it, and rewinds the KV cache to that path.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+from ..drafters.base import Draft, Proposer
+from ..tree import StaticTree, TreeLayout, dynamic_tree
+from .acceptance import accept_greedy, accept_sampling
+from .base import DecodeState
+
+MAX_DRAFT_NODES = 64  # verification writes this many cache slots past the output at most
+
+
+@dataclass
+class DraftLength:
+    """How many tokens to draft next. Adaptive rule (Hugging Face assisted generation's): after a
+    pass that accepted every draft token, draft 2 more; after any rejection, 1 fewer; always
+    between 1 and `maximum`."""
+
+    current: int
+    maximum: int
+    adaptive: bool = True
+
+    def update(self, proposed: int, accepted: int) -> None:
+        if not self.adaptive or proposed == 0:
+            return
+        step = 2 if accepted == proposed else -1
+        self.current = max(1, min(self.maximum, self.current + step))
+
+
+class Speculative:
+    lossless = True
+
+    def __init__(
+        self,
+        proposer: Proposer,
+        num_draft_tokens: int = 8,
+        tree: StaticTree | str | None = None,  # None: chain; "auto": dynamic tree; else a static shape
+        tree_budget: int = 16,
+        tree_width: int = 4,
+        adaptive: bool = True,
+        name: str = "speculative",
+    ) -> None:
+        if not 1 <= num_draft_tokens <= MAX_DRAFT_NODES:
+            raise ValueError(f"num_draft_tokens must be in 1..{MAX_DRAFT_NODES}, got {num_draft_tokens}")
+        if not 1 <= tree_budget <= MAX_DRAFT_NODES:
+            raise ValueError(f"tree_budget must be in 1..{MAX_DRAFT_NODES}, got {tree_budget}")
+        if isinstance(tree, StaticTree) and len(tree) > MAX_DRAFT_NODES:
+            raise ValueError(f"a static tree may have at most {MAX_DRAFT_NODES} nodes, got {len(tree)}")
+        if tree is not None and not hasattr(proposer, "candidates"):
+            raise ValueError(f"{type(proposer).__name__} drafts chains only; drop the tree option")
+        self.proposer = proposer
+        self.num_draft_tokens = num_draft_tokens
+        self.tree = tree
+        self.tree_budget = tree_budget
+        self.tree_width = tree_width
+        self.adaptive = adaptive
+        self.name = name
+
+    def draft(self, context: list[int], length: int) -> Draft:
+        if self.tree is None:
+            return self.proposer.propose(context, length)
+
+        def expand(path: tuple[int, ...]):
+            return self.proposer.candidates(context + list(path), self.tree_width)
+
+        if self.tree == "auto":
+            return dynamic_tree(expand, budget=self.tree_budget, max_depth=self.num_draft_tokens)
+        return self.tree.fill(expand)
+
+    def decode(self, state: DecodeState) -> Iterator[list[int]]:
+        model, cache, sampler, stats = state.model, state.cache, state.sampler, state.stats
+        tokens = state.tokens
+        if hasattr(self.proposer, "reset"):
+            self.proposer.reset(tokens, sampler, cache.max_len)
+        length = DraftLength(self.num_draft_tokens, self.num_draft_tokens * 2 if self.adaptive else self.num_draft_tokens,
+                             self.adaptive)
+        root = int(sampler.pick(state.logits)[0])
+        tokens.append(root)
+        yield [root]
+        while True:
+            draft = self.draft(tokens, length.current)
+            layout = TreeLayout.of(draft)
+            is_chain = all(parent == i - 1 for i, parent in enumerate(draft.parents))
+            prefix = cache.length  # the cache holds everything before the root
+            ids = torch.tensor([tokens[-1], *draft.tokens], device=model.device)  # [n + 1]
+            positions = layout.positions(prefix).to(model.device)
+            mask = None if is_chain else layout.attention_mask().to(model.device)
+            logits = model(ids, positions, cache, mask)  # [n + 1, vocab]
+            if sampler.greedy:
+                accepted, next_token = accept_greedy(draft, logits.argmax(-1))
+            else:
+                accepted, next_token = accept_sampling(draft, sampler.probs(logits), sampler.generator)
+            if is_chain:
+                cache.truncate(prefix + 1 + len(accepted))
+            else:
+                cache.keep(prefix, [prefix] + [prefix + 1 + node for node in accepted])
+            new = [draft.tokens[node] for node in accepted] + [next_token]
+            tokens.extend(new)
+            proposed = max(layout.depths, default=0)
+            stats.record_pass(proposed, len(accepted))
+            stats.weight_bytes += model.weight_bytes + getattr(self.proposer, "take_bytes_read", lambda: 0)()
+            length.update(proposed, len(accepted))
+            self.proposer.update(tokens, len(accepted))
+            yield new
