@@ -72,7 +72,31 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--out", default="bench-out", help="output folder (default bench-out)")
+    train = sub.add_parser("train", help="train drafter artifacts")
+    train_sub = train.add_subparsers(dest="artifact", required=True)
+    ngram = train_sub.add_parser("ngram", help="a Katz-backoff n-gram table for the ngram/staged drafters")
+    _add_model_options(ngram)
+    ngram.add_argument("--corpus", action="append", default=[], help="text or Spec-Bench .jsonl file (repeatable)")
+    ngram.add_argument("--dataset", action="append", default=[], help="registry dataset whose prompts to use")
+    ngram.add_argument("--generate", action="store_true", help="train on the model's own answers to the prompts")
+    ngram.add_argument("--skip-first", type=int, default=20, help="leave out each dataset's first N (benchmarked)")
+    ngram.add_argument("--limit", type=_positive_int, help="prompts per dataset")
+    ngram.add_argument("--max-tokens", type=_positive_int, default=128, help="answer length with --generate")
+    ngram.add_argument("--order", type=_positive_int, default=3)
+    ngram.add_argument("--out", required=True, help="output file")
     return parser
+
+
+def cmd_train(args) -> int:
+    from pathlib import Path
+
+    from .train.ngram import train_ngram
+
+    train_ngram(
+        _load(args), Path(args.out), corpus=args.corpus, datasets=args.dataset, generate=args.generate,
+        skip_first=args.skip_first, limit=args.limit, max_tokens=args.max_tokens, order=args.order,
+    )
+    return 0
 
 
 def cmd_bench(args) -> int:
@@ -180,7 +204,7 @@ def cmd_chat(args) -> int:
     return 0
 
 
-COMMANDS = {"generate": cmd_generate, "chat": cmd_chat, "bench": cmd_bench}
+COMMANDS = {"generate": cmd_generate, "chat": cmd_chat, "bench": cmd_bench, "train": cmd_train}
 
 
 def main(argv: list[str] | None = None) -> int:

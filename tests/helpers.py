@@ -46,3 +46,20 @@ def specee_from_hf(hf_model, pack: bool = True, dtype=torch.float32):
 def tiny_model(seed: int = 0, pack: bool = True, **overrides):
     """A specee model with random weights (no HF model needed afterwards)."""
     return specee_from_hf(tiny_hf_model(seed, **overrides), pack=pack)
+
+
+def chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor, min_expected: float = 5.0) -> float:
+    """Pearson's chi-square test of observed `counts` against `probs`. Cells with probability 0
+    must be empty; cells expecting fewer than `min_expected` are pooled into one."""
+    counts, probs = counts.double().flatten(), probs.double().flatten()
+    support = probs > 0
+    assert counts[~support].sum() == 0, "a token with target probability 0 was emitted"
+    counts, probs = counts[support], probs[support]
+    expected = probs * counts.sum()
+    small = expected < min_expected
+    if small.any():
+        counts = torch.cat([counts[~small], counts[small].sum()[None]])
+        expected = torch.cat([expected[~small], expected[small].sum()[None]])
+    statistic = ((counts - expected) ** 2 / expected).sum()
+    degrees = torch.tensor((len(counts) - 1) / 2, dtype=torch.float64)
+    return torch.special.gammaincc(degrees, statistic / 2).item()  # chi-square survival function

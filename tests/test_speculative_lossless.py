@@ -1,0 +1,88 @@
+"""Greedy speculative decoding is lossless: on the default model (fp32), every proposer and every
+verification shape (chain, static tree, dynamic tree) gives exactly plain greedy decoding's
+tokens, including prompts where almost nothing is accepted and a draft equal to the target where
+everything is."""
+import pytest
+
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = [
+    # copying-heavy: drafts from the prompt are often right
+    "Repeat the following sentence exactly: The committee approved the budget for the new library on Tuesday.",
+    "Summarize: The city council met on Monday to discuss the new park. Residents asked for more trees, "
+    "benches and a playground. The council agreed to plant trees and add benches, and will vote on the "
+    "playground next month.",
+    "Add type hints to this function:\n```python\ndef area(width, height):\n    return width * height\n```",
+    "Fix the bug:\n```python\ndef is_even(n):\n    return n % 2 == 1\n```",
+    "Translate to French: I like apples. I like pears. I like apples and pears.",
+    # little to copy: almost every draft is rejected
+    "Write a haiku about winter.",
+    "What is 17 times 23? Think step by step.",
+    "Name a famous painter and describe one of their works.",
+    "Give me three tips for learning to play the guitar.",
+    "Why is the sky blue?",
+]
+MAX_TOKENS = 96
+
+
+@pytest.fixture(scope="module")
+def dense(default_engine):
+    return {p: default_engine.generate(p, max_tokens=MAX_TOKENS, ignore_eos=True).token_ids for p in PROMPTS}
+
+
+@pytest.fixture(scope="module")
+def ngram_table(default_engine, tmp_path_factory):
+    """A small table from text unrelated to the prompts (the bundled one may not exist yet)."""
+    from specee.drafters.ngram import NgramModel
+
+    corpus = " ".join(["The quick brown fox jumps over the lazy dog.", "def f(x):\n    return x + 1\n"] * 20)
+    path = tmp_path_factory.mktemp("ngram") / "table.pt"
+    NgramModel.train([default_engine.tokenizer.encode(corpus)], default_engine.tokenizer.vocab_size,
+                     progress=False).save(path, default_engine.fingerprint)
+    return str(path)
+
+
+CONFIGS = {
+    "prompt-lookup chain": dict(spec_method="prompt-lookup"),
+    "prompt-lookup static tree": dict(spec_method="prompt-lookup", tree="0;1;2;0,0;0,1;1,0;0,0,0;0,0,0,0"),
+    "prompt-lookup dynamic tree": dict(spec_method="prompt-lookup", tree="auto", tree_budget=12),
+    "ngram chain": dict(spec_method="ngram"),
+    "ngram dynamic tree": dict(spec_method="ngram", tree="auto", tree_budget=10),
+    "draft self:4 chain": dict(spec_method="draft", draft_model="self:4", num_draft_tokens=4),
+    "draft self:4 tree": dict(spec_method="draft", draft_model="self:4", tree="auto", tree_budget=6),
+    "staged self:4 + prompt lookup": dict(spec_method="staged", draft_model="self:4", num_draft_tokens=4),
+}
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_greedy_speculative_equals_plain_greedy(default_engine, dense, ngram_table, config):
+    options = dict(CONFIGS[config])
+    if options["spec_method"] == "ngram":
+        options["ngram_model"] = ngram_table
+    passes = 0
+    for prompt in PROMPTS:
+        result = default_engine.generate(prompt, max_tokens=MAX_TOKENS, ignore_eos=True, **options)
+        assert result.token_ids == dense[prompt], f"{config} differs on {prompt!r}"
+        passes += result.stats.target_passes
+    assert passes < len(PROMPTS) * MAX_TOKENS  # drafts were accepted somewhere: fewer passes than tokens
+
+
+def test_a_draft_identical_to_the_target_is_always_accepted(default_engine, dense):
+    layers = default_engine.config.num_hidden_layers
+    for prompt in PROMPTS[:3]:
+        result = default_engine.generate(prompt, max_tokens=MAX_TOKENS, ignore_eos=True, spec_method="draft",
+                                         draft_model=f"self:{layers}", num_draft_tokens=6)
+        assert result.token_ids == dense[prompt]
+        stats = result.stats
+        assert stats.draft_tokens_accepted == stats.draft_tokens_proposed > 0
+        assert stats.mean_acceptance_length > 6
+
+
+def test_nothing_accepted_still_lossless(default_engine, dense):
+    """A one-layer draft is almost always wrong: output unchanged, acceptance near zero."""
+    for prompt in PROMPTS[5:8]:
+        result = default_engine.generate(prompt, max_tokens=MAX_TOKENS, ignore_eos=True, spec_method="draft",
+                                         draft_model="self:1", num_draft_tokens=3)
+        assert result.token_ids == dense[prompt]
+        assert result.stats.draft_tokens_accepted <= result.stats.draft_tokens_proposed * 0.2
