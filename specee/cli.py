@@ -43,6 +43,7 @@ def _add_sampling_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tree-budget", type=_positive_int, help="draft nodes per tree (default 16)")
     p.add_argument("--draft-model", help="draft model path, or self:L for the target's first L layers")
     p.add_argument("--ngram-model", help="n-gram table from `specee train ngram` (default: the bundled one)")
+    p.add_argument("--draft-confidence", type=float, help="stop drafting below this drafter probability")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -121,7 +122,7 @@ def _sampling_kwargs(args) -> dict:
         max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos, spec_method=args.spec_method,
         num_draft_tokens=args.num_draft_tokens, tree=args.tree, tree_budget=args.tree_budget,
-        draft_model=args.draft_model, ngram_model=args.ngram_model,
+        draft_model=args.draft_model, ngram_model=args.ngram_model, confidence_threshold=args.draft_confidence,
     )
 
 

@@ -22,6 +22,7 @@ from .tokenizer import Messages, Tokenizer
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 DEVICES = ("cpu", "cuda")
+GENERATION_OPTIONS = {"max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "ignore_eos", "chat", "strategy"}
 # Cache slots beyond prompt + max_tokens, so a verification pass may write draft tokens past the end.
 CACHE_SLACK = 128
 
@@ -102,20 +103,18 @@ class Engine:
             pass
         return stream.result
 
-    def stream(
-        self, prompt: str | Messages | list[int], spec_method: str | None = None, num_draft_tokens: int | None = None,
-        tree: str | None = None, tree_budget: int | None = None, draft_model: str | None = None,
-        ngram_model: str | None = None, **options,
-    ) -> "Generation":
+    def stream(self, prompt: str | Messages | list[int], spec_method: str | None = None, **options) -> "Generation":
         """Options: max_tokens, temperature, top_k, top_p, seed, stop, ignore_eos, chat, and either a
-        ready `strategy` or speculative decoding settings (spec_method: none, prompt-lookup, ngram,
-        draft, staged; num_draft_tokens, tree: "auto" or rank paths, tree_budget, draft_model:
-        a path or "self:L", ngram_model)."""
+        ready `strategy` or speculative decoding settings: spec_method (none, prompt-lookup, ngram,
+        draft, staged) with any of num_draft_tokens, tree ("auto" or rank paths "0;1;0,0"),
+        tree_budget, tree_width, draft_model (a path or "self:L"), ngram_model,
+        confidence_threshold, adaptive."""
+        spec = {k: options.pop(k) for k in list(options) if k not in GENERATION_OPTIONS}
+        spec = {k: v for k, v in spec.items() if v is not None}
         if spec_method not in (None, "none"):
-            options["strategy"] = self.strategy(
-                spec_method, num_draft_tokens=num_draft_tokens, tree=tree, tree_budget=tree_budget,
-                draft_model=draft_model, ngram_model=ngram_model,
-            )
+            options["strategy"] = self.strategy(spec_method, **spec)
+        elif spec:
+            raise ValueError(f"options {sorted(spec)} need a spec_method (or are unknown)")
         return Generation(self, prompt, **options)
 
     def strategy(self, spec_method: str | None = None, **spec_options) -> Strategy:

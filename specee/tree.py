@@ -160,13 +160,15 @@ def parse_tree_paths(text: str) -> list[tuple[int, ...]]:
         ) from None
 
 
-def dynamic_tree(expand: Expand, budget: int, max_depth: int) -> Draft:
+def dynamic_tree(expand: Expand, budget: int, max_depth: int, min_prob: float = 0.0) -> Draft:
     """Grow the `budget` nodes whose paths from the root are most probable, best first.
 
     Compute goes where acceptance is likely: to a strong second guess near the root rather than to
     the far end of a long chain. Because a child is never more probable than its parent, a node is
     only expanded when its own probability reaches the top of the heap; by then every child it can
     add is at most as probable, so the order stays exact and no expansion is wasted at the end.
+    Growth also stops when the best remaining path is less probable than `min_prob` (the
+    drafter's confidence has run out), so the tree may come back smaller than `budget`.
     """
     tokens: list[int] = []
     parents: list[int] = []
@@ -176,6 +178,8 @@ def dynamic_tree(expand: Expand, budget: int, max_depth: int) -> Draft:
     heap: list[tuple[float, int, int, int | None]] = [(-1.0, next(tie_break), -1, None)]
     while heap and len(tokens) < budget:
         neg_prob, _, parent, token = heapq.heappop(heap)
+        if -neg_prob < min_prob:
+            break
         if token is None:
             for child_token, prob in expand(paths[parent] if parent >= 0 else ()):
                 if prob > 0:

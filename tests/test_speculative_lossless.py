@@ -49,9 +49,9 @@ CONFIGS = {
     "prompt-lookup dynamic tree": dict(spec_method="prompt-lookup", tree="auto", tree_budget=12),
     "ngram chain": dict(spec_method="ngram"),
     "ngram dynamic tree": dict(spec_method="ngram", tree="auto", tree_budget=10),
-    "draft self:4 chain": dict(spec_method="draft", draft_model="self:4", num_draft_tokens=4),
-    "draft self:4 tree": dict(spec_method="draft", draft_model="self:4", tree="auto", tree_budget=6),
-    "staged self:4 + prompt lookup": dict(spec_method="staged", draft_model="self:4", num_draft_tokens=4),
+    # Shallow drafts are cheap but weak: few draft tokens keep these runs short.
+    "draft self:3 chain": dict(spec_method="draft", draft_model="self:3", num_draft_tokens=2),
+    "staged self:3 + prompt lookup": dict(spec_method="staged", draft_model="self:3", num_draft_tokens=3),
 }
 
 
@@ -70,7 +70,7 @@ def test_greedy_speculative_equals_plain_greedy(default_engine, dense, ngram_tab
 
 def test_a_draft_identical_to_the_target_is_always_accepted(default_engine, dense):
     layers = default_engine.config.num_hidden_layers
-    for prompt in PROMPTS[:3]:
+    for prompt in PROMPTS[:2]:
         result = default_engine.generate(prompt, max_tokens=MAX_TOKENS, ignore_eos=True, spec_method="draft",
                                          draft_model=f"self:{layers}", num_draft_tokens=6)
         assert result.token_ids == dense[prompt]
@@ -81,7 +81,7 @@ def test_a_draft_identical_to_the_target_is_always_accepted(default_engine, dens
 
 def test_nothing_accepted_still_lossless(default_engine, dense):
     """A one-layer draft is almost always wrong: output unchanged, acceptance near zero."""
-    for prompt in PROMPTS[5:8]:
+    for prompt in PROMPTS[5:7]:
         result = default_engine.generate(prompt, max_tokens=MAX_TOKENS, ignore_eos=True, spec_method="draft",
                                          draft_model="self:1", num_draft_tokens=3)
         assert result.token_ids == dense[prompt]

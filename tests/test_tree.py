@@ -148,3 +148,12 @@ def test_dynamic_tree_respects_max_depth_and_never_expands_past_it():
 def test_dynamic_tree_stops_when_candidates_run_out():
     draft = dynamic_tree(fake_expand({(): [(1, 0.5)]}), budget=4, max_depth=4)
     assert draft.tokens == [1] and draft.parents == [-1]
+
+
+def test_dynamic_tree_stops_when_confidence_runs_out():
+    """Paths below min_prob are not drafted, even with budget left."""
+    children = {(): [(1, 0.9), (2, 0.1)], (1,): [(3, 0.5), (4, 0.4)], (2,): [(5, 1.0)]}
+    draft = dynamic_tree(lambda path: children.get(path, []), budget=10, max_depth=3, min_prob=0.3)
+    # path probabilities: 1: 0.9, 1-3: 0.45, 1-4: 0.36, 2: 0.1 (below), 2-5: 0.1 (below)
+    assert draft.tokens == [1, 3, 4]
+    assert draft.parents == [-1, 0, 0]

@@ -28,7 +28,7 @@ class SpecOptions:
     adaptive: bool = True
     draft_model: str | None = None  # a model path, or "self:L" for the target's first L layers
     ngram_model: str | None = None
-    confidence_threshold: float = 0.0
+    confidence_threshold: float = 0.0  # stop drafting when the drafter's probability falls below
 
     @classmethod
     def from_dict(cls, options: dict) -> "SpecOptions":
@@ -45,7 +45,8 @@ def build_speculative(engine: "Engine", options: dict) -> Speculative:
         raise ValueError(f"unknown speculative method {opts.method!r} (choose from none, {', '.join(METHODS)})")
     proposer = {
         "prompt-lookup": lambda: PromptLookup(num_draft_tokens=opts.num_draft_tokens),
-        "ngram": lambda: NgramProposer(load_ngram(engine, opts.ngram_model), opts.num_draft_tokens),
+        "ngram": lambda: NgramProposer(load_ngram(engine, opts.ngram_model), opts.num_draft_tokens,
+                                       min_prob=opts.confidence_threshold),
         "draft": lambda: load_draft_model(engine, opts),
         "staged": lambda: StagedDraft(load_draft_model(engine, opts), _stage_two(engine, opts)),
     }[opts.method]()
@@ -55,7 +56,8 @@ def build_speculative(engine: "Engine", options: dict) -> Speculative:
     elif opts.tree:
         tree = static_tree(parse_tree_paths(opts.tree))
     name = opts.method + ("" if tree is None else "-tree")
-    return Speculative(proposer, opts.num_draft_tokens, tree, opts.tree_budget, opts.tree_width, opts.adaptive, name)
+    return Speculative(proposer, opts.num_draft_tokens, tree, opts.tree_budget, opts.tree_width, opts.adaptive, name,
+                       min_prob=opts.confidence_threshold)
 
 
 def _stage_two(engine: "Engine", opts: SpecOptions):

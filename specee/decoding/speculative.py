@@ -48,6 +48,7 @@ class Speculative:
         tree_width: int = 4,
         adaptive: bool = True,
         name: str = "speculative",
+        min_prob: float = 0.0,
     ) -> None:
         if not 1 <= num_draft_tokens <= MAX_DRAFT_NODES:
             raise ValueError(f"num_draft_tokens must be in 1..{MAX_DRAFT_NODES}, got {num_draft_tokens}")
@@ -64,6 +65,7 @@ class Speculative:
         self.tree_width = tree_width
         self.adaptive = adaptive
         self.name = name
+        self.min_prob = min_prob  # stop growing a tree below this path probability
 
     def draft(self, context: list[int], length: int) -> Draft:
         if self.tree is None:
@@ -73,7 +75,7 @@ class Speculative:
             return self.proposer.candidates(context + list(path), self.tree_width)
 
         if self.tree == "auto":
-            return dynamic_tree(expand, budget=self.tree_budget, max_depth=self.num_draft_tokens)
+            return dynamic_tree(expand, budget=self.tree_budget, max_depth=self.num_draft_tokens, min_prob=self.min_prob)
         return self.tree.fill(expand)
 
     def decode(self, state: DecodeState) -> Iterator[list[int]]:

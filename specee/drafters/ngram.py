@@ -276,6 +276,7 @@ class NgramProposer:
     model: NgramModel
     num_draft_tokens: int = 8
     tree_width: int = 1  # candidates per node; 1 gives a chain
+    min_prob: float = 0.0  # stop drafting once the path is less probable than this
 
     def propose(self, context: list[int], max_tokens: int) -> Draft:
         budget = min(max_tokens, self.num_draft_tokens)
@@ -285,7 +286,7 @@ class NgramProposer:
         def expand(path: tuple[int, ...]) -> list[tuple[int, float]]:
             return self.model.top_k(tail + list(path), self.tree_width)
 
-        return dynamic_tree(expand, budget=budget, max_depth=budget)
+        return dynamic_tree(expand, budget=budget, max_depth=budget, min_prob=self.min_prob)
 
     def candidates(self, context: list[int], k: int) -> list[tuple[int, float]]:
         return self.model.top_k(context[len(context) - (self.model.order - 1) :], k)

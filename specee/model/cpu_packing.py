@@ -10,6 +10,9 @@ import torch
 from torch import nn
 
 
+PACK_ROWS = 16
+
+
 def packing_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
@@ -23,8 +26,10 @@ class PackedLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight if keep_weight else None
         self.bias = linear.bias
+        # Packed for up to 16 rows: as fast as a 1-row packing for one token, and a pass over
+        # a 9-token draft then costs ~1.05x one token instead of ~1.4x.
         self.register_buffer(
-            "packed", torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), 1), persistent=False
+            "packed", torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), PACK_ROWS), persistent=False
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
