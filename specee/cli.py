@@ -37,7 +37,7 @@ def _add_sampling_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, help="random seed for sampling")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-sequence (benchmarks)")
-    p.add_argument("--spec-method", default="none", help="none, prompt-lookup, ngram, draft or staged (lossless)")
+    p.add_argument("--spec-method", default="none", help="none, prompt-lookup, ngram, hybrid, draft or staged (all lossless)")
     p.add_argument("--num-draft-tokens", type=_positive_int, help="draft tokens per step (default 8, adapted)")
     p.add_argument("--tree", help='verify a tree: "auto" (best-first under --tree-budget) or rank paths "0;1;0,0"')
     p.add_argument("--tree-budget", type=_positive_int, help="draft nodes per tree (default 16)")

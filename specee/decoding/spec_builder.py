@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..drafters.draft_model import DraftModel, StagedDraft
+from ..drafters.hybrid import Hybrid
 from ..drafters.ngram import NgramModel, NgramProposer
 from ..drafters.prompt_lookup import PromptLookup
 from ..tree import parse_tree_paths, static_tree
@@ -14,7 +15,7 @@ from .speculative import Speculative
 if TYPE_CHECKING:
     from ..engine import Engine
 
-METHODS = ("prompt-lookup", "ngram", "draft", "staged")
+METHODS = ("prompt-lookup", "ngram", "hybrid", "draft", "staged")
 BUNDLED_NGRAM = Path(__file__).resolve().parent.parent / "artifacts" / "smollm2-135m-instruct.trigram.pt"
 
 
@@ -47,6 +48,10 @@ def build_speculative(engine: "Engine", options: dict) -> Speculative:
         "prompt-lookup": lambda: PromptLookup(num_draft_tokens=opts.num_draft_tokens),
         "ngram": lambda: NgramProposer(load_ngram(engine, opts.ngram_model), opts.num_draft_tokens,
                                        min_prob=opts.confidence_threshold),
+        # A suffix match of 2+ tokens is needed before copying beats the table.
+        "hybrid": lambda: Hybrid(PromptLookup(min_ngram=2, num_draft_tokens=opts.num_draft_tokens),
+                                 NgramProposer(load_ngram(engine, opts.ngram_model), opts.num_draft_tokens,
+                                               min_prob=opts.confidence_threshold)),
         "draft": lambda: load_draft_model(engine, opts),
         "staged": lambda: StagedDraft(load_draft_model(engine, opts), _stage_two(engine, opts)),
     }[opts.method]()
