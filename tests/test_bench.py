@@ -2,6 +2,7 @@
 import json
 
 import pytest
+import torch
 
 from helpers import tiny_model
 from specee.decoding.autoregressive import Autoregressive
@@ -26,6 +27,22 @@ class OffByOne(Autoregressive):
 def tiny_engine(default_engine):
     model = tiny_model(seed=3, vocab_size=default_engine.config.vocab_size, num_hidden_layers=2)
     return Engine(model, default_engine.tokenizer, source=default_model_path())
+
+
+class ShallowLossy(Autoregressive):
+    """A lossy mode for the test: decodes densely but scores text with the first layer only."""
+
+    def reference_logits(self, model, ids):
+        cache = model.new_cache(len(ids))
+        h = model.hidden(torch.tensor(ids), torch.arange(len(ids)), cache, layers=range(1))
+        return model.logits(model.norm(h))
+
+
+@pytest.fixture
+def lossy_mode():
+    spec = register(StrategySpec("shallow", False, lambda engine, options: ShallowLossy(), "test only"))
+    yield spec
+    del REGISTRY[spec.name]
 
 
 @pytest.fixture
@@ -83,3 +100,13 @@ def test_missing_baseline_is_skipped_with_how_to_install(tiny_engine, monkeypatc
 def test_unknown_mode_is_a_clear_error(tiny_engine):
     with pytest.raises(ValueError, match="unknown mode 'warp-drive'"):
         bench_modes.build_modes(tiny_engine, ["warp-drive"], SamplingParams(), threads=2)
+
+
+def test_lossy_modes_report_their_own_perplexity(tiny_engine, lossy_mode, tmp_path):
+    config = BenchConfig(datasets=[str(write_prompts(tmp_path / "q.jsonl"))], num_prompts=1, max_tokens=4,
+                         modes=["dense", "prompt-lookup", "shallow"], out=tmp_path / "out")
+    modes = run_bench(tiny_engine, config, explicit_datasets=True)["modes"]
+    assert modes["dense"]["perplexity"] > 1
+    assert modes["prompt-lookup"]["perplexity"] == modes["dense"]["perplexity"]  # lossless: the same model
+    assert modes["shallow"]["perplexity"] > 1
+    assert modes["shallow"]["perplexity"] != pytest.approx(modes["dense"]["perplexity"], rel=1e-3)

@@ -23,7 +23,7 @@ from .report import BenchRecord, format_table, machine_info, summarize, write_ou
 SUITES = {
     # A few prompts of every kind, for development: a few minutes here.
     "quick": dict(datasets=["spec-bench", "humaneval"], num_prompts=1, max_tokens=64,
-                  categories=["summarization", "translation", "math_reasoning", "writing", "rag"]),
+                  categories=["summarization", "translation", "math_reasoning", "writing"]),
     "full": dict(datasets=["spec-bench", "humaneval", "gsm8k", "mmlu"], num_prompts=10, max_tokens=128,
                  categories=None),
 }
@@ -65,7 +65,8 @@ def load_prompts(config: BenchConfig, explicit: bool) -> tuple[list[tuple[str, P
     prompts, notes = [], []
     for name in config.datasets:
         try:
-            loaded = load_dataset(name, num_prompts=config.num_prompts, categories=_categories_for(name, config))
+            categories = _categories_for(name, config, explicit)
+            loaded = load_dataset(name, num_prompts=config.num_prompts, categories=categories)
         except DatasetMissing as missing:
             if explicit:
                 raise
@@ -75,11 +76,12 @@ def load_prompts(config: BenchConfig, explicit: bool) -> tuple[list[tuple[str, P
     return prompts, notes
 
 
-def _categories_for(name: str, config: BenchConfig) -> list[str] | None:
-    """The user's --categories filter every dataset; the suite's own pick applies to Spec-Bench."""
+def _categories_for(name: str, config: BenchConfig, explicit: bool) -> list[str] | None:
+    """--categories filter every dataset; without it, a dataset the user named runs whole, and
+    the suite's own pick of Spec-Bench categories applies only to the suite's datasets."""
     if config.categories is not None:
         return config.categories
-    return SUITES[config.suite]["categories"] if name == "spec-bench" else None
+    return SUITES[config.suite]["categories"] if name == "spec-bench" and not explicit else None
 
 
 def judge(prompt: Prompt, text: str) -> bool | None:
@@ -101,18 +103,29 @@ def answer_text(engine: Engine, token_ids: list[int]) -> str:
     return engine.tokenizer.decode(token_ids[:end])
 
 
-def perplexity(engine: Engine, texts: list[str]) -> float:
-    """Perplexity of the target model (the dense reference) on reference texts."""
-    model, total_nll, count = engine.model, 0.0, 0
+def perplexity(engine: Engine, texts: list[str], strategy=None) -> float | None:
+    """Perplexity of reference texts under the target model, or under a lossy strategy's own
+    logits (its `reference_logits(model, ids) -> [T, vocab]`); None for modes that have none."""
+    if strategy is None:
+        model = engine.model
+
+        def logits_of(ids):
+            return model(torch.tensor(ids), torch.arange(len(ids)), model.new_cache(len(ids)))
+    elif hasattr(strategy, "reference_logits"):
+        def logits_of(ids):
+            return strategy.reference_logits(engine.model, ids)
+    else:
+        return None
+    total_nll, count = 0.0, 0
     with torch.inference_mode():
         for text in texts:
             ids = engine.tokenizer.encode(text)[: engine.context_length]
             if len(ids) < 2:
                 continue
-            logits = model(torch.tensor(ids), torch.arange(len(ids)), model.new_cache(len(ids)))
+            logits = logits_of(ids)  # [T, vocab]
             nll = torch.nn.functional.cross_entropy(logits[:-1].float(), torch.tensor(ids[1:]), reduction="sum")
             total_nll, count = total_nll + nll.item(), count + len(ids) - 1
-    return math.exp(total_nll / count) if count else float("nan")
+    return math.exp(total_nll / count) if count else None
 
 
 def read_bandwidth_gb_s(megabytes: int = 512) -> float:
@@ -164,10 +177,14 @@ def run_bench(engine: Engine, config: BenchConfig, explicit_datasets: bool = Fal
                 correct=judge(prompt, answer_text(engine, run.token_ids)),
             )))
     summary = summarize(records)
-    dense_ppl = perplexity(engine, [p.turns[0] for _, p in prompts])
-    for name, stats in summary["modes"].items():
+    texts = [p.turns[0] for _, p in prompts]
+    dense_ppl = perplexity(engine, texts)
+    for mode in modes:
         # Lossless modes produce the dense model's distribution, so they share its perplexity.
-        stats["perplexity"] = dense_ppl if name == "dense" or stats["lossless"] else None
+        strategy = getattr(mode, "strategy", None)
+        lossy = strategy is not None and not mode.lossless
+        summary["modes"][mode.name]["perplexity"] = perplexity(engine, texts, strategy) if lossy else (
+            dense_ppl if mode.lossless else None)
     meta = machine_info() | {
         "command": config.command, "threads": config.threads, "model": str(engine.source),
         "dtype": str(engine.model.dtype).removeprefix("torch."), "suite": config.suite,

@@ -78,6 +78,7 @@ def group_stats(group: list[dict], runs: dict[tuple, dict], reference_mode: str,
     accept_lengths = [n for r in done for n in r["accept_lengths"]]
     judged = [r["correct"] for r in done if r["correct"] is not None]
     compared = [r["matches_dense"] for r in done if r["lossless"] and r["matches_dense"] is not None]
+    agreed = [float(r["matches_dense"]) for r in done if r["matches_dense"] is not None]
     return {
         "prompts": len(done),
         "skipped": len(group) - len(done),
@@ -92,6 +93,7 @@ def group_stats(group: list[dict], runs: dict[tuple, dict], reference_mode: str,
         "peak_rss_mb": max((r["peak_rss_mb"] for r in done), default=None),
         "accuracy": mean([float(c) for c in judged]),
         "accuracy_n": len(judged),
+        "agreement": mean(agreed),  # share of outputs token-identical to dense (any mode)
         "lossless_ok": all(compared) if compared else None,  # None: lossy mode or nothing compared
     }
 
@@ -135,7 +137,8 @@ def fmt(value, spec: str = ".2f", suffix: str = "") -> str:
 
 
 MODE_COLUMNS = ("mode", "lossless", "prompts", "skipped", "tok/s", "vs dense", "vs hf", "accept len",
-                "layers", "MB/token", "peak RSS MB", "accuracy", "lossless ok")
+                "layers", "MB/token", "weights GB/s", "peak RSS MB", "accuracy", "ppl", "same as dense",
+                "lossless ok")
 
 
 def mode_rows(summary: dict) -> list[list[str]]:
@@ -146,7 +149,8 @@ def mode_rows(summary: dict) -> list[list[str]]:
             mode, "yes" if s["lossless"] else "no", str(s["prompts"]), str(s["skipped"]), fmt(s["tokens_per_s"]),
             fmt(s["speedup_vs_dense"], suffix="x"), fmt(s["speedup_vs_hf"], suffix="x"),
             fmt(s["mean_accept_length"]), fmt(s["avg_layers"], ".1f"), fmt(mb_per_token, ".1f"),
-            fmt(s["peak_rss_mb"], ".0f"), fmt(s["accuracy"], ".3f"), fmt(s["lossless_ok"]),
+            fmt(s.get("weight_gb_s"), ".1f"), fmt(s["peak_rss_mb"], ".0f"), fmt(s["accuracy"], ".3f"),
+            fmt(s.get("perplexity"), ".2f"), fmt(s["agreement"], ".2f"), fmt(s["lossless_ok"]),
         ])
     return rows
 
