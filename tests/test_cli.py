@@ -100,3 +100,35 @@ def test_generate_end_to_end_json():
     assert result["stats"]["tokens_per_s"] > 0
     assert result["text"] and proc.stdout.startswith(result["text"])  # streamed before the JSON
     assert "tokens/s" in proc.stderr
+
+
+@pytest.mark.slow
+def test_chat_keeps_the_conversation(capsys, monkeypatch, default_engine):
+    import builtins
+
+    import specee.cli as cli
+
+    seen = []
+    real_stream = default_engine.stream
+
+    def recording_stream(messages, **options):
+        seen.append([dict(m) for m in messages])
+        return real_stream(messages, **options)
+
+    lines = iter(["My name is Ada.", "What is my name?"])
+
+    def fake_input(prompt=""):
+        try:
+            return next(lines)
+        except StopIteration:
+            raise EOFError from None
+
+    monkeypatch.setattr(cli, "_load", lambda args: default_engine)
+    monkeypatch.setattr(default_engine, "stream", recording_stream)
+    monkeypatch.setattr(builtins, "input", fake_input)
+    assert main(["chat", "--max-tokens", "12", "--system", "Be brief."]) == 0
+    assert len(seen) == 2
+    first, second = seen
+    assert [m["role"] for m in first] == ["system", "user"]
+    assert [m["role"] for m in second] == ["system", "user", "assistant", "user"]
+    assert second[2]["content"] and second[2]["content"] in capsys.readouterr().out
