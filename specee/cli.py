@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--system", help="system message")
     bench = sub.add_parser("bench", help="speed and quality of every mode, side by side with baselines")
     _add_model_options(bench)
-    bench.add_argument("--suite", default="quick", help="quick (a few minutes) or full (default quick)")
+    bench.add_argument("--suite", default="quick", help="quick (a few minutes) or full (every category and dataset, about an hour on 2 cores; default quick)")
     bench.add_argument("--dataset", action="append", help="spec-bench, humaneval, mtbench, gsm8k, mmlu or a "
                        "Spec-Bench-format .jsonl file (repeatable; default: the suite's)")
     bench.add_argument("--num-prompts", type=_positive_int, help="prompts per category")

@@ -44,3 +44,10 @@ def test_rejects_inverted_ngram_range():
 def test_finds_a_match_far_back_in_a_long_context():
     context = list(range(4000)) + [10, 11, 12]
     assert PromptLookup(num_draft_tokens=5).propose(context, 5).tokens == [13, 14, 15, 16, 17]
+
+
+def test_candidates_rank_every_continuation_by_frequency_latest_first_on_ties():
+    # [2] was followed by 5, 7, 5, 9: 5 twice, then the tie 9 (latest) before 7.
+    context = [2, 5, 2, 7, 2, 5, 2, 9, 2]
+    assert PromptLookup().candidates(context, 3) == [(5, 0.5), (9, 0.25), (7, 0.25)]
+    assert PromptLookup().match(context) == (1, [1, 3, 5, 7])

@@ -49,6 +49,7 @@ CONFIGS = {
     "prompt-lookup dynamic tree": dict(spec_method="prompt-lookup", tree="auto", tree_budget=12),
     "ngram chain": dict(spec_method="ngram"),
     "ngram dynamic tree": dict(spec_method="ngram", tree="auto", tree_budget=10),
+    "hybrid dynamic tree (bundled table)": dict(spec_method="hybrid", tree="auto", tree_budget=8),
     # Shallow drafts are cheap but weak: few draft tokens keep these runs short.
     "draft self:3 chain": dict(spec_method="draft", draft_model="self:3", num_draft_tokens=2),
     "staged self:3 + prompt lookup": dict(spec_method="staged", draft_model="self:3", num_draft_tokens=3),

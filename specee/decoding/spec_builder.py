@@ -48,8 +48,7 @@ def build_speculative(engine: "Engine", options: dict) -> Speculative:
         "prompt-lookup": lambda: PromptLookup(num_draft_tokens=opts.num_draft_tokens),
         "ngram": lambda: NgramProposer(load_ngram(engine, opts.ngram_model), opts.num_draft_tokens,
                                        min_prob=opts.confidence_threshold),
-        # A suffix match of 2+ tokens is needed before copying beats the table.
-        "hybrid": lambda: Hybrid(PromptLookup(min_ngram=2, num_draft_tokens=opts.num_draft_tokens),
+        "hybrid": lambda: Hybrid(PromptLookup(num_draft_tokens=opts.num_draft_tokens),
                                  NgramProposer(load_ngram(engine, opts.ngram_model), opts.num_draft_tokens,
                                                min_prob=opts.confidence_threshold)),
         "draft": lambda: load_draft_model(engine, opts),

@@ -4,20 +4,37 @@ from __future__ import annotations
 
 from .base import Draft
 from .ngram import NgramProposer
-from .prompt_lookup import PromptLookup
+from .prompt_lookup import PromptLookup, ranked_continuations
+
+# How much a tree trusts the copy over the table, by the length of the suffix that matched
+# (longer matches copy reliably; a lone repeated token often does not). Picked on HumanEval and
+# Spec-Bench summarization prompts beyond those the benchmark suites run.
+LOOKUP_TRUST = {1: 0.5, 2: 0.8}
+LONG_MATCH_TRUST = 0.95
 
 
 class Hybrid:
-    def __init__(self, lookup: PromptLookup, table: NgramProposer) -> None:
+    def __init__(self, lookup: PromptLookup, table: NgramProposer, min_chain_match: int = 2) -> None:
         self.lookup = lookup
         self.table = table
+        self.min_chain_match = min_chain_match  # a chain copies only after a match this long
 
     def propose(self, context: list[int], max_tokens: int) -> Draft:
-        draft = self.lookup.propose(context, max_tokens)
-        return draft if len(draft) else self.table.propose(context, max_tokens)
+        n, _ = self.lookup.match(context)
+        if n >= self.min_chain_match:
+            return self.lookup.propose(context, max_tokens)
+        return self.table.propose(context, max_tokens)
 
     def candidates(self, context: list[int], k: int) -> list[tuple[int, float]]:
-        return self.lookup.candidates(context, k) or self.table.candidates(context, k)
+        """Both drafters' guesses, mixed with the copy's weight set by its match length."""
+        n, follows = self.lookup.match(context)
+        trust = LOOKUP_TRUST.get(n, LONG_MATCH_TRUST) if n else 0.0
+        mixed: dict[int, float] = {}
+        for token, prob in ranked_continuations(context, follows, k):
+            mixed[token] = trust * prob
+        for token, prob in self.table.candidates(context, k):
+            mixed[token] = mixed.get(token, 0.0) + (1.0 - trust) * prob
+        return sorted(mixed.items(), key=lambda item: -item[1])[:k]
 
     def update(self, context: list[int], num_accepted: int) -> None:
         self.lookup.update(context, num_accepted)

@@ -40,24 +40,49 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
 
     def forward(
-        self, x: torch.Tensor, angles: RopeAngles, cache: KVCache, mask: torch.Tensor | None
+        self, x: torch.Tensor, angles: RopeAngles, cache: KVCache, mask: "torch.Tensor | AttentionBias | None"
     ) -> torch.Tensor:
         T = x.shape[0]
         nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
         group = nh // nkv
+        bias = mask if isinstance(mask, AttentionBias) else AttentionBias(mask, T, group)
         qkv = self.qkv_proj(x)  # [T, (nh + 2 nkv) hd]
         qk = apply_rope(qkv[:, : (nh + nkv) * hd].view(T, nh + nkv, hd), angles)
         v = qkv[:, (nh + nkv) * hd :].view(T, nkv, hd)
         keys, values = cache.append(self.layer_index, qk[:, nh:], v)  # [nkv, S, hd]
         # Query heads sharing a kv head become rows of one matrix: no repeated K/V.
         q = qk[:, :nh].reshape(T, nkv, group, hd).permute(1, 2, 0, 3).reshape(nkv, group * T, hd)
-        attn_mask = None
-        if T > 1 or mask is not None:
-            attn_mask = full_attention_mask(mask, T, keys.shape[1], x.device).repeat(group, 1)
+        attn_mask = bias.for_keys(keys.shape[1], keys.dtype, x.device)  # [group * T, S] or None
         # 4-D inputs select PyTorch's fused CPU attention kernel (3-D falls back to plain maths).
         out = F.scaled_dot_product_attention(q.to(keys.dtype)[None], keys[None], values[None], attn_mask=attn_mask)
         out = out[0].view(nkv, group, T, hd).permute(2, 0, 1, 3).reshape(T, nh * hd)
         return self.o_proj(out.to(x.dtype))
+
+
+class AttentionBias:
+    """The additive attention bias of one pass ([group * T, S]: 0 where visible, -inf where not),
+    built once per key length and shared by every layer: building it per layer cost more than
+    the masked attention itself, and an additive float bias is cheaper for SDPA than a bool mask.
+
+    `mask` is the [T, T] visibility among the new tokens (a tree), None for causal order; rows
+    come `repeat` times because the query heads sharing a kv head are stacked as rows."""
+
+    def __init__(self, mask: torch.Tensor | None, num_new: int, repeat: int) -> None:
+        self.mask = mask
+        self.num_new = num_new
+        self.repeat = repeat
+        self._by_keys: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+
+    def for_keys(self, num_keys: int, dtype: torch.dtype, device) -> torch.Tensor | None:
+        """The bias over `num_keys` keys (cached ones first), or None when nothing is hidden."""
+        if self.num_new == 1 and self.mask is None:
+            return None
+        key = (num_keys, dtype)
+        if key not in self._by_keys:
+            visible = full_attention_mask(self.mask, self.num_new, num_keys, device).repeat(self.repeat, 1)
+            bias = torch.zeros(visible.shape, dtype=dtype, device=device)
+            self._by_keys[key] = bias.masked_fill_(~visible, float("-inf"))
+        return self._by_keys[key]
 
 
 def full_attention_mask(mask: torch.Tensor | None, T: int, S: int, device) -> torch.Tensor:
@@ -90,7 +115,7 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config)
 
     def forward(
-        self, h: torch.Tensor, angles: RopeAngles, cache: KVCache, mask: torch.Tensor | None = None
+        self, h: torch.Tensor, angles: RopeAngles, cache: KVCache, mask: "torch.Tensor | AttentionBias | None" = None
     ) -> torch.Tensor:
         h = h + self.self_attn(self.input_layernorm(h), angles, cache, mask)
         return h + self.mlp(self.post_attention_layernorm(h))
@@ -167,8 +192,10 @@ class Transformer(nn.Module):
         """Embed `ids` and run them through `layers` (all by default); returns [T, hidden]."""
         h = self.embed(ids)
         angles = self.angles(positions)
+        c = self.config
+        bias = AttentionBias(mask, len(ids), c.num_attention_heads // c.num_key_value_heads)
         for i in layers if layers is not None else range(len(self.layers)):
-            h = self.layers[i](h, angles, cache, mask)
+            h = self.layers[i](h, angles, cache, bias)
         return h
 
     def forward(
