@@ -40,7 +40,7 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
 
     def forward(
-        self, x: torch.Tensor, angles: RopeAngles, cache: KVCache, mask: "torch.Tensor | AttentionBias | None"
+        self, x: torch.Tensor, angles: RopeAngles, cache: KVCache, mask: torch.Tensor | AttentionBias | None
     ) -> torch.Tensor:
         T = x.shape[0]
         nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
@@ -115,7 +115,7 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config)
 
     def forward(
-        self, h: torch.Tensor, angles: RopeAngles, cache: KVCache, mask: "torch.Tensor | AttentionBias | None" = None
+        self, h: torch.Tensor, angles: RopeAngles, cache: KVCache, mask: torch.Tensor | AttentionBias | None = None
     ) -> torch.Tensor:
         h = h + self.self_attn(self.input_layernorm(h), angles, cache, mask)
         return h + self.mlp(self.post_attention_layernorm(h))
