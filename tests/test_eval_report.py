@@ -79,6 +79,18 @@ def test_summary_metrics():
     assert "LOSSLESS FAILURE" not in format_table(summary)
 
 
+def test_a_category_name_two_datasets_share_is_split_by_dataset():
+    records = toy_records()
+    for r in records:
+        if r["category"] == "code" and r["prompt_id"].endswith("1"):
+            r["dataset"] = "humaneval"  # same category name, another data set
+    summary = summarize(records)
+    assert summary["categories"] == ["qa", "toy/code", "humaneval/code"]
+    spec = summary["modes"]["spec"]["categories"]
+    assert spec["toy/code"]["prompts"] == spec["humaneval/code"]["prompts"] == 1
+    assert spec["humaneval/code"]["speedup_vs_dense"] == pytest.approx(4.0)
+
+
 def test_skipped_prompts_are_counted_and_left_out_of_speedup():
     records = toy_records() + [record("spec", "qa-2", "qa", 100.0, skipped="out of memory")]
     records.append(record("dense", "qa-3", "qa", 100.0))  # no spec run to pair with

@@ -102,7 +102,8 @@ def summarize(records: list[dict], reference_mode: str = "dense", hf_mode: str =
     check_records(records)
     runs = {(r["mode"], r["dataset"], r["prompt_id"]): r for r in records if not r["skipped"]}
     modes = list(dict.fromkeys(r["mode"] for r in records))  # in the order they were run
-    categories = list(dict.fromkeys(r["category"] for r in records))
+    label = category_labels(records)
+    categories = list(dict.fromkeys(label(r) for r in records))
     summary_modes = {}
     for mode in modes:
         of_mode = [r for r in records if r["mode"] == mode]
@@ -111,7 +112,7 @@ def summarize(records: list[dict], reference_mode: str = "dense", hf_mode: str =
         stats["categories"] = {
             category: group_stats(in_category, runs, reference_mode, hf_mode)
             for category in categories
-            if (in_category := [r for r in of_mode if r["category"] == category])
+            if (in_category := [r for r in of_mode if label(r) == category])
         }
         summary_modes[mode] = stats
     failures = [
@@ -126,6 +127,20 @@ def summarize(records: list[dict], reference_mode: str = "dense", hf_mode: str =
         "modes": summary_modes,
         "lossless_failures": failures,
     }
+
+
+def category_labels(records: list[dict]):
+    """record -> its category's name in the tables: "dataset/category" where datasets share a
+    category name (Spec-Bench's coding questions are not HumanEval), else just the category."""
+    datasets_of: dict[str, set[str]] = {}
+    for r in records:
+        datasets_of.setdefault(r["category"], set()).add(r["dataset"])
+
+    def label(record: dict) -> str:
+        shared = len(datasets_of[record["category"]]) > 1
+        return f"{record['dataset']}/{record['category']}" if shared else record["category"]
+
+    return label
 
 
 def fmt(value, spec: str = ".2f", suffix: str = "") -> str:
