@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from matplotlib import colormaps
 from matplotlib.figure import Figure  # the object API renders with Agg and leaves pyplot's global state alone
 from matplotlib.ticker import MaxNLocator
 
@@ -220,18 +221,20 @@ def plot_speedup_by_category(summary: dict, path: Path) -> None:
     modes = [m for m in summary["modes"] if m != summary["reference_mode"]]
     groups = [*summary["categories"], "overall"]
     width = 0.8 / max(len(modes), 1)
-    fig = Figure(figsize=(max(6.0, 1.5 + 0.3 * len(groups) * max(len(modes), 1)), 4.5))
+    bars = len(groups) * max(len(modes), 1)
+    fig = Figure(figsize=(min(24.0, max(6.0, 2.0 + 0.08 * bars)), 5.0))  # readable on one screen
     ax = fig.subplots()
     for i, mode in enumerate(modes):
         stats = summary["modes"][mode]
         values = [stats["categories"].get(g, {}).get("speedup_vs_dense") for g in summary["categories"]]
         values.append(stats["speedup_vs_dense"])
         ax.bar([x + i * width for x in range(len(groups))],
-               [v if v is not None else float("nan") for v in values], width, label=mode)
+               [v if v is not None else float("nan") for v in values], width, label=mode,
+               color=colormaps["tab20" if len(modes) > 10 else "tab10"](i))
     ax.axhline(1.0, color="gray", linestyle="--", linewidth=1)
     ax.set_xticks([x + width * (len(modes) - 1) / 2 for x in range(len(groups))], groups, rotation=30, ha="right")
     ax.set_ylabel(f"speedup vs {summary['reference_mode']}")
-    ax.legend(fontsize="small")
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the bars
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -271,7 +274,7 @@ def plot_histograms(records: list[dict], key: str, xlabel: str, path: Path) -> b
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel(xlabel)
     ax.set_ylabel("fraction")
-    ax.legend(fontsize="small")
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the bars
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     return True
