@@ -39,8 +39,11 @@ class PromptLookup:
 
     def propose(self, context: list[int], max_tokens: int) -> Draft:
         """A chain continuing the most recent earlier match of the longest matching suffix."""
+        return self.chain(context, self.match(context)[1], max_tokens)
+
+    def chain(self, context: list[int], follows: list[int], max_tokens: int) -> Draft:
+        """The draft copied from after the latest of `follows` (positions from `match`)."""
         count = min(max_tokens, self.num_draft_tokens)
-        _, follows = self.match(context)
         if count <= 0 or not follows:
             return Draft.empty()
         return Draft.chain(context[follows[-1] : follows[-1] + count])
