@@ -40,10 +40,13 @@ def _add_sampling_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec-method", default="none", help="none, prompt-lookup, ngram, hybrid, draft or staged (all lossless)")
     p.add_argument("--num-draft-tokens", type=_positive_int, help="draft tokens per step (default 8, adapted)")
     p.add_argument("--tree", help='verify a tree: "auto" (best-first under --tree-budget) or rank paths "0;1;0,0"')
-    p.add_argument("--tree-budget", type=_positive_int, help="draft nodes per tree (default 16)")
+    p.add_argument("--tree-budget", type=_positive_int, help="draft nodes per tree (default 4)")
     p.add_argument("--draft-model", help="draft model path, or self:L for the target's first L layers")
     p.add_argument("--ngram-model", help="n-gram table from `specee train ngram` (default: the bundled one)")
     p.add_argument("--draft-confidence", type=float, help="stop drafting below this drafter probability")
+    p.add_argument("--tree-node-cost", type=float,
+                   help="--tree auto: one more node's cost as a fraction of a one-token pass; growth stops "
+                        "when a node would lower the expected tokens per pass cost (default 0: budget only)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -123,6 +126,7 @@ def _sampling_kwargs(args) -> dict:
         seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos, spec_method=args.spec_method,
         num_draft_tokens=args.num_draft_tokens, tree=args.tree, tree_budget=args.tree_budget,
         draft_model=args.draft_model, ngram_model=args.ngram_model, confidence_threshold=args.draft_confidence,
+        tree_node_cost=args.tree_node_cost,
     )
 
 
@@ -136,6 +140,8 @@ def _validate_sampling(args) -> None:
         raise UsageError(f"unknown --spec-method {args.spec_method!r} (choose from none, {', '.join(METHODS)})")
     if args.max_tokens <= 0:
         raise UsageError(f"--max-tokens must be a positive integer, got {args.max_tokens}")
+    if args.tree_node_cost is not None and args.tree_node_cost < 0:
+        raise UsageError(f"--tree-node-cost must be >= 0, got {args.tree_node_cost}")
     try:
         SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     except ValueError as e:

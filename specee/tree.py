@@ -160,7 +160,9 @@ def parse_tree_paths(text: str) -> list[tuple[int, ...]]:
         ) from None
 
 
-def dynamic_tree(expand: Expand, budget: int, max_depth: int, min_prob: float = 0.0) -> Draft:
+def dynamic_tree(
+    expand: Expand, budget: int, max_depth: int, min_prob: float = 0.0, node_cost: float = 0.0
+) -> Draft:
     """Grow the `budget` nodes whose paths from the root are most probable, best first.
 
     Compute goes where acceptance is likely: to a strong second guess near the root rather than to
@@ -169,7 +171,13 @@ def dynamic_tree(expand: Expand, budget: int, max_depth: int, min_prob: float = 
     add is at most as probable, so the order stays exact and no expansion is wasted at the end.
     Growth also stops when the best remaining path is less probable than `min_prob` (the
     drafter's confidence has run out), so the tree may come back smaller than `budget`.
+
+    `node_cost` is what one more input adds to the verification pass, as a fraction of a
+    one-token pass. A node is worth adding while it raises the expected tokens per unit of pass
+    cost, (1 + sum of path probabilities) / (1 + node_cost * nodes): since nodes come in falling
+    probability, growth stops at the first one that would lower it.
     """
+    expected = 1.0  # tokens the pass is expected to yield: the target's own token plus each node's
     tokens: list[int] = []
     parents: list[int] = []
     paths: list[tuple[int, ...]] = []
@@ -178,7 +186,8 @@ def dynamic_tree(expand: Expand, budget: int, max_depth: int, min_prob: float = 
     heap: list[tuple[float, int, int, int | None]] = [(-1.0, next(tie_break), -1, None)]
     while heap and len(tokens) < budget:
         neg_prob, _, parent, token = heapq.heappop(heap)
-        if -neg_prob < min_prob:
+        # Every entry left (and every child of one) is at most this probable.
+        if -neg_prob < min_prob or -neg_prob * (1 + node_cost * len(tokens)) < node_cost * expected:
             break
         if token is None:
             for child_token, prob in expand(paths[parent] if parent >= 0 else ()):
@@ -186,6 +195,7 @@ def dynamic_tree(expand: Expand, budget: int, max_depth: int, min_prob: float = 
                     heapq.heappush(heap, (neg_prob * prob, next(tie_break), parent, child_token))
             continue
         node = len(tokens)
+        expected -= neg_prob
         tokens.append(token)
         parents.append(parent)
         paths.append((paths[parent] if parent >= 0 else ()) + (token,))

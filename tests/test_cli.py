@@ -24,6 +24,7 @@ def run_main(capsys, *argv):
         (["--temperature", "-0.5"], "temperature must be >= 0"),
         (["--top-p", "0"], "--top-p must be in (0, 1]"),
         (["--top-p", "1.5"], "--top-p must be in (0, 1]"),
+        (["--tree-node-cost", "-0.1"], "--tree-node-cost must be >= 0"),
         (["--dtype", "fp16"], "unknown dtype 'fp16'"),
         (["--device", "tpu"], "unknown device 'tpu'"),
         (["--model", "/no/such/model.gguf"], "does not exist"),

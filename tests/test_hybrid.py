@@ -1,7 +1,8 @@
 import pytest
 
 from specee.drafters.base import Draft
-from specee.drafters.hybrid import LOOKUP_TRUST, Hybrid
+from specee.drafters.copy_reliability import PRIOR_HIT_RATE
+from specee.drafters.hybrid import Hybrid
 from specee.drafters.prompt_lookup import PromptLookup
 
 
@@ -33,7 +34,7 @@ def test_chain_copies_only_after_a_match_of_two_tokens():
 
 @pytest.mark.parametrize("context, match_length", [([7, 1, 2, 3, 9, 2], 1), ([7, 1, 2, 3, 9, 1, 2], 2)])
 def test_tree_candidates_mix_copy_and_table_by_match_length(context, match_length):
-    trust = LOOKUP_TRUST[match_length]
+    trust = PRIOR_HIT_RATE[match_length - 1]  # nothing observed yet: the prior reliability
     candidates = dict(Hybrid(PromptLookup(), TABLE).candidates(context, 3))
     assert candidates == pytest.approx({3: trust, 40: (1 - trust) * 0.6, 41: (1 - trust) * 0.3})
 
@@ -45,5 +46,5 @@ def test_tree_candidates_are_the_table_alone_without_a_match():
 def test_a_token_both_offer_adds_up():
     table = FixedTable([(3, 0.5), (40, 0.5)])
     candidates = Hybrid(PromptLookup(), table).candidates([7, 1, 2, 3, 9, 2], 2)
-    trust = LOOKUP_TRUST[1]
+    trust = PRIOR_HIT_RATE[0]
     assert candidates[0] == (3, pytest.approx(trust + (1 - trust) * 0.5))

@@ -1,5 +1,6 @@
 import pytest
 
+from specee.drafters.copy_reliability import PRIOR_HIT_RATE
 from specee.drafters.prompt_lookup import PromptLookup
 
 
@@ -49,5 +50,6 @@ def test_finds_a_match_far_back_in_a_long_context():
 def test_candidates_rank_every_continuation_by_frequency_latest_first_on_ties():
     # [2] was followed by 5, 7, 5, 9: 5 twice, then the tie 9 (latest) before 7.
     context = [2, 5, 2, 7, 2, 5, 2, 9, 2]
-    assert PromptLookup().candidates(context, 3) == [(5, 0.5), (9, 0.25), (7, 0.25)]
+    reliability = PRIOR_HIT_RATE[0]  # a 1-token match, nothing observed yet
+    assert PromptLookup().candidates(context, 3) == [(5, 0.5 * reliability), (9, 0.25 * reliability), (7, 0.25 * reliability)]
     assert PromptLookup().match(context) == (1, [1, 3, 5, 7])

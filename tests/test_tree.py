@@ -157,3 +157,15 @@ def test_dynamic_tree_stops_when_confidence_runs_out():
     # path probabilities: 1: 0.9, 1-3: 0.45, 1-4: 0.36, 2: 0.1 (below), 2-5: 0.1 (below)
     assert draft.tokens == [1, 3, 4]
     assert draft.parents == [-1, 0, 0]
+
+
+def test_dynamic_tree_stops_where_another_node_would_lower_tokens_per_pass_cost():
+    # Path probabilities in best-first order: .6 .54 .4 .378 .32 .288 .162 .08 .06
+    draft = dynamic_tree(fake_expand(EXPAND_TABLE), budget=10, max_depth=3, node_cost=0.2)
+    assert draft.tokens == [10, 12, 11, 16]
+    assert draft.parents == [-1, 0, -1, 1]
+    ordered = [0.6, 0.54, 0.4, 0.378, 0.32, 0.288, 0.162, 0.08, 0.06]
+    value = [(1 + sum(ordered[:n])) / (1 + 0.2 * n) for n in range(len(ordered) + 1)]
+    assert max(range(len(value)), key=value.__getitem__) == len(draft.tokens)
+    # Free nodes: only the budget limits the tree.
+    assert len(dynamic_tree(fake_expand(EXPAND_TABLE), budget=10, max_depth=3, node_cost=0.0)) == 9

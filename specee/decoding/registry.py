@@ -40,12 +40,12 @@ def _speculative(method: str, **defaults):
 
 register(StrategySpec("dense", True, lambda engine, options: Autoregressive(), "one target pass per token"))
 register(StrategySpec("prompt-lookup", True, _speculative("prompt-lookup"), "chain copied from earlier text"))
-register(StrategySpec("prompt-lookup-tree", True, _speculative("prompt-lookup", tree="auto", tree_budget=8),
+register(StrategySpec("prompt-lookup-tree", True, _speculative("prompt-lookup", tree="auto"),
                       "tree of the continuations of every earlier match"))
 register(StrategySpec("ngram", True, _speculative("ngram"), "chain from the bundled trigram table"))
-register(StrategySpec("ngram-tree", True, _speculative("ngram", tree="auto", tree_budget=8), "best-first trigram tree"))
+register(StrategySpec("ngram-tree", True, _speculative("ngram", tree="auto"), "best-first trigram tree"))
 register(StrategySpec("hybrid", True, _speculative("hybrid"), "prompt lookup, else the trigram table"))
-register(StrategySpec("hybrid-tree", True, _speculative("hybrid", tree="auto", tree_budget=8), "best-first tree of both"))
+register(StrategySpec("hybrid-tree", True, _speculative("hybrid", tree="auto"), "best-first tree of both"))
 register(StrategySpec("draft-self", True, _speculative("draft", draft_model="self:6"),
                       "the target's first 6 layers as draft model"))
 register(StrategySpec("staged", True, _speculative("staged", draft_model="self:6"),

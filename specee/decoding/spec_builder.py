@@ -24,12 +24,15 @@ class SpecOptions:
     method: str
     num_draft_tokens: int = 8
     tree: str | None = None  # None: chain; "auto": dynamic tree; else rank paths "0;1;0,0"
-    tree_budget: int = 16
+    # On the 2-core CPU a pass over 5 inputs costs little more than one, over 9 about 1.2-1.4x:
+    # 4-node trees beat 8 and 16 on summaries and code (BENCHMARKS.md).
+    tree_budget: int = 4
     tree_width: int = 4
     adaptive: bool = True
     draft_model: str | None = None  # a model path, or "self:L" for the target's first L layers
     ngram_model: str | None = None
     confidence_threshold: float = 0.0  # stop drafting when the drafter's probability falls below
+    tree_node_cost: float = 0.0  # dynamic trees: one more node's cost, as a fraction of a pass
 
     @classmethod
     def from_dict(cls, options: dict) -> "SpecOptions":
@@ -60,8 +63,10 @@ def build_speculative(engine: "Engine", options: dict) -> Speculative:
     elif opts.tree:
         tree = static_tree(parse_tree_paths(opts.tree))
     name = opts.method + ("" if tree is None else "-tree")
+    if opts.tree_node_cost < 0:
+        raise ValueError(f"tree_node_cost must be >= 0, got {opts.tree_node_cost}")
     return Speculative(proposer, opts.num_draft_tokens, tree, opts.tree_budget, opts.tree_width, opts.adaptive, name,
-                       min_prob=opts.confidence_threshold)
+                       min_prob=opts.confidence_threshold, node_cost=opts.tree_node_cost)
 
 
 def _stage_two(engine: "Engine", opts: SpecOptions):

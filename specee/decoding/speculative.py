@@ -45,11 +45,12 @@ class Speculative:
         proposer: Proposer,
         num_draft_tokens: int = 8,
         tree: StaticTree | str | None = None,  # None: chain; "auto": dynamic tree; else a static shape
-        tree_budget: int = 16,
+        tree_budget: int = 4,
         tree_width: int = 4,
         adaptive: bool = True,
         name: str = "speculative",
         min_prob: float = 0.0,
+        node_cost: float = 0.0,
     ) -> None:
         if not 1 <= num_draft_tokens <= MAX_DRAFT_NODES:
             raise ValueError(f"num_draft_tokens must be in 1..{MAX_DRAFT_NODES}, got {num_draft_tokens}")
@@ -67,6 +68,7 @@ class Speculative:
         self.adaptive = adaptive
         self.name = name
         self.min_prob = min_prob  # stop growing a tree below this path probability
+        self.node_cost = node_cost  # one more tree input, as a fraction of a one-token pass
 
     def draft(self, context: list[int], length: int) -> Draft:
         if self.tree is None:
@@ -76,7 +78,8 @@ class Speculative:
             return self.proposer.candidates(context + list(path), self.tree_width)
 
         if self.tree == "auto":
-            return dynamic_tree(expand, budget=self.tree_budget, max_depth=self.num_draft_tokens, min_prob=self.min_prob)
+            return dynamic_tree(expand, budget=self.tree_budget, max_depth=self.num_draft_tokens,
+                                min_prob=self.min_prob, node_cost=self.node_cost)
         return self.tree.fill(expand)
 
     def decode(self, state: DecodeState) -> Iterator[list[int]]:

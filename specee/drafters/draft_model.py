@@ -105,6 +105,8 @@ class StagedDraft:
     def reset(self, prompt: list[int], sampler: Sampler, max_len: int) -> None:
         # Drafts are deterministic (greedy); verification then treats them as one-hot.
         self.draft.reset(prompt, None, max_len)
+        if hasattr(self.inner, "reset"):
+            self.inner.reset(prompt)
 
     def take_bytes_read(self) -> int:
         return self.draft.take_bytes_read()

@@ -4,11 +4,14 @@ Free and strong wherever the output repeats its input: summaries, code edits, re
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import torch
+from dataclasses import dataclass, field
 
 from specee.drafters.base import Draft
+from specee.drafters.copy_reliability import MAX_MATCH, CopyReliability
+from specee.drafters.suffix_index import SuffixIndex
+
+# A match's length is read off this many of its latest occurrences (the longest agreement wins).
+RECENT_OCCURRENCES = 4
 
 
 @dataclass
@@ -16,26 +19,44 @@ class PromptLookup:
     max_ngram: int = 3
     min_ngram: int = 1
     num_draft_tokens: int = 8
+    index: SuffixIndex = field(init=False, repr=False)
+    reliability: CopyReliability = field(init=False, repr=False)
+    _scored: int | None = field(init=False, default=None, repr=False)  # positions already scored
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_ngram <= self.max_ngram:
             raise ValueError(
                 f"need 1 <= min_ngram <= max_ngram, got {self.min_ngram} and {self.max_ngram}"
             )
+        self.index = SuffixIndex(self.max_ngram)
+        self.reliability = CopyReliability()
+
+    def reset(self, prompt: list[int], sampler=None, max_len: int | None = None) -> None:
+        """Start a generation: index the prompt and forget what earlier generations taught."""
+        self.index.reset(prompt)
+        self.reliability.reset()
+        self._scored = len(prompt)
 
     def match(self, context: list[int]) -> tuple[int, list[int]]:
         """(n, where each earlier occurrence of the last n tokens continues), for the longest n in
         max_ngram..min_ngram that occurred before, oldest first; (0, []) when none did."""
-        ids = torch.tensor(context, dtype=torch.long)  # [len]
         for n in range(self.max_ngram, self.min_ngram - 1, -1):
-            if len(context) <= n:
-                continue
-            # Every n-gram that ends before the last token, so each has a continuation to copy.
-            windows = ids[:-1].unfold(0, n, 1)  # [len - n, n]
-            starts = (windows == ids[-n:]).all(dim=1).nonzero().flatten()  # [matches]
-            if len(starts):
-                return n, (starts + n).tolist()
+            if len(context) > n:
+                follows = self.index.follows(context, n)
+                if follows:
+                    return n, follows
         return 0, []
+
+    def match_length(self, context: list[int], follows: list[int], n: int) -> int:
+        """How many tokens before the latest few occurrences agree with the end of `context`,
+        counting the n matched ones (at most MAX_MATCH): longer agreement, likelier copy."""
+        best = n
+        for follow in follows[-RECENT_OCCURRENCES:]:
+            length = n
+            while length < MAX_MATCH and follow - length > 0 and context[follow - length - 1] == context[-length - 1]:
+                length += 1
+            best = max(best, length)
+        return best
 
     def propose(self, context: list[int], max_tokens: int) -> Draft:
         """A chain continuing the most recent earlier match of the longest matching suffix."""
@@ -48,13 +69,33 @@ class PromptLookup:
             return Draft.empty()
         return Draft.chain(context[follows[-1] : follows[-1] + count])
 
+    def copies(self, context: list[int], k: int) -> tuple[float, list[tuple[int, float]]]:
+        """(how likely copying is right here, the k tokens that followed earlier matches of the
+        longest matching suffix ranked by how often, with their shares); (0, []) without a match."""
+        n, follows = self.match(context)
+        if not n:
+            return 0.0, []
+        reliability = self.reliability.rate(self.match_length(context, follows, n))
+        return reliability, ranked_continuations(context, follows, k)
+
     def candidates(self, context: list[int], k: int) -> list[tuple[int, float]]:
-        """The tokens that followed earlier matches of the longest matching suffix, ranked by how
-        often (ties: most recent first), with their frequencies as probabilities."""
-        return ranked_continuations(context, self.match(context)[1], k)
+        """The copied continuations, each with its share times the copy's reliability."""
+        reliability, ranked = self.copies(context, k)
+        return [(token, share * reliability) for token, share in ranked]
 
     def update(self, context: list[int], num_accepted: int) -> None:
-        """Nothing to learn: the context itself is the table."""
+        """Score the copy this drafter would have offered before each newly committed token (how
+        reliable copies are in this text), then index the new tokens."""
+        if self._scored is None:  # never reset: start with the tokens of this step
+            self._scored = max(0, len(context) - num_accepted - 1)
+        for i in range(self._scored, len(context)):
+            prefix = context[:i]
+            n, follows = self.match(prefix)
+            if n:
+                best = ranked_continuations(prefix, follows, 1)[0][0]
+                self.reliability.record(self.match_length(prefix, follows, n), best == context[i])
+        self._scored = len(context)
+        self.index.extend(context)
 
 
 def ranked_continuations(context: list[int], follows: list[int], k: int) -> list[tuple[int, float]]:
