@@ -40,9 +40,10 @@ class PromptLookup:
     def match(self, context: list[int]) -> tuple[int, list[int]]:
         """(n, where each earlier occurrence of the last n tokens continues), for the longest n in
         max_ngram..min_ngram that occurred before, oldest first; (0, []) when none did."""
+        covered = self.index.covered(context)
         for n in range(self.max_ngram, self.min_ngram - 1, -1):
             if len(context) > n:
-                follows = self.index.follows(context, n)
+                follows = self.index.follows(context, n, covered)
                 if follows:
                     return n, follows
         return 0, []

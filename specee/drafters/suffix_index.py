@@ -31,18 +31,20 @@ class SuffixIndex:
         for end in range(len(self.tokens), len(context)):
             for n in range(1, min(self.max_n, end + 1) + 1):
                 self._follows.setdefault(tuple(context[end - n + 1 : end + 1]), []).append(end + 1)
-        self.tokens = list(context)
+        self.tokens.extend(context[len(self.tokens) :])
 
     def covered(self, context: list[int]) -> int:
         """How many leading tokens of `context` are indexed: all indexed ones, or 0 if it differs."""
         m = len(self.tokens)
         return m if len(context) >= m and context[:m] == self.tokens else 0
 
-    def follows(self, context: list[int], n: int) -> list[int]:
+    def follows(self, context: list[int], n: int, covered: int | None = None) -> list[int]:
         """Positions after every earlier occurrence of the last `n` tokens of `context`, oldest first.
 
-        An occurrence must end before the last token, so each has a continuation to copy."""
-        m = self.covered(context)
+        An occurrence must end before the last token, so each has a continuation to copy.
+        `covered` is `self.covered(context)` when the caller already has it (a lookup per n
+        would otherwise compare the whole context each time)."""
+        m = self.covered(context) if covered is None else covered
         suffix = context[-n:]
         # Indexed occurrences; the one ending at the last token (the suffix itself) is excluded.
         found = [f for f in self._follows.get(tuple(suffix), ()) if f < len(context)] if m else []
