@@ -6,6 +6,6 @@ __version__ = "0.1.0"
 
 def load(model=None, dtype: str = "fp32", device: str = "cpu", threads: int | None = None):
     """Load a model (GGUF file or Hugging Face directory; the default model when None)."""
-    from .loader import load_engine
+    from .engine import load_engine
 
     return load_engine(model, dtype=dtype, device=device, threads=threads)

@@ -43,7 +43,11 @@ def _add_sampling_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tree-budget", type=_positive_int, help="draft nodes per tree (default 4)")
     p.add_argument("--draft-model", help="draft model path, or self:L for the target's first L layers")
     p.add_argument("--ngram-model", help="n-gram table from `specee train ngram` (default: the bundled one)")
-    p.add_argument("--draft-confidence", type=float, help="stop drafting below this drafter probability")
+    p.add_argument("--draft-confidence", type=float,
+                   help="chains (ngram, hybrid, draft): the last token drafted is the first whose drafter "
+                        "top probability is below this")
+    p.add_argument("--tree-min-prob", type=float,
+                   help="--tree auto: stop growing where the best path's probability is below this")
     p.add_argument("--tree-node-cost", type=float,
                    help="--tree auto: one more node's cost as a fraction of a one-token pass; growth stops "
                         "when a node would lower the expected tokens per pass cost (default 0: budget only)")
@@ -126,7 +130,7 @@ def _sampling_kwargs(args) -> dict:
         seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos, spec_method=args.spec_method,
         num_draft_tokens=args.num_draft_tokens, tree=args.tree, tree_budget=args.tree_budget,
         draft_model=args.draft_model, ngram_model=args.ngram_model, confidence_threshold=args.draft_confidence,
-        tree_node_cost=args.tree_node_cost,
+        tree_node_cost=args.tree_node_cost, tree_min_prob=args.tree_min_prob,
     )
 
 
@@ -134,7 +138,7 @@ def _validate_sampling(args) -> None:
     # Checked before the model loads, so bad flags fail in milliseconds.
     from .sampling import SamplingParams
 
-    from .decoding.spec_builder import METHODS
+    from .decoding.builder import METHODS
 
     if args.spec_method not in ("none", *METHODS):
         raise UsageError(f"unknown --spec-method {args.spec_method!r} (choose from none, {', '.join(METHODS)})")
@@ -146,7 +150,7 @@ def _validate_sampling(args) -> None:
         SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     except ValueError as e:
         raise UsageError(str(e).replace("top_p", "--top-p").replace("top_k", "--top-k")) from None
-    from .engine import parse_device, parse_dtype
+    from .loader import parse_device, parse_dtype
 
     try:
         parse_dtype(args.dtype)

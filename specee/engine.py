@@ -1,18 +1,19 @@
-"""The Engine: owns the model, tokenizer and KV cache; runs prefill and a strategy's step loop."""
+"""The Engine: owns the model, tokenizer and shared drafting artifacts; every generation gets its
+own KV cache and its own drafting state, so generations never disturb each other."""
 from __future__ import annotations
 
-import functools
-import hashlib
-import json
 import time
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterator
 
 import torch
 
 from .decoding.autoregressive import Autoregressive
 from .decoding.base import DecodeState, Strategy
+from .decoding.builder import Artifacts, build_speculative
+from .decoding.speculative import MAX_DRAFT_NODES
+from .loader import load_parts
 from .model.cache import KVCache
 from .model.llama import Transformer
 from .sampling import Sampler, SamplingParams
@@ -20,11 +21,11 @@ from .stats import GenerationStats
 from .text_stream import TextStream
 from .tokenizer import Messages, Tokenizer
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-DEVICES = ("cpu", "cuda")
 GENERATION_OPTIONS = {"max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "ignore_eos", "chat", "strategy"}
 # Cache slots beyond prompt + max_tokens, so a verification pass may write draft tokens past the end.
-CACHE_SLACK = 128
+CACHE_SLACK = MAX_DRAFT_NODES + 1
+# Output slots a generation's cache starts with; it grows (doubling) when a long answer needs more.
+INITIAL_OUTPUT_SLOTS = 512
 
 
 @dataclass
@@ -56,18 +57,9 @@ class Result:
         }
 
 
-def parse_dtype(name: str) -> torch.dtype:
-    if name not in DTYPES:
-        raise ValueError(f"unknown dtype {name!r} (choose from {', '.join(DTYPES)})")
-    return DTYPES[name]
-
-
-def parse_device(name: str) -> torch.device:
-    if name not in DEVICES:
-        raise ValueError(f"unknown device {name!r} (choose from {', '.join(DEVICES)})")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device cuda requested but no CUDA GPU is available")
-    return torch.device(name)
+def load_engine(model=None, dtype: str = "fp32", device: str = "cpu", threads: int | None = None) -> "Engine":
+    parts = load_parts(model, dtype=dtype, device=device, threads=threads)
+    return Engine(parts.model, parts.tokenizer, source=parts.source)
 
 
 class Engine:
@@ -75,20 +67,11 @@ class Engine:
         self.model = model
         self.tokenizer = tokenizer
         self.source = source  # the GGUF file or model directory it was loaded from
-        self._cache: KVCache | None = None
-        self._strategies: dict[str, Strategy] = {}
+        self.artifacts = Artifacts(model, tokenizer)
 
     @property
     def config(self):
         return self.model.config
-
-    @functools.cached_property
-    def fingerprint(self) -> str:
-        """Identifies the model for trained artifacts: architecture and tokenizer (what a token-level
-        table depends on), independent of dtype and device."""
-        config = {k: v for k, v in self.config.to_dict().items() if k not in ("extra", "torch_dtype", "dtype")}
-        blob = json.dumps([config, sorted(self.tokenizer.vocab.items())], sort_keys=True, default=str)
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     @property
     def context_length(self) -> int:
@@ -118,24 +101,17 @@ class Engine:
         return Generation(self, prompt, **options)
 
     def strategy(self, spec_method: str | None = None, **spec_options) -> Strategy:
-        """The decoding strategy for these options, built once and reused (draft models and
-        n-gram tables are loaded only the first time)."""
+        """The decoding strategy for these options. Tables and draft models load once per engine;
+        the strategy itself holds no per-request state, so it may be reused and shared."""
         if spec_method in (None, "none"):
             return Autoregressive()
-        from .decoding.spec_builder import build_speculative
-
         options = {k: v for k, v in spec_options.items() if v is not None}
-        key = json.dumps([spec_method, options], sort_keys=True)
-        if key not in self._strategies:
-            self._strategies[key] = build_speculative(self, {"method": spec_method, **options})
-        return self._strategies[key]
+        return build_speculative(self.artifacts, {"method": spec_method, **options})
 
-    def cache_for(self, length: int) -> KVCache:
-        """A reset cache with room for `length` positions (reused across requests)."""
-        if self._cache is None or self._cache.max_len < length:
-            self._cache = self.model.new_cache(length)
-        self._cache.reset()
-        return self._cache
+    def new_cache(self, prompt_tokens: int, max_tokens: int) -> KVCache:
+        """A cache for one generation: room for all it may write, allocated as it goes."""
+        limit = prompt_tokens + max_tokens + CACHE_SLACK
+        return self.model.new_cache(limit, capacity=prompt_tokens + min(max_tokens, INITIAL_OUTPUT_SLOTS) + CACHE_SLACK)
 
     def prefill(self, ids: list[int], cache: KVCache) -> torch.Tensor:
         """Run the prompt through the model; returns the logits after its last token [1, vocab]."""
@@ -188,37 +164,48 @@ class Generation:
         text = TextStream(engine.tokenizer, self.stop)
         output: list[int] = []
         finish = "length"
+        new: list[int] = []
+        delta = ""
+        # Inference mode is entered per step, never held across a yield: interleaved generations
+        # would otherwise unwind each other's mode.
         with torch.inference_mode():
-            cache = engine.cache_for(len(self.prompt_ids) + self.max_tokens + CACHE_SLACK)
+            cache = engine.new_cache(len(self.prompt_ids), self.max_tokens)
             start = time.perf_counter()
             logits = engine.prefill(self.prompt_ids, cache)
             stats.weight_bytes += model.weight_bytes
             stats.prefill_s = time.perf_counter() - start
-            state = DecodeState(model, cache, list(self.prompt_ids), logits, Sampler(self.params, model.device), stats)
-            steps = self.strategy.decode(state)
-            start = time.perf_counter()
-            try:
-                for new in steps:
-                    new, finish = self._cut(new, len(output))
-                    output.extend(new)
-                    delta = text.add(new)
-                    if text.stopped:
-                        finish = "stop"
-                    if finish != "continue":
-                        break
-                    yield Event(new, delta)
-            finally:
-                steps.close()
+        state = DecodeState(model, cache, list(self.prompt_ids), logits, Sampler(self.params, model.device), stats)
+        steps = self.strategy.decode(state)
+        start = time.perf_counter()
+        try:
+            while True:
+                with torch.inference_mode():
+                    step = next(steps)
+                new, delta, finish = self._commit(step, output, text)
+                if finish != "continue":
+                    break
                 stats.decode_s = time.perf_counter() - start
+                yield Event(new, delta)
+                start = time.perf_counter() - stats.decode_s  # time spent by the consumer is not decoding
+        finally:
+            steps.close()
+            stats.decode_s = time.perf_counter() - start
         stats.generated_tokens = len(output)
         yield Event(new, delta + text.finish(), finish)
         self.result = Result(text.text, output, len(self.prompt_ids), len(output), finish, stats)
 
-    def _cut(self, new: list[int], produced: int) -> tuple[list[int], str]:
-        """Keep the tokens up to an EOS or the token limit; say whether generation goes on."""
-        for i, token in enumerate(new):
-            if token in self.eos:
-                return new[: i + 1], "stop"
-            if produced + i + 1 >= self.max_tokens:
-                return new[: i + 1], "length"
-        return new, "continue"
+    def _commit(self, step: list[int], output: list[int], text: TextStream) -> tuple[list[int], str, str]:
+        """Commit a step's tokens one by one, exactly as dense decoding would: stop after an EOS,
+        after the token that completes a stop string, or at the token limit, whatever the step
+        brought after it. Returns (tokens kept, their final text, "stop"/"length"/"continue")."""
+        kept: list[int] = []
+        delta = ""
+        for token in step:
+            kept.append(token)
+            output.append(token)
+            delta += text.add([token])
+            if token in self.eos or text.stopped:
+                return kept, delta, "stop"
+            if len(output) >= self.max_tokens:
+                return kept, delta, "length"
+        return kept, delta, "continue"

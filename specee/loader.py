@@ -1,17 +1,47 @@
-"""Build an Engine from a model path: weights, tokenizer, device placement and CPU packing."""
+"""Load a model's parts from a path: weights on a device in a dtype (CPU-packed), and its tokenizer.
+The engine is assembled from these parts; so are draft models."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from .engine import Engine, parse_device, parse_dtype
 from .model.cpu_packing import pack_linears
+from .model.llama import Transformer
 from .model.loading import build_model, default_model_path, read_weights, resolve_model_dir
 from .tokenizer import Tokenizer
 
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DEVICES = ("cpu", "cuda")
 
-def load_engine(model=None, dtype: str = "fp32", device: str = "cpu", threads: int | None = None) -> Engine:
+
+@dataclass
+class ModelParts:
+    model: Transformer
+    tokenizer: Tokenizer
+    source: Path  # the GGUF file or model directory they were loaded from
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r} (choose from {', '.join(DTYPES)})")
+    return DTYPES[name]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return next(name for name, known in DTYPES.items() if known == dtype)
+
+
+def parse_device(name: str) -> torch.device:
+    if name not in DEVICES:
+        raise ValueError(f"unknown device {name!r} (choose from {', '.join(DEVICES)})")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device cuda requested but no CUDA GPU is available")
+    return torch.device(name)
+
+
+def load_parts(model=None, dtype: str = "fp32", device: str = "cpu", threads: int | None = None) -> ModelParts:
     torch_dtype, torch_device = parse_dtype(dtype), parse_device(device)
     if threads is not None:
         if threads <= 0:
@@ -23,5 +53,4 @@ def load_engine(model=None, dtype: str = "fp32", device: str = "cpu", threads: i
     net = build_model(weights, torch_dtype, torch_device)
     if torch_device.type == "cpu":
         pack_linears(net)
-    tokenizer = Tokenizer(directory, weights.config.eos_token_ids)
-    return Engine(net, tokenizer, source=source)
+    return ModelParts(net, Tokenizer(directory, weights.config.eos_token_ids), source)

@@ -1,6 +1,8 @@
 """Text <-> token ids, and the model's chat template, from Hugging Face tokenizer files."""
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 from datetime import datetime
 from pathlib import Path
@@ -37,6 +39,13 @@ class Tokenizer:
     @property
     def vocab(self) -> dict[str, int]:
         return self._tok.get_vocab(with_added_tokens=True)
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """What a token-level artifact (an n-gram table) is tied to: the vocabulary and the
+        special tokens, whatever the weights, dtype or config file around them."""
+        blob = json.dumps([sorted(self.vocab.items()), self.eos_token_ids, self.bos_token, self.eos_token])
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def token_id(self, text: str) -> int | None:
         return self._tok.token_to_id(text)

@@ -12,9 +12,9 @@ from collections import Counter
 import pytest
 import torch
 
-from specee.decoding.acceptance import accept_greedy, accept_sampling
-from specee.drafters.base import Draft
-from specee.tree import TreeLayout
+from specee.verification.acceptance import accept_greedy, accept_sampling
+from specee.verification.draft import Draft
+from specee.verification.tree import TreeLayout
 
 VOCAB = 6
 TRIALS = 20_000

@@ -1,6 +1,6 @@
 import pytest
 
-from specee.drafters.base import Draft
+from specee.verification.draft import Draft
 from specee.drafters.copy_reliability import PRIOR_HIT_RATE
 from specee.drafters.hybrid import Hybrid
 from specee.drafters.prompt_lookup import PromptLookup

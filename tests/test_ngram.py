@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from specee.drafters.ngram import NgramModel, NgramProposer
-from specee.tree import TreeLayout
+from specee.verification.tree import TreeLayout
 
 VOCAB = 12
 
@@ -105,10 +105,15 @@ def test_proposer_chain_follows_argmax(model):
     assert draft.parents == [-1, 0, 1, 2]
 
 
-def test_proposer_tree_respects_budget_and_width(model):
-    # After 5 the corpus continues at random, so the second guess at the root is worth a node.
-    draft = NgramProposer(model, num_draft_tokens=6, tree_width=2).propose([3, 5], max_tokens=5)
-    layout = TreeLayout.of(draft)
-    assert len(draft) == 5
-    assert all(len(layout.children(node)) <= 2 for node in range(-1, len(draft)))
-    assert len(layout.children(-1)) == 2  # a strong second guess near the root beats depth 5
+def test_proposer_chain_stops_after_an_unconfident_token(model):
+    """The chain ends with the first token whose table probability is below the threshold."""
+    context = [3, 5]
+    probs = []
+    for _ in range(6):
+        token, prob = model.top_k(context, 1)[0]
+        probs.append(prob)
+        context.append(token)
+    threshold = sorted(probs)[len(probs) // 2]  # some positions above, some below
+    first_below = next(i for i, p in enumerate(probs) if p < threshold)
+    draft = NgramProposer(model, num_draft_tokens=6, confidence_threshold=threshold).propose([3, 5], max_tokens=6)
+    assert draft.tokens == context[2 : 2 + first_below + 1]

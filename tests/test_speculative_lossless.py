@@ -39,7 +39,7 @@ def ngram_table(default_engine, tmp_path_factory):
     corpus = " ".join(["The quick brown fox jumps over the lazy dog.", "def f(x):\n    return x + 1\n"] * 20)
     path = tmp_path_factory.mktemp("ngram") / "table.pt"
     NgramModel.train([default_engine.tokenizer.encode(corpus)], default_engine.tokenizer.vocab_size,
-                     progress=False).save(path, default_engine.fingerprint)
+                     progress=False).save(path, default_engine.tokenizer.fingerprint)
     return str(path)
 
 

@@ -6,6 +6,8 @@ Each case draws 2000 seeded samples and runs Pearson's chi-square test on the jo
 distribution of the two tokens; a correct implementation fails a case with probability 1e-4
 (seeds are fixed, so a run is repeatable), i.e. below 1e-3 for the whole file.
 """
+import math
+
 import pytest
 import torch
 
@@ -16,7 +18,8 @@ from specee.drafters.draft_model import DraftModel
 from specee.drafters.prompt_lookup import PromptLookup
 from specee.sampling import Sampler, SamplingParams, processed_probs
 from specee.stats import GenerationStats
-from specee.tree import static_tree
+from specee.verification.draft import Draft
+from specee.verification.tree import static_tree
 
 VOCAB = 12
 PROMPT = [5, 6, 7, 8, 5, 6, 7, 9, 5, 6, 7]
@@ -64,26 +67,33 @@ def sample_joint(model, make_strategy, params) -> torch.Tensor:
 
 
 def chain_from_shallow_layers(model):
-    return Speculative(DraftModel(model, num_layers=1), num_draft_tokens=3, adaptive=False)
+    return Speculative(lambda: DraftModel(model, num_layers=1), num_draft_tokens=3, adaptive=False)
+
+
+def confident_chain_from_shallow_layers(model):
+    """Stops drafting where the draft's top probability is below 0.5 (decided before drawing)."""
+    return Speculative(lambda: DraftModel(model, num_layers=1, confidence_threshold=0.5), num_draft_tokens=3,
+                       adaptive=False)
 
 
 def dynamic_tree_from_draft(model):
-    return Speculative(DraftModel(model, num_layers=2), num_draft_tokens=3, tree="auto", tree_budget=6,
+    return Speculative(lambda: DraftModel(model, num_layers=2), num_draft_tokens=3, tree="auto", tree_budget=6,
                        tree_width=3)
 
 
 def static_tree_from_draft(model):
-    return Speculative(DraftModel(model, num_layers=1), num_draft_tokens=3,
+    return Speculative(lambda: DraftModel(model, num_layers=1), num_draft_tokens=3,
                        tree=static_tree([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0)]))
 
 
 def prompt_lookup_chain(model):
-    return Speculative(PromptLookup(max_ngram=3), num_draft_tokens=3, adaptive=False)
+    return Speculative(lambda: PromptLookup(max_ngram=3), num_draft_tokens=3, adaptive=False)
 
 
 CASES = {
     "chain, temperature": (chain_from_shallow_layers, SamplingParams(temperature=0.9)),
     "chain, top-k": (chain_from_shallow_layers, SamplingParams(temperature=1.2, top_k=4)),
+    "chain, draft confidence": (confident_chain_from_shallow_layers, SamplingParams(temperature=1.0)),
     "dynamic tree, top-p": (dynamic_tree_from_draft, SamplingParams(temperature=1.0, top_p=0.8)),
     "static tree, temperature": (static_tree_from_draft, SamplingParams(temperature=0.8)),
     "prompt lookup, top-k and top-p": (prompt_lookup_chain, SamplingParams(temperature=1.1, top_k=6, top_p=0.9)),
@@ -105,7 +115,84 @@ def test_the_test_can_fail(model):
     counts = torch.zeros(VOCAB * VOCAB, dtype=torch.float64)
     with torch.no_grad():
         for seed in range(SAMPLES):
-            draft.reset(PROMPT, Sampler(SamplingParams(0.9, seed=seed)), 64)
+            draft.reset(PROMPT, Sampler(SamplingParams(0.9, seed=seed)))
             t2, t3 = draft.propose(PROMPT + [ROOT], 2).tokens
             counts[t2 * VOCAB + t3] += 1
     assert chi_square_p_value(counts, exact_joint(model, params)) < P_VALUE_THRESHOLD
+
+
+# --- Draft confidence: a bias of 0.05 must be caught --------------------------------------------
+# With target p = (.5, .5) everywhere, draft q = (.9, .1) everywhere and threshold .5, a rule that
+# stops after seeing the probability of the token it just drew (and drops that token) emits the
+# second speculative token as (.55, .45); deciding before drawing keeps (.5, .5). With 4000 samples
+# the standard error of a share is 0.0079, so a 0.05 bias is 6.3 standard errors: the chi-square
+# test below (false-failure chance 1e-4, i.e. |z| > 3.89) catches it with probability 0.99.
+CONFIDENCE_SAMPLES = 4000
+
+
+def constant_model(log_odds: float):
+    """A two-token model whose next-token distribution is softmax((log_odds, 0)) after any input:
+    the layers add nothing (zero output projections) and every embedding row is the same."""
+    from specee.model.cpu_packing import pack_linears
+
+    model = tiny_model(seed=1, vocab_size=2, num_hidden_layers=1, pack=False)
+    with torch.no_grad():
+        for layer in model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+            layer.input_layernorm.weight.fill_(1.0)
+            layer.post_attention_layernorm.weight.fill_(1.0)
+        model.embed_tokens.weight.fill_(1.0)
+        model.norm.weight.fill_(1.0)
+        hidden = model.config.hidden_size
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[0].fill_(log_odds / hidden)  # the normed state is all ones
+    return pack_linears(model)
+
+
+class ConfidenceAfterDrawing(DraftModel):
+    """The biased rule this project once had: draw, then drop the token and stop if its own
+    probability is below the threshold."""
+
+    def propose(self, context, max_tokens):
+        tokens, dists = [], []
+        for _ in range(max_tokens):
+            probs = self.sampler.probs(self.logits_after(context + tokens))[0]
+            token = int(torch.multinomial(probs, 1, generator=self.sampler.generator))
+            if tokens and probs[token] < self.confidence_threshold:
+                break
+            tokens.append(token)
+            dists.append(probs)
+        return Draft.chain(tokens, q=torch.stack(dists), sampled=True)
+
+
+def second_token_counts(draft_class) -> torch.Tensor:
+    target, draft = constant_model(0.0), constant_model(math.log(9.0))
+    counts = torch.zeros(2, dtype=torch.float64)
+    forced = torch.tensor([[0.0, -1e9]])
+    strategy = Speculative(lambda: draft_class(draft, confidence_threshold=0.5), num_draft_tokens=2, adaptive=False)
+    with torch.no_grad():
+        for seed in range(CONFIDENCE_SAMPLES):
+            cache = target.new_cache(32)
+            prompt = [0, 1, 0, 1]
+            target(torch.tensor(prompt), torch.arange(len(prompt)), cache)
+            state = DecodeState(target, cache, prompt, forced, Sampler(SamplingParams(1.0, seed=seed)),
+                                GenerationStats())
+            out = []
+            for new in strategy.decode(state):
+                out += new
+                if len(out) >= 3:
+                    break
+            counts[out[2]] += 1
+    return counts
+
+
+def test_draft_confidence_keeps_the_target_distribution():
+    counts = second_token_counts(DraftModel)
+    assert chi_square_p_value(counts, torch.tensor([0.5, 0.5])) > P_VALUE_THRESHOLD
+
+
+def test_the_confidence_test_catches_a_bias_of_five_points():
+    counts = second_token_counts(ConfidenceAfterDrawing)
+    assert chi_square_p_value(counts, torch.tensor([0.5, 0.5])) < P_VALUE_THRESHOLD
+    assert counts[0] / counts.sum() > 0.53  # the bias has the predicted direction and size

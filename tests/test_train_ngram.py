@@ -12,7 +12,7 @@ def test_trained_table_drafts_the_corpus_continuation(default_engine, tmp_path):
     corpus.write_text("\n\n".join(["the cat sat on the mat and looked at the dog"] * 30))
     out = tmp_path / "table.pt"
     train_ngram(default_engine, out, corpus=[str(corpus)])
-    table = NgramModel.load(out, default_engine.fingerprint)
+    table = NgramModel.load(out, default_engine.tokenizer.fingerprint)
     ids = default_engine.tokenizer.encode("the cat sat on the", add_special_tokens=False)
     expected_next = default_engine.tokenizer.encode(" mat", add_special_tokens=False)[0]
     assert table.top_k(ids, 1)[0][0] == expected_next

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from specee.drafters.base import Draft
-from specee.tree import TreeLayout, dynamic_tree, parse_tree_paths, static_tree
+from specee.verification.draft import Draft
+from specee.verification.tree import TreeLayout, dynamic_tree, parse_tree_paths, static_tree
 
 
 def bool_matrix(rows: list[str]) -> torch.Tensor:

@@ -1,23 +1,20 @@
 """Named decoding modes (a strategy with fixed options each). `specee bench` runs every one, so a
-new mode needs no benchmark code; the CLI and API build speculative strategies from their own
-options through `spec_builder`."""
+new mode needs no benchmark code. A mode is built from the engine it runs on (anything with a
+`strategy(method, **options)` method); this module imports no engine."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Any, Callable
 
 from .autoregressive import Autoregressive
 from .base import Strategy
-
-if TYPE_CHECKING:
-    from ..engine import Engine
 
 
 @dataclass(frozen=True)
 class StrategySpec:
     name: str
     lossless: bool
-    build: Callable[["Engine", dict], Strategy]  # (engine, options) -> a ready strategy
+    build: Callable[[Any, dict], Strategy]  # (engine, options) -> a ready strategy
     description: str
 
 
@@ -30,10 +27,8 @@ def register(spec: StrategySpec) -> StrategySpec:
 
 
 def _speculative(method: str, **defaults):
-    def build(engine: "Engine", options: dict) -> Strategy:
-        from .spec_builder import build_speculative
-
-        return build_speculative(engine, {"method": method, **defaults, **options})
+    def build(engine, options: dict) -> Strategy:
+        return engine.strategy(method, **(defaults | options))
 
     return build
 

@@ -7,13 +7,14 @@ sampling), adds the target's own next token after it, and rewinds the KV cache t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
-from ..drafters.base import Draft, Proposer
-from ..tree import StaticTree, TreeLayout, dynamic_tree
-from .acceptance import accept_greedy, accept_sampling
+from ..drafters.base import Proposer
+from ..verification.acceptance import accept_greedy, accept_sampling
+from ..verification.draft import Draft
+from ..verification.tree import StaticTree, TreeLayout, dynamic_tree
 from .base import DecodeState
 
 MAX_DRAFT_NODES = 64  # verification writes this many cache slots past the output at most
@@ -21,10 +22,11 @@ MAX_DRAFT_NODES = 64  # verification writes this many cache slots past the outpu
 
 @dataclass
 class DraftLength:
-    """How many tokens to draft next. Adaptive rule (Hugging Face assisted generation's, capped):
-    after a pass that accepted every draft token, draft 2 more; after any rejection, 1 fewer;
-    always between 1 and `maximum`, the user's draft length (on CPU a pass over 17 tokens costs
-    ~1.5x one token, so growing past it rarely pays)."""
+    """How many tokens a chain drafts next. Adaptive rule (Hugging Face assisted generation's,
+    capped): after a pass that accepted every draft token, draft 2 more; after any rejection, 1
+    fewer; always between 1 and `maximum`, the user's draft length (on CPU a pass over 17 tokens
+    costs ~1.5x one token, so growing past it rarely pays). Trees do not adapt: their size is
+    the node budget, their depth at most `maximum`."""
 
     current: int
     maximum: int
@@ -38,63 +40,69 @@ class DraftLength:
 
 
 class Speculative:
+    """A recipe: the options and a way to make a proposer. Each `decode` makes its own proposer,
+    so one strategy can serve any number of generations, one after another or at once."""
+
     lossless = True
 
     def __init__(
         self,
-        proposer: Proposer,
+        make_proposer: Callable[[], Proposer],
         num_draft_tokens: int = 8,
         tree: StaticTree | str | None = None,  # None: chain; "auto": dynamic tree; else a static shape
         tree_budget: int = 4,
-        tree_width: int = 4,
+        tree_width: int = 4,  # dynamic trees: candidates per node (a static shape sets its own)
         adaptive: bool = True,
         name: str = "speculative",
-        min_prob: float = 0.0,
+        tree_min_prob: float = 0.0,
         node_cost: float = 0.0,
     ) -> None:
         if not 1 <= num_draft_tokens <= MAX_DRAFT_NODES:
             raise ValueError(f"num_draft_tokens must be in 1..{MAX_DRAFT_NODES}, got {num_draft_tokens}")
         if not 1 <= tree_budget <= MAX_DRAFT_NODES:
             raise ValueError(f"tree_budget must be in 1..{MAX_DRAFT_NODES}, got {tree_budget}")
+        if not 1 <= tree_width <= MAX_DRAFT_NODES:
+            raise ValueError(f"tree_width must be in 1..{MAX_DRAFT_NODES}, got {tree_width}")
         if isinstance(tree, StaticTree) and len(tree) > MAX_DRAFT_NODES:
             raise ValueError(f"a static tree may have at most {MAX_DRAFT_NODES} nodes, got {len(tree)}")
-        if tree is not None and not hasattr(proposer, "candidates"):
+        proposer = make_proposer()
+        if tree is not None and not proposer.drafts_trees:
             raise ValueError(f"{type(proposer).__name__} drafts chains only; drop the tree option")
-        self.proposer = proposer
+        self.make_proposer = make_proposer
         self.num_draft_tokens = num_draft_tokens
         self.tree = tree
         self.tree_budget = tree_budget
-        self.tree_width = tree_width
+        self.tree_width = tree.width if isinstance(tree, StaticTree) else tree_width
         self.adaptive = adaptive
         self.name = name
-        self.min_prob = min_prob  # stop growing a tree below this path probability
+        self.tree_min_prob = tree_min_prob  # stop growing a dynamic tree below this path probability
         self.node_cost = node_cost  # one more tree input, as a fraction of a one-token pass
 
-    def draft(self, context: list[int], length: int) -> Draft:
+    def draft(self, proposer: Proposer, context: list[int], length: int) -> Draft:
         if self.tree is None:
-            return self.proposer.propose(context, length)
+            return proposer.propose(context, length)
 
         def expand(path: tuple[int, ...]):
-            return self.proposer.candidates(context + list(path), self.tree_width)
+            return proposer.candidates(context + list(path), self.tree_width)
 
         if self.tree == "auto":
             return dynamic_tree(expand, budget=self.tree_budget, max_depth=self.num_draft_tokens,
-                                min_prob=self.min_prob, node_cost=self.node_cost)
+                                min_prob=self.tree_min_prob, node_cost=self.node_cost)
         return self.tree.fill(expand)
 
     def decode(self, state: DecodeState) -> Iterator[list[int]]:
         model, cache, sampler, stats = state.model, state.cache, state.sampler, state.stats
         tokens = state.tokens
-        if hasattr(self.proposer, "reset"):
-            self.proposer.reset(tokens, sampler, cache.max_len)
+        proposer = self.make_proposer()
+        proposer.reset(tokens, sampler)
         length = DraftLength(self.num_draft_tokens, self.num_draft_tokens, self.adaptive)
         root = int(sampler.pick(state.logits)[0])
         tokens.append(root)
         yield [root]
         while True:
-            draft = self.draft(tokens, length.current)
+            draft = self.draft(proposer, tokens, length.current)
             layout = TreeLayout.of(draft)
-            is_chain = all(parent == i - 1 for i, parent in enumerate(draft.parents))
+            is_chain = draft.is_chain
             prefix = cache.length  # the cache holds everything before the root
             ids = torch.tensor([tokens[-1], *draft.tokens], device=model.device)  # [n + 1]
             positions = layout.positions(prefix).to(model.device)
@@ -112,7 +120,7 @@ class Speculative:
             tokens.extend(new)
             proposed = max(layout.depths, default=0)
             stats.record_pass(proposed, len(accepted))
-            stats.weight_bytes += model.weight_bytes + getattr(self.proposer, "take_bytes_read", lambda: 0)()
+            stats.weight_bytes += model.weight_bytes + proposer.take_bytes_read()
             length.update(proposed, len(accepted))
-            self.proposer.update(tokens, len(accepted))
+            proposer.update(tokens, len(accepted))
             yield new

@@ -1,49 +1,36 @@
-"""The proposer interface: a drafter guesses tokens, the target verifies them."""
+"""The proposer interface: a drafter guesses tokens, the target verifies them.
+
+One proposer object serves one generation: strategies build a fresh one per request, so its
+state (indexes, caches, statistics) is never shared between requests.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
-
-import torch
+from ..sampling import Sampler
+from ..verification.draft import Draft
 
 
-@dataclass
-class Draft:
-    """Draft tokens as a tree; a chain is the tree whose node i has parent i - 1.
+class Proposer:
+    """Anything that drafts: prompt lookup, n-gram tables, draft models, staged drafters.
 
-    Nodes are in topological order (a parent comes before its children). The root is the last
-    token already committed to the output; it is not part of the draft.
-    """
+    `propose` is required; the other methods have no-op defaults. A proposer that can rank
+    several guesses per position sets `drafts_trees` and implements `candidates`."""
 
-    tokens: list[int]  # [n] drafted token ids
-    parents: list[int]  # [n] parent node index of each node, -1 for a child of the root
-    # The distribution each node was drawn from (its parent's next-token distribution after the
-    # same temperature/top-k/top-p processing as the target). None: chosen deterministically, so
-    # verification treats each node as a one-hot draft.
-    q: torch.Tensor | None = None  # [n, vocab]
-    # True when siblings were drawn independently from q (so verification may use q); False when
-    # they are distinct deterministic picks (top-k), which verification treats as one-hot drafts.
-    sampled: bool = False
+    drafts_trees: bool = False
 
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    @staticmethod
-    def chain(tokens: list[int], q: torch.Tensor | None = None, sampled: bool = False) -> "Draft":
-        return Draft(list(tokens), list(range(-1, len(tokens) - 1)), q, sampled)
-
-    @staticmethod
-    def empty() -> "Draft":
-        return Draft([], [])
-
-
-class Proposer(Protocol):
-    """Anything that drafts: prompt lookup, n-gram tables, draft models, staged drafters."""
+    def reset(self, prompt: list[int], sampler: Sampler | None) -> None:
+        """Start a generation after `prompt` with this request's sampler."""
 
     def propose(self, context: list[int], max_tokens: int) -> Draft:
         """Draft at most `max_tokens` nodes continuing `context` (every token so far)."""
-        ...
+        raise NotImplementedError
+
+    def candidates(self, context: list[int], k: int) -> list[tuple[int, float]]:
+        """At most k guesses for the token after `context`, (token id, probability), best first."""
+        raise NotImplementedError(f"{type(self).__name__} drafts chains only")
 
     def update(self, context: list[int], num_accepted: int) -> None:
         """Told after verification: `context` now ends with the accepted tokens."""
-        ...
+
+    def take_bytes_read(self) -> int:
+        """Weight bytes the proposer read since the last call (for bytes per token)."""
+        return 0

@@ -8,19 +8,35 @@ import torch
 from ..model.cache import KVCache
 from ..model.llama import Transformer
 from ..sampling import Sampler
-from .base import Draft
+from ..verification.draft import Draft
+from .base import Proposer
+
+# Draft-cache slots allocated at the start of a generation; the cache grows when it fills.
+INITIAL_CACHE_SLOTS = 512
 
 
-class DraftModel:
-    def __init__(self, model: Transformer, num_layers: int | None = None, confidence_threshold: float = 0.0) -> None:
+class DraftModel(Proposer):
+    drafts_trees = True
+
+    def __init__(
+        self,
+        model: Transformer,
+        num_layers: int | None = None,
+        confidence_threshold: float = 0.0,
+        vocab_size: int | None = None,
+    ) -> None:
         total = model.config.num_hidden_layers
         self.num_layers = total if num_layers is None else num_layers
         if not 1 <= self.num_layers <= total:
             raise ValueError(f"a draft of {num_layers} layers: the model has 1..{total}")
         self.model = model
         self.layers = range(self.num_layers)
-        # Stop drafting when the draft's own probability of its pick falls below this.
+        # The last token drafted is the first at which the draft's largest probability is below
+        # this: decided before the token is drawn, so sampling stays unbiased.
         self.confidence_threshold = confidence_threshold
+        # The target's vocabulary size: a draft whose embedding is padded (or shorter) scores
+        # exactly the target's token ids.
+        self.vocab_size = vocab_size or model.config.vocab_size
         c = model.config
         head_bytes = (c.vocab_size + 1) * c.hidden_size * model.embed_tokens.weight.element_size()
         all_layer_bytes = model.weight_bytes - head_bytes
@@ -30,12 +46,11 @@ class DraftModel:
         self.cached: list[int] = []  # the tokens whose K/V the draft cache holds, in order
         self.sampler: Sampler | None = None
 
-    def reset(self, prompt: list[int], sampler: Sampler, max_len: int) -> None:
+    def reset(self, prompt: list[int], sampler: Sampler | None) -> None:
         c = self.model.config
-        if self.cache is None or self.cache.max_len < max_len:
-            dtype = torch.float32 if self.model.device.type == "cpu" else self.model.dtype
-            self.cache = KVCache(self.num_layers, c.num_key_value_heads, c.head_dim, max_len, dtype, self.model.device)
-        self.cache.reset()
+        dtype = torch.float32 if self.model.device.type == "cpu" else self.model.dtype
+        self.cache = KVCache(self.num_layers, c.num_key_value_heads, c.head_dim, c.max_position_embeddings, dtype,
+                             self.model.device, capacity=min(INITIAL_CACHE_SLOTS, c.max_position_embeddings))
         self.cached = []
         self.sampler = sampler
 
@@ -58,7 +73,7 @@ class DraftModel:
                               self.cache, layers=self.layers)
         self.cached = list(context)
         self.bytes_read += self.pass_bytes
-        return self.model.logits(self.model.norm(h[-rows:]))
+        return fit_vocabulary(self.model.logits(self.model.norm(h[-rows:])), self.vocab_size)
 
     def propose(self, context: list[int], max_tokens: int) -> Draft:
         """A chain: argmax drafts when greedy; draws from the processed distribution (recorded
@@ -75,24 +90,29 @@ class DraftModel:
                 probs = self.sampler.probs(logits[None])[0]
                 token = int(torch.multinomial(probs, 1, generator=self.sampler.generator))
                 dists.append(probs)
-            if tokens and probs[token] < self.confidence_threshold:
-                break
             tokens.append(token)
             ctx.append(token)
+            if self.confidence_threshold and probs.max() < self.confidence_threshold:
+                break
         if greedy:
             return Draft.chain(tokens)
-        return Draft.chain(tokens, q=torch.stack(dists[: len(tokens)]), sampled=True)
+        return Draft.chain(tokens, q=torch.stack(dists), sampled=True)
 
     def candidates(self, context: list[int], k: int) -> list[tuple[int, float]]:
         probs = self.logits_after(context)[0].float().softmax(-1)
         top = probs.topk(k)
         return list(zip(top.indices.tolist(), top.values.tolist()))
 
-    def update(self, context: list[int], num_accepted: int) -> None:
-        """The cache is rewound lazily, at the next draft."""
+
+def fit_vocabulary(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[rows, V] -> [rows, vocab_size]: padded entries dropped, missing ones never chosen."""
+    extra = vocab_size - logits.shape[-1]
+    if extra <= 0:
+        return logits[..., :vocab_size]
+    return torch.nn.functional.pad(logits, (0, extra), value=float("-inf"))
 
 
-class StagedDraft:
+class StagedDraft(Proposer):
     """Staged speculative decoding's second stage: the draft model's own greedy decoding is
     itself speculative, verified against drafts from a cheaper proposer (prompt lookup or an
     n-gram table). Produces exactly the draft model's greedy chain, in fewer draft passes."""
@@ -102,11 +122,10 @@ class StagedDraft:
         self.inner = inner
         self.inner_tokens = inner_tokens
 
-    def reset(self, prompt: list[int], sampler: Sampler, max_len: int) -> None:
+    def reset(self, prompt: list[int], sampler: Sampler | None) -> None:
         # Drafts are deterministic (greedy); verification then treats them as one-hot.
-        self.draft.reset(prompt, None, max_len)
-        if hasattr(self.inner, "reset"):
-            self.inner.reset(prompt)
+        self.draft.reset(prompt, None)
+        self.inner.reset(prompt, None)
 
     def take_bytes_read(self) -> int:
         return self.draft.take_bytes_read()

@@ -2,14 +2,17 @@
 wins on summaries and code edits, the table (the model's own habits) on fresh text."""
 from __future__ import annotations
 
-from .base import Draft
+from ..verification.draft import Draft
+from .base import Proposer
 from .ngram import NgramProposer
 from .prompt_lookup import PromptLookup
 
 MIN_CHAIN_MATCH = 2  # a chain copies only after a match this long; shorter ones lose to the table
 
 
-class Hybrid:
+class Hybrid(Proposer):
+    drafts_trees = True
+
     def __init__(self, lookup: PromptLookup, table: NgramProposer) -> None:
         self.lookup = lookup
         self.table = table
@@ -20,7 +23,7 @@ class Hybrid:
             return self.lookup.chain(context, follows, max_tokens)
         return self.table.propose(context, max_tokens)
 
-    def reset(self, prompt: list[int], sampler=None, max_len: int | None = None) -> None:
+    def reset(self, prompt: list[int], sampler=None) -> None:
         self.lookup.reset(prompt)
 
     def candidates(self, context: list[int], k: int) -> list[tuple[int, float]]:

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from specee.drafters.base import Draft
-from specee.tree import dynamic_tree
+from ..verification.draft import Draft
+from .base import Proposer
 
 FORMAT = "specee-ngram"
 FORMAT_VERSION = 1
@@ -162,7 +162,7 @@ class NgramModel:
         return sorted(found.items(), key=lambda item: -item[1])[:k]
 
     def save(self, path: str | Path, fingerprint: str) -> None:
-        """One file with the format version and the fingerprint of the model it was trained for."""
+        """One file with the format version and the fingerprint of the tokenizer it was trained for."""
         torch.save(
             {
                 "format": FORMAT,
@@ -181,7 +181,7 @@ class NgramModel:
 
     @staticmethod
     def load(path: str | Path, fingerprint: str) -> "NgramModel":
-        """Load a table trained for the model with `fingerprint`; anything else is a ValueError."""
+        """Load a table trained for the tokenizer with `fingerprint`; anything else is a ValueError."""
         saved = torch.load(path, weights_only=True)
         if not isinstance(saved, dict) or saved.get("format") != FORMAT:
             raise ValueError(f"{path} is not a specee n-gram table")
@@ -192,7 +192,8 @@ class NgramModel:
             )
         if saved["fingerprint"] != fingerprint:
             raise ValueError(
-                f"{path} was trained for model {saved['fingerprint']!r}, not {fingerprint!r}"
+                f"{path} was trained for another tokenizer (fingerprint {saved['fingerprint']!r}, this "
+                f"model's is {fingerprint!r}): train a table for this model with `specee train ngram`"
             )
         tables = [
             OrderTable(**{name: tensor.numpy() for name, tensor in table.items()})
@@ -270,26 +271,29 @@ def _order_table(
 
 
 @dataclass
-class NgramProposer:
-    """Drafts from an n-gram model: a chain of argmaxes, or a best-first tree of top guesses."""
+class NgramProposer(Proposer):
+    """Drafts from an n-gram model: a chain of argmaxes, or ranked guesses for trees."""
 
+    drafts_trees = True
     model: NgramModel
     num_draft_tokens: int = 8
-    tree_width: int = 1  # candidates per node; 1 gives a chain
-    min_prob: float = 0.0  # stop drafting once the path is less probable than this
+    # The last token drafted is the first whose table probability is below this (decided from
+    # the table alone, before the token is drafted).
+    confidence_threshold: float = 0.0
 
     def propose(self, context: list[int], max_tokens: int) -> Draft:
-        budget = min(max_tokens, self.num_draft_tokens)
-        # Only the last order - 1 tokens matter, so long contexts are not copied per expansion.
+        # Only the last order - 1 tokens matter, so long contexts are not copied per token.
         tail = list(context[len(context) - (self.model.order - 1) :])
-
-        def expand(path: tuple[int, ...]) -> list[tuple[int, float]]:
-            return self.model.top_k(tail + list(path), self.tree_width)
-
-        return dynamic_tree(expand, budget=budget, max_depth=budget, min_prob=self.min_prob)
+        tokens: list[int] = []
+        for _ in range(min(max_tokens, self.num_draft_tokens)):
+            best = self.model.top_k(tail + tokens, 1)
+            if not best:
+                break
+            token, prob = best[0]
+            tokens.append(token)
+            if prob < self.confidence_threshold:
+                break
+        return Draft.chain(tokens)
 
     def candidates(self, context: list[int], k: int) -> list[tuple[int, float]]:
         return self.model.top_k(context[len(context) - (self.model.order - 1) :], k)
-
-    def update(self, context: list[int], num_accepted: int) -> None:
-        """The table is fixed after training."""

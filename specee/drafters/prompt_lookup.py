@@ -6,16 +6,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specee.drafters.base import Draft
-from specee.drafters.copy_reliability import MAX_MATCH, CopyReliability
-from specee.drafters.suffix_index import SuffixIndex
+from ..verification.draft import Draft
+from .base import Proposer
+from .copy_reliability import MAX_MATCH, CopyReliability
+from .suffix_index import SuffixIndex
 
 # A match's length is read off this many of its latest occurrences (the longest agreement wins).
 RECENT_OCCURRENCES = 4
 
 
 @dataclass
-class PromptLookup:
+class PromptLookup(Proposer):
+    drafts_trees = True
     max_ngram: int = 3
     min_ngram: int = 1
     num_draft_tokens: int = 8
@@ -31,7 +33,7 @@ class PromptLookup:
         self.index = SuffixIndex(self.max_ngram)
         self.reliability = CopyReliability()
 
-    def reset(self, prompt: list[int], sampler=None, max_len: int | None = None) -> None:
+    def reset(self, prompt: list[int], sampler=None) -> None:
         """Start a generation: index the prompt and forget what earlier generations taught."""
         self.index.reset(prompt)
         self.reliability.reset()

@@ -17,12 +17,35 @@ class KVCache:
         max_len: int,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        capacity: int | None = None,
     ) -> None:
-        shape = (num_layers, num_kv_heads, max_len, head_dim)
-        self.keys = torch.zeros(shape, dtype=dtype, device=device)
-        self.values = torch.zeros(shape, dtype=dtype, device=device)
-        self.lengths = [0] * num_layers
+        """Holds up to `max_len` positions per layer. `capacity` slots are allocated now (all of
+        them by default); a full cache doubles its allocation, up to `max_len`, so a request
+        that may run to a long context pays only for what it writes."""
         self.max_len = max_len
+        capacity = max_len if capacity is None else min(capacity, max_len)
+        shape = (num_layers, num_kv_heads, max(capacity, 1), head_dim)
+        # Unwritten slots are never read (attention and keep() see only the filled part).
+        self.keys = torch.empty(shape, dtype=dtype, device=device)
+        self.values = torch.empty(shape, dtype=dtype, device=device)
+        self.lengths = [0] * num_layers
+
+    @property
+    def capacity(self) -> int:
+        """Positions allocated now."""
+        return self.keys.shape[2]
+
+    def _reserve(self, length: int) -> None:
+        if length > self.max_len:
+            raise ValueError(f"KV cache full: {length} positions needed, at most {self.max_len}")
+        if length > self.capacity:
+            grown = min(self.max_len, max(length, 2 * self.capacity))
+            keys = self.keys.new_empty(*self.keys.shape[:2], grown, self.keys.shape[3])
+            values = torch.empty_like(keys)
+            filled = self.length
+            keys[:, :, :filled] = self.keys[:, :, :filled]
+            values[:, :, :filled] = self.values[:, :, :filled]
+            self.keys, self.values = keys, values
 
     @property
     def num_layers(self) -> int:
@@ -40,8 +63,7 @@ class KVCache:
         """
         start = self.lengths[layer]
         end = start + k.shape[0]
-        if end > self.max_len:
-            raise ValueError(f"KV cache full: {end} positions needed, {self.max_len} allocated")
+        self._reserve(end)
         self.keys[layer, :, start:end] = k.transpose(0, 1)
         self.values[layer, :, start:end] = v.transpose(0, 1)
         self.lengths[layer] = end

@@ -143,12 +143,13 @@ class Transformer(nn.Module):
     def device(self) -> torch.device:
         return self.embed_tokens.weight.device
 
-    def new_cache(self, max_len: int) -> KVCache:
+    def new_cache(self, max_len: int, capacity: int | None = None) -> KVCache:
+        """A cache for up to `max_len` positions, `capacity` of them allocated now (default all)."""
         c = self.config
         # On CPU attention runs in fp32 even for bf16 weights: PyTorch's CPU bf16 attention
         # kernels are several times slower at batch 1, and the cache is small next to the weights.
         dtype = torch.float32 if self.device.type == "cpu" else self.dtype
-        return KVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, max_len, dtype, self.device)
+        return KVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, max_len, dtype, self.device, capacity)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(ids)  # [T, hidden]

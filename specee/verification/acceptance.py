@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from specee.drafters.base import Draft
-from specee.tree import TreeLayout
+from .draft import Draft
+from .tree import TreeLayout
 
 
 def accept_greedy(draft: Draft, target_argmax: torch.Tensor) -> tuple[list[int], int]:

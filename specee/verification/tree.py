@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specee.drafters.base import Draft
+from .draft import Draft
 
 # A drafter's ranked guesses for the token after a path: (token id, probability), most likely first.
 Candidates = Sequence[tuple[int, float]]
@@ -91,6 +91,11 @@ class StaticTree:
 
     def __len__(self) -> int:
         return len(self.paths)
+
+    @property
+    def width(self) -> int:
+        """Candidates a node must offer to fill every rank in the shape."""
+        return 1 + max(ranks[-1] for ranks in self.paths)
 
     def fill(self, expand: Expand) -> Draft:
         """Put ranked candidates into the shape: node (..., r) gets rank r after its parent.

@@ -1,0 +1,147 @@
+"""Turn user options (CLI flags or API keywords) into a speculative decoding strategy.
+
+Tables and draft models are loaded once per target (`Artifacts`) and shared read-only; the
+strategy builds a fresh proposer for every generation, so requests never share drafting state.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Callable
+
+from ..drafters.base import Proposer
+from ..drafters.draft_model import DraftModel, StagedDraft
+from ..drafters.hybrid import Hybrid
+from ..drafters.ngram import NgramModel, NgramProposer
+from ..drafters.prompt_lookup import PromptLookup
+from ..loader import dtype_name, load_parts
+from ..model.llama import Transformer
+from ..tokenizer import Tokenizer
+from ..verification.tree import StaticTree, parse_tree_paths, static_tree
+from .speculative import Speculative
+
+METHODS = ("prompt-lookup", "ngram", "hybrid", "draft", "staged")
+BUNDLED_NGRAM = Path(__file__).resolve().parent.parent / "artifacts" / "smollm2-135m-instruct.trigram.pt"
+# Methods whose drafter has a probability per drafted token, which --draft-confidence reads.
+SCORED_CHAIN_METHODS = ("ngram", "hybrid", "draft")
+
+
+@dataclass
+class SpecOptions:
+    method: str
+    num_draft_tokens: int = 8
+    tree: str | None = None  # None: chain; "auto": dynamic tree; else rank paths "0;1;0,0"
+    # On the 2-core CPU a pass over 5 inputs costs little more than one, over 9 about 1.2-1.4x:
+    # see BENCHMARKS.md for the budget sweep.
+    tree_budget: int = 4
+    tree_width: int | None = None  # dynamic trees: candidates per node (default 4)
+    tree_min_prob: float = 0.0  # dynamic trees: stop growing below this path probability
+    tree_node_cost: float = 0.0  # dynamic trees: one more node's cost, as a fraction of a pass
+    adaptive: bool = True
+    draft_model: str | None = None  # a model path, or "self:L" for the target's first L layers
+    ngram_model: str | None = None
+    # Chains: the last token drafted is the first whose drafter top probability is below this.
+    confidence_threshold: float = 0.0
+
+    @classmethod
+    def from_dict(cls, options: dict) -> "SpecOptions":
+        known = {f.name for f in fields(cls)}
+        unknown = set(options) - known
+        if unknown:
+            raise ValueError(f"unknown speculative options {sorted(unknown)}")
+        return cls(**options)
+
+    def check(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"unknown speculative method {self.method!r} (choose from none, {', '.join(METHODS)})")
+        if self.tree is not None and not self.tree.strip():
+            raise ValueError('an empty tree: write --tree auto or rank paths like "0;1;0,0" (or leave it out for a chain)')
+        dynamic = self.tree is not None and self.tree.strip() == "auto"
+        for name, value in (("tree_min_prob", self.tree_min_prob), ("confidence_threshold", self.confidence_threshold)):
+            if not 0 <= value <= 1:
+                raise ValueError(f"{name} must be in [0, 1], got {value}")
+        if self.tree_node_cost < 0:
+            raise ValueError(f"tree_node_cost must be >= 0, got {self.tree_node_cost}")
+        if not dynamic:
+            for name in ("tree_width", "tree_min_prob", "tree_node_cost"):
+                if getattr(self, name):
+                    raise ValueError(f"{name} applies to dynamic trees only (tree='auto')")
+        if self.confidence_threshold:
+            if self.tree is not None:
+                raise ValueError("confidence_threshold applies to chains; trees stop growing at tree_min_prob")
+            if self.method not in SCORED_CHAIN_METHODS:
+                raise ValueError(f"confidence_threshold needs a drafter with probabilities "
+                                 f"({', '.join(SCORED_CHAIN_METHODS)}), not {self.method}")
+
+
+class Artifacts:
+    """What strategies load for one target: n-gram tables and draft models, each loaded once and
+    shared read-only by every request."""
+
+    def __init__(self, model: Transformer, tokenizer: Tokenizer) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self._tables: dict[str, NgramModel] = {}
+        self._drafts: dict[str, Transformer] = {}
+
+    def ngram(self, path: str | None) -> NgramModel:
+        if path is None:
+            if not BUNDLED_NGRAM.exists():
+                raise ValueError("the ngram method needs --ngram-model FILE (train one with `specee train ngram`)")
+            path = BUNDLED_NGRAM
+        key = str(path)
+        if key not in self._tables:
+            if not Path(path).exists():
+                raise ValueError(f"n-gram model {key!r} does not exist")
+            self._tables[key] = NgramModel.load(path, self.tokenizer.fingerprint)
+        return self._tables[key]
+
+    def draft_model(self, spec: str | None) -> tuple[Transformer, int | None]:
+        """(draft weights, layers to use: None for all) for a path or "self:L"."""
+        if spec is None:
+            raise ValueError("the draft and staged methods need --draft-model PATH or --draft-model self:L")
+        if spec.startswith("self:"):
+            try:
+                return self.model, int(spec.removeprefix("self:"))
+            except ValueError:
+                raise ValueError(f"--draft-model {spec!r}: write self:L with L a number of layers") from None
+        if spec not in self._drafts:
+            parts = load_parts(spec, dtype=dtype_name(self.model.dtype), device=self.model.device.type)
+            if parts.tokenizer.vocab != self.tokenizer.vocab:
+                raise ValueError(f"draft model {spec!r} does not share the target's tokenizer")
+            self._drafts[spec] = parts.model
+        return self._drafts[spec], None
+
+
+def build_speculative(artifacts: Artifacts, options: dict) -> Speculative:
+    opts = SpecOptions.from_dict(options)
+    opts.check()
+    make_proposer = _proposer_factory(artifacts, opts)
+    tree: StaticTree | str | None = None
+    if opts.tree is not None:
+        tree = "auto" if opts.tree.strip() == "auto" else static_tree(parse_tree_paths(opts.tree))
+    name = opts.method + ("" if tree is None else "-tree")
+    return Speculative(make_proposer, opts.num_draft_tokens, tree, opts.tree_budget, opts.tree_width or 4,
+                       opts.adaptive, name, tree_min_prob=opts.tree_min_prob, node_cost=opts.tree_node_cost)
+
+
+def _proposer_factory(artifacts: Artifacts, opts: SpecOptions) -> Callable[[], Proposer]:
+    """Loads what the method needs now (so bad paths fail before generation), and returns a
+    function that makes a fresh proposer over it."""
+    n, confidence = opts.num_draft_tokens, opts.confidence_threshold
+    vocab_size = artifacts.model.config.vocab_size
+    if opts.method == "prompt-lookup":
+        return lambda: PromptLookup(num_draft_tokens=n)
+    if opts.method in ("ngram", "hybrid"):
+        table = artifacts.ngram(opts.ngram_model)
+        if opts.method == "ngram":
+            return lambda: NgramProposer(table, n, confidence)
+        return lambda: Hybrid(PromptLookup(num_draft_tokens=n), NgramProposer(table, n, confidence))
+    model, layers = artifacts.draft_model(opts.draft_model)
+    DraftModel(model, layers)  # checks the layer count now
+    if opts.method == "draft":
+        return lambda: DraftModel(model, layers, confidence, vocab_size)
+    inner_table = artifacts.ngram(opts.ngram_model) if opts.ngram_model else None
+    # The cheap proposer inside staged drafting: the n-gram table when given, else prompt lookup.
+    return lambda: StagedDraft(DraftModel(model, layers, vocab_size=vocab_size),
+                               NgramProposer(inner_table) if inner_table else PromptLookup())

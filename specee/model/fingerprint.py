@@ -1,0 +1,26 @@
+"""What a trained weight-level artifact (an adapter, a draft head, exit predictors) is tied to:
+the model's shape and its weights, independent of dtype, device and CPU packing."""
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+from .llama import Transformer
+
+SHAPE_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "vocab_size")
+EMBEDDING_ROWS = 256  # a sample of the embedding: enough to tell checkpoints apart
+
+
+def weights_fingerprint(model: Transformer) -> str:
+    """A hash of the shape, every RMSNorm weight and the first embedding rows. Values are
+    rounded to bf16 first, so an fp32 model and the same model loaded in bf16 agree."""
+    digest = hashlib.sha256(repr([getattr(model.config, name) for name in SHAPE_FIELDS]).encode())
+    tensors = [model.embed_tokens.weight[:EMBEDDING_ROWS], model.norm.weight]
+    for layer in model.layers:
+        tensors += [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
+    for tensor in tensors:
+        rounded = tensor.detach().to("cpu", torch.bfloat16).contiguous()
+        digest.update(rounded.view(torch.int16).numpy().tobytes())
+    return digest.hexdigest()[:16]

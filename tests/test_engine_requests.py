@@ -1,0 +1,70 @@
+"""Generations are isolated: each has its own KV cache (sized to what it can use) and its own
+drafting state, so interleaved streams on one engine give what they give alone."""
+import pytest
+import torch
+
+from helpers import tiny_model
+from specee.engine import INITIAL_OUTPUT_SLOTS, Engine
+from specee.model.cache import KVCache
+from specee.model.loading import default_model_path
+
+PROMPTS = ["Repeat exactly: the red fox, the red fox, the red fox.", "Count from one to ten in words."]
+
+
+@pytest.fixture(scope="module")
+def engine(default_engine):
+    """A tiny random model with the real tokenizer, where the real model's answers do not matter."""
+    model = tiny_model(seed=5, vocab_size=default_engine.config.vocab_size, num_hidden_layers=2)
+    return Engine(model, default_engine.tokenizer, source=default_model_path())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("options", [
+    dict(),
+    dict(spec_method="prompt-lookup"),
+    dict(spec_method="hybrid", tree="auto"),
+    dict(spec_method="draft", draft_model="self:1", temperature=0.8, seed=3),
+])
+def test_interleaved_streams_equal_separate_runs(default_engine, options):
+    engine = default_engine
+    alone = [engine.generate(p, max_tokens=24, ignore_eos=True, **options) for p in PROMPTS]
+    strategy = engine.strategy(options.get("spec_method"), **{k: v for k, v in options.items()
+                                                              if k in ("tree", "draft_model")})
+    sampling = {k: v for k, v in options.items() if k in ("temperature", "seed")}
+    streams = [engine.stream(p, max_tokens=24, ignore_eos=True, strategy=strategy, **sampling) for p in PROMPTS]
+    iterators = [iter(s) for s in streams]
+    live = list(range(len(iterators)))
+    while live:  # one step of each in turn, sharing one strategy object
+        for i in list(live):
+            try:
+                next(iterators[i])
+            except StopIteration:
+                live.remove(i)
+    for stream, result in zip(streams, alone):
+        assert stream.result.token_ids == result.token_ids
+        assert stream.result.text == result.text
+    if options.get("spec_method") in ("prompt-lookup", "hybrid"):
+        assert sum(s.result.stats.draft_tokens_accepted for s in streams) > 0  # drafts were in play
+
+
+def test_a_huge_max_tokens_allocates_only_what_is_used(engine):
+    context = engine.context_length
+    cache = engine.new_cache(prompt_tokens=10, max_tokens=context - 10)
+    assert cache.max_len >= context
+    assert cache.capacity <= 10 + INITIAL_OUTPUT_SLOTS + 100
+    result = engine.generate(PROMPTS[0], max_tokens=context - 100, ignore_eos=True, stop=["rivers rivers"])
+    assert result.finish_reason in ("stop", "length")
+
+
+def test_cache_grows_and_keeps_what_it_holds():
+    cache = KVCache(num_layers=2, num_kv_heads=1, head_dim=4, max_len=40, capacity=3)
+    written = torch.arange(2 * 4 * 4, dtype=torch.float32).view(2, 4, 1, 4)  # [layer, T, heads, dim]
+    for layer in range(2):
+        cache.append(layer, written[layer, :2], -written[layer, :2])
+    for layer in range(2):
+        keys, values = cache.append(layer, written[layer, 2:], -written[layer, 2:])  # past capacity 3
+        torch.testing.assert_close(keys, written[layer].transpose(0, 1))
+        torch.testing.assert_close(values, -written[layer].transpose(0, 1))
+    assert cache.capacity >= 4 and cache.lengths == [4, 4]
+    with pytest.raises(ValueError, match="at most 40"):
+        cache.append(0, torch.zeros(37, 1, 4), torch.zeros(37, 1, 4))
