@@ -92,12 +92,25 @@ def build_parser() -> argparse.ArgumentParser:
     ngram.add_argument("--max-tokens", type=_positive_int, default=128, help="answer length with --generate")
     ngram.add_argument("--order", type=_positive_int, default=3)
     ngram.add_argument("--out", required=True, help="output file")
+    prior = train_sub.add_parser("copy-prior", help="measure prompt lookup's copy hit rate by match length "
+                                 "(the prior of drafters/copy_reliability.py)")
+    _add_model_options(prior)
+    prior.add_argument("--dataset", action="append", required=True, help="dataset whose prompts to answer (repeatable)")
+    prior.add_argument("--skip-first", type=int, default=5, help="leave out each category's first N (reported)")
+    prior.add_argument("--limit", type=_positive_int, default=5, help="prompts per category")
+    prior.add_argument("--max-tokens", type=_positive_int, default=128, help="longest answer")
     return parser
 
 
 def cmd_train(args) -> int:
     from pathlib import Path
 
+    if args.artifact == "copy-prior":
+        from .train.copy_prior import measure_copy_prior
+        from .train.ngram import dataset_prompts
+
+        measure_copy_prior(_load(args), dataset_prompts(args.dataset, args.skip_first, args.limit), args.max_tokens)
+        return 0
     from .train.ngram import train_ngram
 
     train_ngram(

@@ -97,3 +97,24 @@ def test_padded_draft_vocabulary_scores_the_targets_tokens(engine):
 def test_spec_options_reject_unknown_fields():
     with pytest.raises(ValueError, match="unknown speculative options"):
         SpecOptions.from_dict({"method": "ngram", "warp": 9})
+
+
+@pytest.mark.slow
+def test_bundled_table_loads_for_the_models_own_hugging_face_directory(tmp_path):
+    """The same model in Hugging Face layout, whose config.json carries the fields HF writes
+    (transformers_version, architectures, torch_dtype), still takes the bundled table."""
+    import json
+
+    import specee
+    from specee.model.loading import default_model_path, resolve_model_dir
+
+    source = resolve_model_dir(default_model_path())
+    for file in source.iterdir():
+        (tmp_path / file.name).symlink_to(file)
+    (tmp_path / "config.json").unlink()
+    config = json.loads((source / "config.json").read_text())
+    config |= {"transformers_version": "4.99.0", "architectures": ["LlamaForCausalLM"], "torch_dtype": "bfloat16"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    engine = specee.load(tmp_path)
+    result = engine.generate("Write a haiku.", max_tokens=8, spec_method="hybrid", tree="auto")
+    assert result.completion_tokens == 8 or result.finish_reason == "stop"

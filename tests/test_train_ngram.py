@@ -17,7 +17,7 @@ def test_trained_table_drafts_the_corpus_continuation(default_engine, tmp_path):
     expected_next = default_engine.tokenizer.encode(" mat", add_special_tokens=False)[0]
     assert table.top_k(ids, 1)[0][0] == expected_next
     strategy = default_engine.strategy("ngram", ngram_model=str(out))
-    draft = strategy.draft(ids, 3)
+    draft = strategy.draft(strategy.make_proposer(), ids, 3)
     assert default_engine.tokenizer.decode(draft.tokens) == " mat and looked"
 
 
