@@ -79,6 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--modes", help="comma-separated modes (default: all registered modes and baselines)")
     bench.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--ignore-eos", action="store_true",
+                       help="fixed-length runs: generate --max-tokens past EOS (default: stop at EOS, as a user would)")
+    bench.add_argument("--skip-first", type=int, default=0,
+                       help="leave out each category's first N prompts: tune on --skip-first 5 --num-prompts 5, "
+                            "report on the first prompts (default 0)")
     bench.add_argument("--out", default="bench-out", help="output folder (default bench-out)")
     train = sub.add_parser("train", help="train drafter artifacts")
     train_sub = train.add_subparsers(dest="artifact", required=True)
@@ -125,10 +130,13 @@ def cmd_bench(args) -> int:
 
     if args.temperature < 0:
         raise UsageError(f"--temperature must be >= 0, got {args.temperature}")
+    if args.skip_first < 0:
+        raise UsageError(f"--skip-first must be >= 0, got {args.skip_first}")
     split = lambda text: [x.strip() for x in text.split(",") if x.strip()] if text else None  # noqa: E731
     config = BenchConfig(
         suite=args.suite, datasets=args.dataset, num_prompts=args.num_prompts, categories=split(args.categories),
         max_tokens=args.max_tokens, modes=split(args.modes), temperature=args.temperature, seed=args.seed,
+        ignore_eos=args.ignore_eos, skip_first=args.skip_first,
         out=args.out, threads=args.threads or __import__("torch").get_num_threads(),
         command="specee " + " ".join(sys.argv[1:]),
     )

@@ -52,6 +52,10 @@ def broken_mode():
     del REGISTRY[spec.name]
 
 
+def by_prompt_order(records, prompt_id):
+    return {r["mode"]: r["run_order"] for r in records if r["prompt_id"] == prompt_id}
+
+
 def write_prompts(path):
     lines = [{"question_id": i, "category": cat, "turns": [f"Question {i} about {cat}?"]}
              for i, cat in enumerate(["coding", "coding", "writing"])]
@@ -61,7 +65,7 @@ def write_prompts(path):
 
 def test_records_summary_and_files(tiny_engine, broken_mode, tmp_path, capsys):
     config = BenchConfig(datasets=[str(write_prompts(tmp_path / "q.jsonl"))], num_prompts=2, max_tokens=6,
-                         modes=["dense", "prompt-lookup", "broken"], out=tmp_path / "out")
+                         modes=["dense", "prompt-lookup", "broken"], out=tmp_path / "out", ignore_eos=True)
     summary = run_bench(tiny_engine, config, explicit_datasets=True)
     records = [json.loads(line) for line in (tmp_path / "out" / "records.jsonl").read_text().splitlines()]
     assert len(records) == 3 * 3
@@ -72,6 +76,10 @@ def test_records_summary_and_files(tiny_engine, broken_mode, tmp_path, capsys):
     assert by_mode["prompt-lookup"]["matches_dense"] is True
     assert by_mode["prompt-lookup"]["accept_lengths"]  # speculative modes report their passes
     assert by_mode["broken"]["matches_dense"] is False and by_mode["broken"]["first_divergence"] == 0
+    # Modes rotate, yet every run is compared with dense: also where it ran before dense.
+    broken = [r for r in records if r["mode"] == "broken"]
+    assert all(r["matches_dense"] is False for r in broken)
+    assert any(r["run_order"] < by_prompt_order(records, r["prompt_id"])["dense"] for r in broken)
     # the lossless mode that is not lossless is flagged, loudly
     assert {f["mode"] for f in summary["lossless_failures"]} == {"broken"}
     out = capsys.readouterr().out
@@ -107,6 +115,107 @@ def test_lossy_modes_report_their_own_perplexity(tiny_engine, lossy_mode, tmp_pa
                          modes=["dense", "prompt-lookup", "shallow"], out=tmp_path / "out")
     modes = run_bench(tiny_engine, config, explicit_datasets=True)["modes"]
     assert modes["dense"]["perplexity"] > 1
-    assert modes["prompt-lookup"]["perplexity"] == modes["dense"]["perplexity"]  # lossless: the same model
+    assert modes["prompt-lookup"]["perplexity"] is None  # lossless: dense's, not shown as its own
     assert modes["shallow"]["perplexity"] > 1
     assert modes["shallow"]["perplexity"] != pytest.approx(modes["dense"]["perplexity"], rel=1e-3)
+
+
+class EndsAfterThree(Autoregressive):
+    """Dense decoding that emits the tokenizer's EOS as its third token; counts its runs."""
+
+    runs = 0
+
+    def decode(self, state):
+        EndsAfterThree.runs += 1
+        eos = 2  # SmolLM2's <|endoftext|>
+        for i, new in enumerate(super().decode(state)):
+            yield [eos] if i == 2 else new
+
+
+@pytest.fixture
+def eos_mode(default_engine):
+    assert 2 in default_engine.tokenizer.eos_token_ids
+    EndsAfterThree.runs = 0
+    spec = register(StrategySpec("ends", True, lambda engine, options: EndsAfterThree(), "test only"))
+    yield spec
+    del REGISTRY[spec.name]
+
+
+def test_real_use_stops_at_eos_and_fixed_length_is_labelled(tiny_engine, eos_mode, tmp_path):
+    prompts = str(write_prompts(tmp_path / "q.jsonl"))
+    real = BenchConfig(datasets=[prompts], num_prompts=2, max_tokens=8, modes=["ends"], out=tmp_path / "a")
+    summary = run_bench(tiny_engine, real, explicit_datasets=True)
+    records = [json.loads(line) for line in (tmp_path / "a" / "records.jsonl").read_text().splitlines()]
+    assert [r["new_tokens"] for r in records] == [3, 3, 3]
+    assert summary["stopping"].startswith("real use") and "stops at EOS" in summary["stopping"]
+    # One untimed warm-up run, then one run per prompt; the warm-up is not recorded.
+    assert EndsAfterThree.runs == 1 + 3
+    fixed = BenchConfig(datasets=[prompts], num_prompts=2, max_tokens=8, modes=["ends"], out=tmp_path / "b",
+                        ignore_eos=True)
+    summary = run_bench(tiny_engine, fixed, explicit_datasets=True)
+    records = [json.loads(line) for line in (tmp_path / "b" / "records.jsonl").read_text().splitlines()]
+    assert [r["new_tokens"] for r in records] == [8, 8, 8]
+    assert summary["stopping"].startswith("fixed length")
+    saved = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert saved["meta"]["ignore_eos"] is True and "fixed length" in (tmp_path / "b" / "summary.md").read_text()
+
+
+def test_modes_rotate_from_prompt_to_prompt(tiny_engine, tmp_path):
+    config = BenchConfig(datasets=[str(write_prompts(tmp_path / "q.jsonl"))], num_prompts=2, max_tokens=3,
+                         modes=["dense", "prompt-lookup", "ngram"], out=tmp_path / "out")
+    run_bench(tiny_engine, config, explicit_datasets=True)
+    records = [json.loads(line) for line in (tmp_path / "out" / "records.jsonl").read_text().splitlines()]
+    orders = [by_prompt_order(records, pid) for pid in ("0", "1", "2")]
+    assert orders[0] == {"dense": 0, "prompt-lookup": 1, "ngram": 2}
+    assert orders[1] == {"prompt-lookup": 0, "ngram": 1, "dense": 2}
+    assert orders[2] == {"ngram": 0, "dense": 1, "prompt-lookup": 2}
+
+
+def test_skip_first_takes_later_prompts_of_each_category(tiny_engine, tmp_path):
+    lines = [{"question_id": i, "category": cat, "turns": [f"Question {i}?"]}
+             for i, cat in enumerate(["coding", "coding", "coding", "writing", "writing"])]
+    path = tmp_path / "q.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    config = BenchConfig(datasets=[str(path)], num_prompts=5, max_tokens=2, modes=["dense"], out=tmp_path / "o",
+                         skip_first=1)
+    run_bench(tiny_engine, config, explicit_datasets=True)
+    records = [json.loads(line) for line in (tmp_path / "o" / "records.jsonl").read_text().splitlines()]
+    assert [r["prompt_id"] for r in records] == ["1", "2", "4"]
+    assert json.loads((tmp_path / "o" / "summary.json").read_text())["meta"]["skip_first"] == 1
+
+
+def test_a_mode_that_cannot_be_built_for_the_model_is_skipped_with_why(tiny_engine):
+    def refuse(engine, options):
+        raise ValueError("its table was trained for another tokenizer")
+
+    spec = register(StrategySpec("picky", True, refuse, "test only"))
+    try:
+        modes, skipped = bench_modes.build_modes(tiny_engine, ["dense", "picky"], SamplingParams(), threads=2)
+    finally:
+        del REGISTRY[spec.name]
+    assert [m.name for m in modes] == ["dense"]
+    assert skipped == ["picky: skipped, its table was trained for another tokenizer"]
+
+
+def test_perplexity_feeds_the_models_own_device(default_engine):
+    """The reference text goes to the device the model lives on (a CUDA model got CPU tensors)."""
+    from types import SimpleNamespace
+
+    from specee.eval.bench import perplexity
+
+    seen = []
+
+    class ModelOnMeta:
+        device = torch.device("meta")
+
+        def new_cache(self, length):
+            return None
+
+        def __call__(self, ids, positions, cache):
+            seen.append((ids.device.type, positions.device.type))
+            return torch.zeros(len(ids), 5)  # uniform over 5 tokens
+
+    engine = SimpleNamespace(model=ModelOnMeta(), tokenizer=SimpleNamespace(encode=lambda text: [1, 2, 3]),
+                             context_length=100)
+    assert perplexity(engine, ["any text"]) == pytest.approx(5.0)
+    assert seen == [("meta", "meta")]

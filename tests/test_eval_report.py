@@ -1,4 +1,5 @@
 import json
+import math
 from dataclasses import asdict
 
 import pytest
@@ -6,6 +7,7 @@ import pytest
 from specee.eval.report import (
     RECORD_FIELDS,
     BenchRecord,
+    decode_rate,
     format_table,
     machine_info,
     summarize,
@@ -13,15 +15,15 @@ from specee.eval.report import (
 )
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-SUMMARY_FIELDS = {"prompts", "skipped", "new_tokens", "decode_s", "tokens_per_s", "speedup_vs_dense",
-                  "speedup_vs_hf", "mean_accept_length", "avg_layers", "bytes_per_token", "peak_rss_mb",
-                  "accuracy", "accuracy_n", "lossless_ok"}
+SUMMARY_FIELDS = {"prompts", "skipped", "excluded", "new_tokens", "decode_s", "tokens_per_s", "speedup_vs_dense",
+                  "speedup_vs_dense_min", "speedup_vs_dense_max", "speedup_vs_hf", "mean_accept_length",
+                  "avg_layers", "bytes_per_token", "accuracy", "accuracy_n", "lossless_ok"}
 
 
 def record(mode, prompt_id, category, decode_s, new_tokens=20, **extra):
     fields = dict(mode=mode, lossless=mode != "early-exit", prompt_id=prompt_id, category=category, dataset="toy",
                   prompt_tokens=10, new_tokens=new_tokens, prefill_s=0.1, decode_s=decode_s, wall_s=decode_s + 0.1,
-                  tokens_per_s=new_tokens / decode_s, token_ids=list(range(new_tokens)), peak_rss_mb=500.0,
+                  tokens_per_s=decode_rate(new_tokens, decode_s), token_ids=list(range(new_tokens)),
                   matches_dense=True, first_divergence=None)
     fields.update(extra)
     return asdict(BenchRecord(**fields))
@@ -44,9 +46,8 @@ def toy_records():
 
 def test_record_has_the_documented_fields():
     expected = {"mode", "lossless", "prompt_id", "category", "dataset", "prompt_tokens", "new_tokens", "prefill_s",
-                "decode_s", "wall_s", "tokens_per_s", "accept_lengths", "exit_layers", "avg_layers",
-                "bytes_per_token", "peak_rss_mb", "token_ids", "matches_dense", "first_divergence", "correct",
-                "skipped"}
+                "decode_s", "wall_s", "tokens_per_s", "run_order", "accept_lengths", "exit_layers", "avg_layers",
+                "bytes_per_token", "token_ids", "matches_dense", "first_divergence", "correct", "skipped"}
     assert set(RECORD_FIELDS) == expected
     assert set(record("dense", "p", "qa", 1.0)) == expected
 
@@ -60,13 +61,19 @@ def test_summary_metrics():
     spec, dense, early = summary["modes"]["spec"], summary["modes"]["dense"], summary["modes"]["early-exit"]
     assert spec["categories"]["qa"]["speedup_vs_dense"] == pytest.approx(2.0)
     assert spec["categories"]["code"]["speedup_vs_dense"] == pytest.approx(4.0)
-    # overall: 80 tokens in 2 * 0.5 + 2 * 0.25 s against 80 tokens in 4 s
-    assert spec["speedup_vs_dense"] == pytest.approx(80 / 1.5 / 20)
-    assert spec["speedup_vs_hf"] == pytest.approx(80 / 1.5 / 10)
+    # overall: the geometric mean over categories, whatever their token counts
+    assert spec["speedup_vs_dense"] == pytest.approx(math.sqrt(2.0 * 4.0))
+    assert spec["speedup_vs_hf"] == pytest.approx(math.sqrt(4.0 * 8.0))
+    assert (spec["speedup_vs_dense_min"], spec["speedup_vs_dense_max"]) == (pytest.approx(2.0), pytest.approx(4.0))
     assert dense["speedup_vs_dense"] == pytest.approx(1.0)
     assert spec["mean_accept_length"] == pytest.approx(2.5)
     assert dense["mean_accept_length"] is None
-    assert spec["tokens_per_s"] == pytest.approx((40 + 40 + 80 + 80) / 4)
+    # tok/s: (n - 1) / decode seconds per prompt, geometric means per category, then over categories
+    assert spec["categories"]["qa"]["tokens_per_s"] == pytest.approx(19 / 0.5)
+    assert spec["tokens_per_s"] == pytest.approx(math.sqrt((19 / 0.5) * (19 / 0.25)))
+    # per prompt, then geometric mean: 2x on the 20-token prompt, (59 / 1.5) / 19 on the 60-token one
+    assert early["categories"]["qa"]["speedup_vs_dense"] == pytest.approx(math.sqrt(2.0 * 59 / 1.5 / 19))
+    assert early["speedup_vs_dense_max"] == pytest.approx(59 / 1.5 / 19)
     # per-token layers: (12 * 20 + 8 * 60) / 80 per category
     assert early["avg_layers"] == pytest.approx((12 * 20 + 8 * 60) / 80)
     assert dense["bytes_per_token"] == pytest.approx(1e9)
@@ -74,9 +81,28 @@ def test_summary_metrics():
     assert early["accuracy"] == 0.0
     assert summary["modes"]["hf"]["accuracy"] is None
     assert dense["lossless_ok"] is True and early["lossless_ok"] is None and not early["lossless"]
-    assert dense["peak_rss_mb"] == 500.0
     assert summary["lossless_failures"] == []
+    assert "geometric mean" in summary["aggregation"]
     assert "LOSSLESS FAILURE" not in format_table(summary)
+
+
+def test_prompts_without_a_decode_rate_are_excluded_and_counted():
+    """One generated token (EOS at once) has no decode rate: out of the ratio, counted."""
+    records = toy_records() + [record("dense", "qa-7", "qa", 0.0, new_tokens=1),
+                               record("spec", "qa-7", "qa", 0.0, new_tokens=1)]
+    assert decode_rate(1, 0.0) is None and decode_rate(2, 0.5) == 2.0
+    spec = summarize(records)["modes"]["spec"]
+    assert spec["categories"]["qa"]["excluded"] == 1 and spec["excluded"] == 1
+    assert spec["categories"]["qa"]["speedup_vs_dense"] == pytest.approx(2.0)
+
+
+def test_tables_say_how_the_run_stopped_and_how_numbers_were_aggregated():
+    summary = summarize(toy_records(), stopping="real use: generation stops at EOS or after 64 tokens")
+    lines = format_table(summary).splitlines()
+    assert lines[0] == "real use: generation stops at EOS or after 64 tokens"
+    assert lines[1].startswith("aggregation: per prompt")
+    overall = next(line for line in lines if line.startswith("overall"))
+    assert "2.83x" in overall  # spec's geometric mean over categories
 
 
 def test_a_category_name_two_datasets_share_is_split_by_dataset():
@@ -96,7 +122,7 @@ def test_skipped_prompts_are_counted_and_left_out_of_speedup():
     records.append(record("dense", "qa-3", "qa", 100.0))  # no spec run to pair with
     spec = summarize(records)["modes"]["spec"]
     assert (spec["prompts"], spec["skipped"]) == (4, 1)
-    assert spec["speedup_vs_dense"] == pytest.approx(80 / 1.5 / 20)
+    assert spec["speedup_vs_dense"] == pytest.approx(math.sqrt(8.0))
 
 
 def test_lossless_failure_is_loud():
@@ -128,11 +154,12 @@ def test_missing_record_field_is_a_clear_error():
 def test_format_table_rows_and_category_speedups():
     table = format_table(summarize(toy_records()))
     lines = table.splitlines()
-    assert lines[0].split()[:3] == ["mode", "lossless", "prompts"]
+    header = next(line for line in lines if line.startswith("mode "))
+    assert header.split()[:4] == ["mode", "lossless", "prompts", "excluded"]
     spec_row = next(line for line in lines if line.startswith("spec "))
-    assert "2.67x" in spec_row  # overall speedup vs dense
+    assert "2.83x" in spec_row and "2.00-4.00x" in spec_row  # overall speedup vs dense, per-prompt range
     qa_row = next(line for line in lines if line.startswith("qa "))
-    assert qa_row.split() == ["qa", "0.50x", "1.00x", "2.00x", "2.00x"]
+    assert qa_row.split()[:4] == ["qa", "0.50x", "(0.50-0.50x)", "1.00x"]
 
 
 def test_write_outputs_creates_every_file(tmp_path):
@@ -147,7 +174,7 @@ def test_write_outputs_creates_every_file(tmp_path):
     lines = (out / "records.jsonl").read_text().splitlines()
     assert [json.loads(line) for line in lines] == records
     stored = json.loads((out / "summary.json").read_text())
-    assert stored["meta"] == meta and stored["modes"]["spec"]["speedup_vs_dense"] == pytest.approx(80 / 1.5 / 20)
+    assert stored["meta"] == meta and stored["modes"]["spec"]["speedup_vs_dense"] == pytest.approx(math.sqrt(8.0))
     markdown = (out / "summary.md").read_text()
     assert "| spec |" in markdown and "specee bench --toy" in markdown
     for name in names:

@@ -18,7 +18,7 @@ from .datasets import DatasetMissing, Prompt, load_dataset
 from .humaneval_exec import check_humaneval, extract_code
 from .modes import build_modes, default_mode_names
 from .quality import first_divergence, gsm8k_correct, mmlu_choice
-from .report import BenchRecord, format_table, machine_info, summarize, write_outputs
+from .report import BenchRecord, decode_rate, format_table, machine_info, summarize, write_outputs
 
 SUITES = {
     # A few prompts of every kind, for development: a few minutes here.
@@ -41,6 +41,8 @@ class BenchConfig:
     modes: list[str] | None = None  # None: every registered mode and every baseline
     temperature: float = 0.0
     seed: int = 0
+    ignore_eos: bool = False  # True: fixed-length runs; False: real use, stopping at EOS
+    skip_first: int = 0  # leave out each category's first N prompts (the tuning slice skips the reported ones)
     out: Path = Path("bench-out")
     threads: int = field(default_factory=torch.get_num_threads)
     command: str = ""
@@ -56,9 +58,15 @@ class BenchConfig:
             categories=self.categories,
             max_tokens=self.max_tokens or suite["max_tokens"],
             modes=self.modes or default_mode_names(),
-            temperature=self.temperature, seed=self.seed, out=Path(self.out), threads=self.threads,
-            command=self.command,
+            temperature=self.temperature, seed=self.seed, ignore_eos=self.ignore_eos, skip_first=self.skip_first,
+            out=Path(self.out), threads=self.threads, command=self.command,
         )
+
+    @property
+    def stopping(self) -> str:
+        if self.ignore_eos:
+            return f"fixed length: EOS ignored, {self.max_tokens} tokens per prompt (--ignore-eos)"
+        return f"real use: generation stops at EOS or after {self.max_tokens} tokens"
 
 
 def load_prompts(config: BenchConfig, explicit: bool) -> tuple[list[tuple[str, Prompt]], list[str]]:
@@ -68,7 +76,8 @@ def load_prompts(config: BenchConfig, explicit: bool) -> tuple[list[tuple[str, P
     for name in config.datasets:
         try:
             categories = _categories_for(name, config, explicit)
-            loaded = load_dataset(name, num_prompts=config.num_prompts, categories=categories)
+            loaded = load_dataset(name, num_prompts=config.num_prompts, categories=categories,
+                                  skip_first=config.skip_first)
         except DatasetMissing as missing:
             if explicit:
                 raise
@@ -99,7 +108,7 @@ def judge(prompt: Prompt, text: str) -> bool | None:
 
 
 def answer_text(engine: Engine, token_ids: list[int]) -> str:
-    """The text up to the first end-of-sequence token (runs continue past it for timing)."""
+    """The text up to the first end-of-sequence token (fixed-length runs continue past it)."""
     eos = set(engine.tokenizer.eos_token_ids)
     end = next((i for i, t in enumerate(token_ids) if t in eos), len(token_ids))
     return engine.tokenizer.decode(token_ids[:end])
@@ -108,11 +117,11 @@ def answer_text(engine: Engine, token_ids: list[int]) -> str:
 def perplexity(engine: Engine, texts: list[str], strategy=None) -> float | None:
     """Perplexity of reference texts under the target model, or under a lossy strategy's own
     logits (its `reference_logits(model, ids) -> [T, vocab]`); None for modes that have none."""
+    model = engine.model
     if strategy is None:
-        model = engine.model
-
         def logits_of(ids):
-            return model(torch.tensor(ids), torch.arange(len(ids)), model.new_cache(len(ids)))
+            ids = torch.tensor(ids, device=model.device)
+            return model(ids, torch.arange(len(ids), device=model.device), model.new_cache(len(ids)))
     elif hasattr(strategy, "reference_logits"):
         def logits_of(ids):
             return strategy.reference_logits(engine.model, ids)
@@ -125,7 +134,8 @@ def perplexity(engine: Engine, texts: list[str], strategy=None) -> float | None:
             if len(ids) < 2:
                 continue
             logits = logits_of(ids)  # [T, vocab]
-            nll = torch.nn.functional.cross_entropy(logits[:-1].float(), torch.tensor(ids[1:]), reduction="sum")
+            targets = torch.tensor(ids[1:], device=logits.device)
+            nll = torch.nn.functional.cross_entropy(logits[:-1].float(), targets, reduction="sum")
             total_nll, count = total_nll + nll.item(), count + len(ids) - 1
     return math.exp(total_nll / count) if count else None
 
@@ -147,6 +157,45 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+WARM_UP_PROMPT = "Say hello in five words."  # not in any dataset: warm-up runs are never recorded
+WARM_UP_TOKENS = 16
+
+
+def rotated(modes: list, index: int) -> list:
+    """The order modes run a prompt in: prompt i starts with mode i (mod the number of modes),
+    so no mode always runs first or right after another."""
+    shift = index % len(modes) if modes else 0
+    return modes[shift:] + modes[:shift]
+
+
+def run_prompt(engine: Engine, modes: list, index: int, dataset: str, prompt: Prompt, config: BenchConfig,
+               params: SamplingParams) -> list[dict]:
+    """Every mode on one prompt, in rotated order; each is compared with dense once all have run."""
+    prompt_ids = engine.encode(prompt.turns[0])
+    runs = {}
+    for order, mode in enumerate(rotated(modes, index)):
+        start = time.perf_counter()
+        runs[mode.name] = (order, mode.run(prompt_ids, config.max_tokens, params, config.ignore_eos),
+                           time.perf_counter() - start)
+    dense_ids = runs["dense"][1].token_ids if "dense" in runs else None
+    records = []
+    for mode in modes:
+        order, run, wall_s = runs[mode.name]
+        comparable = dense_ids is not None and params.greedy and mode.name != "dense"
+        records.append(asdict(BenchRecord(
+            mode=mode.name, lossless=mode.lossless, prompt_id=prompt.id, category=prompt.category,
+            dataset=dataset, prompt_tokens=len(prompt_ids), new_tokens=len(run.token_ids),
+            prefill_s=run.prefill_s, decode_s=run.decode_s, wall_s=wall_s,
+            tokens_per_s=decode_rate(len(run.token_ids), run.decode_s), run_order=order,
+            accept_lengths=run.accept_lengths, exit_layers=run.exit_layers, avg_layers=run.avg_layers,
+            bytes_per_token=run.bytes_per_token, token_ids=run.token_ids,
+            matches_dense=(run.token_ids == dense_ids) if comparable else None,
+            first_divergence=first_divergence(run.token_ids, dense_ids) if comparable else None,
+            correct=judge(prompt, answer_text(engine, run.token_ids)),
+        )))
+    return records
+
+
 def run_bench(engine: Engine, config: BenchConfig, explicit_datasets: bool = False) -> dict:
     config = config.resolved()
     params = SamplingParams(temperature=config.temperature, seed=config.seed)
@@ -156,51 +205,38 @@ def run_bench(engine: Engine, config: BenchConfig, explicit_datasets: bool = Fal
     modes, skipped = build_modes(engine, config.modes, params, config.threads)
     for line in notes + skipped:
         print(line, file=sys.stderr)
+    warm_up_ids = engine.encode(WARM_UP_PROMPT)
+    for mode in tqdm(modes, desc="warm-up", unit="mode", file=sys.stderr):
+        mode.run(warm_up_ids, WARM_UP_TOKENS, params, config.ignore_eos)
     records = []
-    for dataset, prompt in tqdm(prompts, desc="prompts", unit="prompt", file=sys.stderr):
-        prompt_ids = engine.encode(prompt.turns[0])
-        dense_ids = None
-        for mode in modes:
-            start = time.perf_counter()
-            run = mode.run(prompt_ids, config.max_tokens, params)
-            wall_s = time.perf_counter() - start
-            if mode.name == "dense":
-                dense_ids = run.token_ids
-            comparable = dense_ids is not None and params.greedy and mode.name != "dense"
-            records.append(asdict(BenchRecord(
-                mode=mode.name, lossless=mode.lossless, prompt_id=prompt.id, category=prompt.category,
-                dataset=dataset, prompt_tokens=len(prompt_ids), new_tokens=len(run.token_ids),
-                prefill_s=run.prefill_s, decode_s=run.decode_s, wall_s=wall_s,
-                tokens_per_s=(len(run.token_ids) - 1) / run.decode_s if run.decode_s > 0 else 0.0,
-                accept_lengths=run.accept_lengths, exit_layers=run.exit_layers, avg_layers=run.avg_layers,
-                bytes_per_token=run.bytes_per_token, peak_rss_mb=peak_rss_mb(), token_ids=run.token_ids,
-                matches_dense=(run.token_ids == dense_ids) if comparable else None,
-                first_divergence=first_divergence(run.token_ids, dense_ids) if comparable else None,
-                correct=judge(prompt, answer_text(engine, run.token_ids)),
-            )))
-    summary = summarize(records)
+    for index, (dataset, prompt) in enumerate(tqdm(prompts, desc="prompts", unit="prompt", file=sys.stderr)):
+        records += run_prompt(engine, modes, index, dataset, prompt, config, params)
+    summary = summarize(records, stopping=config.stopping)
     texts = [p.turns[0] for _, p in prompts]
-    dense_ppl = perplexity(engine, texts)
     for mode in modes:
-        # Lossless modes produce the dense model's distribution, so they share its perplexity.
+        # A lossless mode has the dense model's distribution: no perplexity of its own to show.
         strategy = getattr(mode, "strategy", None)
         lossy = strategy is not None and not mode.lossless
-        summary["modes"][mode.name]["perplexity"] = perplexity(engine, texts, strategy) if lossy else (
-            dense_ppl if mode.lossless else None)
+        summary["modes"][mode.name]["perplexity"] = perplexity(engine, texts, strategy) if lossy else None
+    if "dense" in summary["modes"]:
+        summary["modes"]["dense"]["perplexity"] = perplexity(engine, texts)
     meta = machine_info() | {
         "command": config.command, "threads": config.threads, "model": str(engine.source),
         "dtype": str(engine.model.dtype).removeprefix("torch."), "suite": config.suite,
         "max_tokens": config.max_tokens, "temperature": config.temperature, "seed": config.seed,
-        "memory_read_gb_s": read_bandwidth_gb_s(), "skipped": notes + skipped,
+        "ignore_eos": config.ignore_eos, "stopping": config.stopping, "skip_first": config.skip_first,
+        "memory_read_gb_s": read_bandwidth_gb_s(), "peak_rss_mb": peak_rss_mb(), "skipped": notes + skipped,
     }
     for stats in summary["modes"].values():
         bpt, tps = stats["bytes_per_token"], stats["tokens_per_s"]
         stats["weight_gb_s"] = bpt * tps / 1e9 if bpt and tps else None
     write_outputs(config.out, records, summary, meta)
     print(format_table(summary))
-    print(f"machine: {meta['cpu']}, {config.threads} threads, memory read {meta['memory_read_gb_s']:.1f} GB/s; "
+    print(f"machine: {meta['cpu']}, {config.threads} threads, memory read {meta['memory_read_gb_s']:.1f} GB/s, "
+          f"process peak RSS {meta['peak_rss_mb']:.0f} MB; "
           + ", ".join(f"{m} weights {s['weight_gb_s']:.1f} GB/s" for m, s in summary["modes"].items() if s["weight_gb_s"]))
     print(json.dumps({"out": str(config.out), "meta": meta, "modes": {
         m: {k: v for k, v in s.items() if k != "categories"} for m, s in summary["modes"].items()
-    }, "lossless_failures": summary["lossless_failures"]}))
+    }, "stopping": config.stopping, "aggregation": summary["aggregation"],
+        "lossless_failures": summary["lossless_failures"]}))
     return summary

@@ -198,21 +198,25 @@ def load_dataset(
     num_prompts: int | None = None,
     categories: list[str] | None = None,
     seed: int | None = None,
+    skip_first: int = 0,
 ) -> list[Prompt]:
-    """Prompts of a named data set or a Spec-Bench-format file, at most `num_prompts` per category.
+    """Prompts of a named data set or a Spec-Bench-format file, at most `num_prompts` per category
+    after leaving out each category's first `skip_first` (a tuning slice disjoint from reports).
 
     seed None takes the first `num_prompts` of each category in file order; an int takes a
     seeded random sample instead (still in file order, and the same for the same seed).
     """
     if num_prompts is not None and num_prompts < 1:
         raise ValueError(f"num_prompts must be at least 1, got {num_prompts}")
+    if skip_first < 0:
+        raise ValueError(f"skip_first must be >= 0, got {skip_first}")
     prompts = load_all(name_or_path)
     if categories is not None:
         unknown = set(categories) - {p.category for p in prompts}
         if unknown:
             raise ValueError(f"no prompts in categories {sorted(unknown)} of {name_or_path}")
         prompts = [p for p in prompts if p.category in categories]
-    if num_prompts is None:
+    if num_prompts is None and not skip_first:
         return prompts
     by_category: dict[str, list[int]] = {}
     for index, p in enumerate(prompts):
@@ -220,6 +224,8 @@ def load_dataset(
     rng = random.Random(seed)
     keep = set()
     for indices in by_category.values():
-        chosen = indices[:num_prompts] if seed is None else rng.sample(indices, min(num_prompts, len(indices)))
-        keep.update(chosen)
+        indices = indices[skip_first:]
+        if num_prompts is not None:
+            indices = indices[:num_prompts] if seed is None else rng.sample(indices, min(num_prompts, len(indices)))
+        keep.update(indices)
     return [p for index, p in enumerate(prompts) if index in keep]

@@ -1,6 +1,7 @@
 """What the benchmark runs: our engine's strategies and the outside baselines, behind one interface."""
 from __future__ import annotations
 
+import copy
 import importlib.util
 import time
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ class BenchMode(Protocol):
     name: str
     lossless: bool  # promises the dense output token for token
 
-    def run(self, prompt_ids: list[int], max_tokens: int, params: SamplingParams) -> Run: ...
+    def run(self, prompt_ids: list[int], max_tokens: int, params: SamplingParams, ignore_eos: bool) -> Run: ...
 
 
 class EngineMode:
@@ -43,9 +44,9 @@ class EngineMode:
         self.lossless = spec.lossless
         self.strategy = spec.build(engine, {})
 
-    def run(self, prompt_ids: list[int], max_tokens: int, params: SamplingParams) -> Run:
+    def run(self, prompt_ids: list[int], max_tokens: int, params: SamplingParams, ignore_eos: bool) -> Run:
         result = self.engine.generate(
-            prompt_ids, max_tokens=max_tokens, ignore_eos=True, strategy=self.strategy,
+            prompt_ids, max_tokens=max_tokens, ignore_eos=ignore_eos, strategy=self.strategy,
             temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=params.seed,
         )
         s = result.stats
@@ -81,11 +82,13 @@ class HFMode:
                 model = AutoModelForCausalLM.from_pretrained(str(source), dtype=dtype)
             else:  # HF reads the GGUF with its own loader: an independent check of ours
                 model = AutoModelForCausalLM.from_pretrained(str(source.parent), gguf_file=source.name, dtype=dtype)
-            model.generation_config.eos_token_id = None  # run the full length, like ignore_eos
             cls._models[key] = model.eval()
         return cls._models[key]
 
-    def _generate(self, ids: torch.Tensor, max_tokens: int, params: SamplingParams) -> list[int]:
+    def _generate(self, ids: torch.Tensor, max_tokens: int, params: SamplingParams, ignore_eos: bool) -> list[int]:
+        config = copy.deepcopy(self.model.generation_config)
+        # The same end-of-sequence tokens as our engine; None runs the full length.
+        config.eos_token_id = None if ignore_eos else list(self.engine.tokenizer.eos_token_ids)
         options = dict(max_new_tokens=max_tokens, pad_token_id=0, do_sample=not params.greedy)
         if not params.greedy:
             options.update(temperature=params.temperature, top_k=params.top_k or None, top_p=params.top_p)
@@ -93,15 +96,15 @@ class HFMode:
         if self.prompt_lookup_tokens:
             options["prompt_lookup_num_tokens"] = self.prompt_lookup_tokens
         with torch.inference_mode():
-            return self.model.generate(ids, **options)[0, ids.shape[1]:].tolist()
+            return self.model.generate(ids, generation_config=config, **options)[0, ids.shape[1]:].tolist()
 
-    def run(self, prompt_ids: list[int], max_tokens: int, params: SamplingParams) -> Run:
-        ids = torch.tensor([prompt_ids])
+    def run(self, prompt_ids: list[int], max_tokens: int, params: SamplingParams, ignore_eos: bool) -> Run:
+        ids = torch.tensor([prompt_ids], device=self.model.device)
         start = time.perf_counter()
-        self._generate(ids, 1, params)  # prefill alone, to split it from decoding
+        self._generate(ids, 1, params, ignore_eos)  # prefill alone, to split it from decoding
         prefill_s = time.perf_counter() - start
         start = time.perf_counter()
-        tokens = self._generate(ids, max_tokens, params)
+        tokens = self._generate(ids, max_tokens, params, ignore_eos)
         total_s = time.perf_counter() - start
         bytes_per_token = None if self.prompt_lookup_tokens else self.weight_bytes
         return Run(tokens, prefill_s, max(total_s - prefill_s, 1e-9), bytes_per_token=bytes_per_token)
@@ -120,8 +123,10 @@ class LlamaCppMode:
                          verbose=False)
         # llama.cpp reads the quantized weights as they are stored in the file.
         self.bytes_per_token = float(engine.source.stat().st_size)
+        self.eos = engine.tokenizer.eos_token_ids
 
-    def run(self, prompt_ids: list[int], max_tokens: int, params: SamplingParams) -> Run:
+    def run(self, prompt_ids: list[int], max_tokens: int, params: SamplingParams, ignore_eos: bool) -> Run:
+        eos = set() if ignore_eos else set(self.eos)
         tokens: list[int] = []
         start = time.perf_counter()
         prefill_s = 0.0
@@ -129,7 +134,7 @@ class LlamaCppMode:
             if not tokens:
                 prefill_s = time.perf_counter() - start
             tokens.append(token)
-            if len(tokens) >= max_tokens:
+            if len(tokens) >= max_tokens or token in eos:  # the EOS is kept, as our engine keeps it
                 break
         total_s = time.perf_counter() - start
         return Run(tokens, prefill_s, max(total_s - prefill_s, 1e-9), bytes_per_token=self.bytes_per_token)
@@ -161,16 +166,18 @@ def default_mode_names() -> list[str]:
 
 
 def build_modes(engine: Engine, names: list[str], params: SamplingParams, threads: int) -> tuple[list, list[str]]:
-    """The modes to run, and one line for each that is skipped (with how to get it)."""
+    """The modes to run, and one line for each that is skipped: a baseline that is not installed
+    (with how to get it), or a mode that cannot be built for this model (with why)."""
     modes, skipped = [], []
     for name in names:
-        if name in REGISTRY:
-            modes.append(EngineMode(engine, REGISTRY[name]))
-        elif name in BASELINES:
-            try:
-                modes.append(BASELINES[name](engine, params, threads))
-            except Skip as reason:
-                skipped.append(f"{name}: skipped, {reason}")
-        else:
+        if name not in REGISTRY and name not in BASELINES:
             raise ValueError(f"unknown mode {name!r} (choose from {', '.join(default_mode_names())})")
+    for name in names:
+        try:
+            if name in REGISTRY:
+                modes.append(EngineMode(engine, REGISTRY[name]))
+            else:
+                modes.append(BASELINES[name](engine, params, threads))
+        except (Skip, ValueError) as reason:
+            skipped.append(f"{name}: skipped, {reason}")
     return modes, skipped

@@ -5,12 +5,22 @@ import json
 import os
 import platform
 from dataclasses import dataclass, field, fields
+from statistics import geometric_mean
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from matplotlib import colormaps
 from matplotlib.figure import Figure  # the object API renders with Agg and leaves pyplot's global state alone
 from matplotlib.ticker import MaxNLocator
+
+
+AGGREGATION = (
+    "per prompt: a mode's decode tokens/s ((generated tokens - 1) / decode seconds, the first token "
+    "belonging to prefill; the same definition for every system) over the baseline's on the same prompt; "
+    "per category: the geometric mean of the per-prompt ratios (min-max shown); overall: the geometric "
+    "mean over categories. tok/s columns follow the same rule. A prompt where a mode or its baseline "
+    "generated fewer than 2 tokens has no decode rate and is left out of that ratio (counted as excluded)."
+)
 
 
 @dataclass
@@ -27,12 +37,12 @@ class BenchRecord:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     wall_s: float = 0.0
-    tokens_per_s: float = 0.0  # decode tokens per second
+    tokens_per_s: float | None = None  # decode rate, (new_tokens - 1) / decode_s; None below 2 tokens
+    run_order: int = 0  # this mode's place among the modes that ran the prompt (they rotate)
     accept_lengths: list[int] = field(default_factory=list)  # tokens gained per target pass, bonus included
     exit_layers: list[int] = field(default_factory=list)  # layer each early-exited token left at
     avg_layers: float | None = None  # layers run per generated token
     bytes_per_token: float | None = None  # weight bytes read per generated token
-    peak_rss_mb: float = 0.0
     token_ids: list[int] = field(default_factory=list)
     matches_dense: bool | None = None
     first_divergence: int | None = None
@@ -41,6 +51,11 @@ class BenchRecord:
 
 
 RECORD_FIELDS = tuple(f.name for f in fields(BenchRecord))
+
+
+def decode_rate(new_tokens: int, decode_s: float) -> float | None:
+    """Decode tokens per second: the first token comes from prefill, so n - 1 tokens."""
+    return (new_tokens - 1) / decode_s if new_tokens >= 2 and decode_s > 0 else None
 
 
 def check_records(records: list[dict]) -> None:
@@ -54,6 +69,10 @@ def mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def geomean(values: list[float]) -> float | None:
+    return geometric_mean(values) if values else None
+
+
 def token_weighted(records: list[dict], key: str) -> float | None:
     """Per-token average of a per-record per-token metric, so long outputs count for more."""
     measured = [r for r in records if r[key] is not None and r["new_tokens"] > 0]
@@ -61,21 +80,26 @@ def token_weighted(records: list[dict], key: str) -> float | None:
     return sum(r[key] * r["new_tokens"] for r in measured) / tokens if tokens else None
 
 
-def throughput(records: list[dict]) -> float | None:
-    decode_s = sum(r["decode_s"] for r in records)
-    return sum(r["new_tokens"] for r in records) / decode_s if decode_s > 0 else None
+def prompt_ratios(records: list[dict], baseline_mode: str, runs: dict[tuple, dict]) -> tuple[list[float], int]:
+    """(per-prompt decode-rate ratios against the baseline on the same prompt, prompts excluded
+    because either rate is undefined). Prompts the baseline did not run are not counted."""
+    ratios, excluded = [], 0
+    for r in records:
+        base = runs.get((baseline_mode, r["dataset"], r["prompt_id"]))
+        if base is None:
+            continue
+        if r["tokens_per_s"] is None or base["tokens_per_s"] is None:
+            excluded += 1
+        else:
+            ratios.append(r["tokens_per_s"] / base["tokens_per_s"])
+    return ratios, excluded
 
 
-def speedup(records: list[dict], baseline_mode: str, runs: dict[tuple, dict]) -> float | None:
-    """Ratio of decode throughputs over the prompts that both this mode and the baseline ran."""
-    pairs = [(r, runs[(baseline_mode, r["dataset"], r["prompt_id"])]) for r in records
-             if (baseline_mode, r["dataset"], r["prompt_id"]) in runs]
-    mine, baseline = throughput([r for r, _ in pairs]), throughput([b for _, b in pairs])
-    return mine / baseline if mine is not None and baseline else None
-
-
-def group_stats(group: list[dict], runs: dict[tuple, dict], reference_mode: str, hf_mode: str) -> dict:
+def category_stats(group: list[dict], runs: dict[tuple, dict], reference_mode: str, hf_mode: str) -> dict:
+    """One mode on one category: geometric means over its prompts."""
     done = [r for r in group if not r["skipped"]]
+    vs_dense, excluded = prompt_ratios(done, reference_mode, runs)
+    vs_hf, _ = prompt_ratios(done, hf_mode, runs)
     accept_lengths = [n for r in done for n in r["accept_lengths"]]
     judged = [r["correct"] for r in done if r["correct"] is not None]
     compared = [r["matches_dense"] for r in done if r["lossless"] and r["matches_dense"] is not None]
@@ -83,15 +107,17 @@ def group_stats(group: list[dict], runs: dict[tuple, dict], reference_mode: str,
     return {
         "prompts": len(done),
         "skipped": len(group) - len(done),
+        "excluded": excluded,
         "new_tokens": sum(r["new_tokens"] for r in done),
         "decode_s": sum(r["decode_s"] for r in done),
-        "tokens_per_s": mean([r["tokens_per_s"] for r in done]),
-        "speedup_vs_dense": speedup(done, reference_mode, runs),
-        "speedup_vs_hf": speedup(done, hf_mode, runs),
+        "tokens_per_s": geomean([r["tokens_per_s"] for r in done if r["tokens_per_s"] is not None]),
+        "speedup_vs_dense": geomean(vs_dense),
+        "speedup_vs_dense_min": min(vs_dense, default=None),
+        "speedup_vs_dense_max": max(vs_dense, default=None),
+        "speedup_vs_hf": geomean(vs_hf),
         "mean_accept_length": mean(accept_lengths),
         "avg_layers": token_weighted(done, "avg_layers"),
         "bytes_per_token": token_weighted(done, "bytes_per_token"),
-        "peak_rss_mb": max((r["peak_rss_mb"] for r in done), default=None),
         "accuracy": mean([float(c) for c in judged]),
         "accuracy_n": len(judged),
         "agreement": mean(agreed),  # share of outputs token-identical to dense (any mode)
@@ -99,22 +125,41 @@ def group_stats(group: list[dict], runs: dict[tuple, dict], reference_mode: str,
     }
 
 
-def summarize(records: list[dict], reference_mode: str = "dense", hf_mode: str = "hf") -> dict:
+def overall_stats(categories: dict[str, dict], done: list[dict]) -> dict:
+    """One mode over the suite: ratios and rates are geometric means over categories; counts add
+    up; per-token and per-pass quantities pool every prompt."""
+    pooled = category_stats(done, {}, "", "")
+    lows = [c["speedup_vs_dense_min"] for c in categories.values() if c["speedup_vs_dense_min"] is not None]
+    highs = [c["speedup_vs_dense_max"] for c in categories.values() if c["speedup_vs_dense_max"] is not None]
+    stats = pooled | {
+        "excluded": sum(c["excluded"] for c in categories.values()),
+        "skipped": sum(c["skipped"] for c in categories.values()),
+        "speedup_vs_dense_min": min(lows, default=None),
+        "speedup_vs_dense_max": max(highs, default=None),
+    }
+    for key in ("tokens_per_s", "speedup_vs_dense", "speedup_vs_hf"):
+        stats[key] = geomean([c[key] for c in categories.values() if c[key] is not None])
+    return stats
+
+
+def summarize(records: list[dict], reference_mode: str = "dense", hf_mode: str = "hf", stopping: str = "") -> dict:
+    """Per-mode and per-category statistics; `stopping` says how generation ended (for tables)."""
     check_records(records)
     runs = {(r["mode"], r["dataset"], r["prompt_id"]): r for r in records if not r["skipped"]}
-    modes = list(dict.fromkeys(r["mode"] for r in records))  # in the order they were run
+    modes = list(dict.fromkeys(r["mode"] for r in records))  # in the order they were first run
     label = category_labels(records)
     categories = list(dict.fromkeys(label(r) for r in records))
     summary_modes = {}
     for mode in modes:
         of_mode = [r for r in records if r["mode"] == mode]
-        stats = group_stats(of_mode, runs, reference_mode, hf_mode)
-        stats["lossless"] = any(r["lossless"] for r in of_mode)
-        stats["categories"] = {
-            category: group_stats(in_category, runs, reference_mode, hf_mode)
+        by_category = {
+            category: category_stats(in_category, runs, reference_mode, hf_mode)
             for category in categories
             if (in_category := [r for r in of_mode if label(r) == category])
         }
+        stats = overall_stats(by_category, [r for r in of_mode if not r["skipped"]])
+        stats["lossless"] = any(r["lossless"] for r in of_mode)
+        stats["categories"] = by_category
         summary_modes[mode] = stats
     failures = [
         {key: r[key] for key in ("mode", "dataset", "prompt_id", "category", "first_divergence")}
@@ -124,6 +169,8 @@ def summarize(records: list[dict], reference_mode: str = "dense", hf_mode: str =
     return {
         "reference_mode": reference_mode,
         "hf_mode": hf_mode,
+        "aggregation": AGGREGATION,
+        "stopping": stopping,
         "categories": categories,
         "modes": summary_modes,
         "lossless_failures": failures,
@@ -152,9 +199,13 @@ def fmt(value, spec: str = ".2f", suffix: str = "") -> str:
     return f"{value:{spec}}{suffix}"
 
 
-MODE_COLUMNS = ("mode", "lossless", "prompts", "skipped", "tok/s", "vs dense", "vs hf", "accept len",
-                "layers", "MB/token", "weights GB/s", "peak RSS MB", "accuracy", "ppl", "same as dense",
-                "lossless ok")
+MODE_COLUMNS = ("mode", "lossless", "prompts", "excluded", "tok/s", "vs dense", "min-max", "vs hf", "accept len",
+                "layers", "MB/token", "weights GB/s", "accuracy", "ppl", "same as dense", "lossless ok")
+
+
+def speedup_range(s: dict) -> str:
+    low, high = s["speedup_vs_dense_min"], s["speedup_vs_dense_max"]
+    return "-" if low is None else f"{low:.2f}-{high:.2f}x"
 
 
 def mode_rows(summary: dict) -> list[list[str]]:
@@ -162,23 +213,28 @@ def mode_rows(summary: dict) -> list[list[str]]:
     for mode, s in summary["modes"].items():
         mb_per_token = s["bytes_per_token"] / 1e6 if s["bytes_per_token"] is not None else None
         rows.append([
-            mode, "yes" if s["lossless"] else "no", str(s["prompts"]), str(s["skipped"]), fmt(s["tokens_per_s"]),
-            fmt(s["speedup_vs_dense"], suffix="x"), fmt(s["speedup_vs_hf"], suffix="x"),
+            mode, "yes" if s["lossless"] else "no", str(s["prompts"]), str(s["excluded"]), fmt(s["tokens_per_s"]),
+            fmt(s["speedup_vs_dense"], suffix="x"), speedup_range(s), fmt(s["speedup_vs_hf"], suffix="x"),
             fmt(s["mean_accept_length"]), fmt(s["avg_layers"], ".1f"), fmt(mb_per_token, ".1f"),
-            fmt(s.get("weight_gb_s"), ".1f"), fmt(s["peak_rss_mb"], ".0f"), fmt(s["accuracy"], ".3f"),
+            fmt(s.get("weight_gb_s"), ".1f"), fmt(s["accuracy"], ".3f"),
             fmt(s.get("perplexity"), ".2f"), fmt(s["agreement"], ".2f"), fmt(s["lossless_ok"]),
         ])
     return rows
 
 
 def category_rows(summary: dict) -> tuple[list[str], list[list[str]]]:
-    """Speedup vs dense, one row per category and one column per mode."""
+    """Speedup vs dense (geometric mean over the category's prompts, min-max), one row per
+    category and one column per mode; the last row is the geometric mean over categories."""
     modes = list(summary["modes"])
-    rows = [
-        [category] + [fmt(summary["modes"][m]["categories"].get(category, {}).get("speedup_vs_dense"), suffix="x")
-                      for m in modes]
-        for category in summary["categories"]
-    ]
+
+    def cell(s: dict | None) -> str:
+        if not s or s["speedup_vs_dense"] is None:
+            return "-"
+        return f"{s['speedup_vs_dense']:.2f}x ({speedup_range(s)})"
+
+    rows = [[category] + [cell(summary["modes"][m]["categories"].get(category)) for m in modes]
+            for category in summary["categories"]]
+    rows.append(["overall"] + [fmt(summary["modes"][m]["speedup_vs_dense"], suffix="x") for m in modes])
     return ["category", *modes], rows
 
 
@@ -200,17 +256,26 @@ def markdown(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join("| " + " | ".join(row) + " |" for row in lines)
 
 
+def run_lines(summary: dict) -> list[str]:
+    """What kind of run this was and how its numbers were aggregated."""
+    lines = [summary["stopping"]] if summary.get("stopping") else []
+    return lines + [f"aggregation: {summary['aggregation']}", "ppl: lossy modes only (a lossless mode has dense's)"]
+
+
 def format_table(summary: dict) -> str:
     """Modes by metrics, then speedups by category; lossless failures last, where they are seen."""
-    parts = [fixed_width(list(MODE_COLUMNS), mode_rows(summary)),
+    parts = [*run_lines(summary), fixed_width(list(MODE_COLUMNS), mode_rows(summary)),
              f"\nspeedup vs {summary['reference_mode']} by category (decode tokens/s ratio)",
              fixed_width(*category_rows(summary))]
     return "\n".join(parts + failure_lines(summary))
 
 
 def summary_markdown(summary: dict, meta: dict) -> str:
-    parts = ["# specee bench", f"`{meta.get('command', '')}`", markdown(list(MODE_COLUMNS), mode_rows(summary)),
+    parts = ["# specee bench", f"`{meta.get('command', '')}`", "\n".join(f"- {line}" for line in run_lines(summary)),
+             markdown(list(MODE_COLUMNS), mode_rows(summary)),
              f"## Speedup vs {summary['reference_mode']} by category", markdown(*category_rows(summary))]
+    if meta.get("peak_rss_mb"):
+        parts.append(f"Process peak RSS over the whole run: {meta['peak_rss_mb']:.0f} MB.")
     failures = failure_lines(summary)
     if failures:
         parts.append("## Lossless failures\n\n" + "\n".join(f"- **{line}**" for line in failures))
@@ -234,7 +299,8 @@ def plot_speedup_by_category(summary: dict, path: Path) -> None:
     ax.axhline(1.0, color="gray", linestyle="--", linewidth=1)
     ax.set_xticks([x + width * (len(modes) - 1) / 2 for x in range(len(groups))], groups, rotation=30, ha="right")
     ax.set_ylabel(f"speedup vs {summary['reference_mode']}")
-    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the bars
+    if modes:
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the bars
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

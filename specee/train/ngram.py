@@ -28,14 +28,7 @@ def file_sequences(engine: Engine, path: Path) -> list[list[int]]:
 def dataset_prompts(names: list[str], skip_first: int, limit: int | None) -> list[str]:
     """Prompt texts, leaving out the first `skip_first` of each category of each dataset (what
     the benchmark reports on), then at most `limit` per category."""
-    texts = []
-    for name in names:
-        by_category: dict[str, list[str]] = {}
-        for prompt in load_dataset(name):
-            by_category.setdefault(prompt.category, []).append(prompt.turns[0])
-        for category_texts in by_category.values():
-            texts += category_texts[skip_first:][:limit]
-    return texts
+    return [p.turns[0] for name in names for p in load_dataset(name, num_prompts=limit, skip_first=skip_first)]
 
 
 def self_generated(engine: Engine, prompts: list[str], max_tokens: int) -> list[list[int]]:
