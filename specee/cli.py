@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 
 EXIT_BAD_INPUT = 2
@@ -76,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--num-prompts", type=_positive_int, help="prompts per category")
     bench.add_argument("--categories", help="comma-separated categories to keep")
     bench.add_argument("--max-tokens", type=_positive_int, help="tokens generated per prompt")
-    bench.add_argument("--modes", help="comma-separated modes (default: all registered modes and baselines)")
+    bench.add_argument("--modes", help="comma-separated modes (default: all registered modes and baselines); a "
+                       "registered mode takes speculative options as name[key=value,...], e.g. hybrid-tree[tree_budget=6]")
     bench.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--ignore-eos", action="store_true",
@@ -132,7 +134,8 @@ def cmd_bench(args) -> int:
         raise UsageError(f"--temperature must be >= 0, got {args.temperature}")
     if args.skip_first < 0:
         raise UsageError(f"--skip-first must be >= 0, got {args.skip_first}")
-    split = lambda text: [x.strip() for x in text.split(",") if x.strip()] if text else None  # noqa: E731
+    # Commas inside brackets belong to a mode's options: "dense,hybrid-tree[tree_budget=6,tree_width=3]".
+    split = lambda text: [x.strip() for x in re.split(r",(?![^\[]*\])", text) if x.strip()] if text else None  # noqa: E731
     config = BenchConfig(
         suite=args.suite, datasets=args.dataset, num_prompts=args.num_prompts, categories=split(args.categories),
         max_tokens=args.max_tokens, modes=split(args.modes), temperature=args.temperature, seed=args.seed,

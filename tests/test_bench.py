@@ -219,3 +219,16 @@ def test_perplexity_feeds_the_models_own_device(default_engine):
                              context_length=100)
     assert perplexity(engine, ["any text"]) == pytest.approx(5.0)
     assert seen == [("meta", "meta")]
+
+
+def test_modes_take_options_for_tuning_sweeps(tiny_engine):
+    assert bench_modes.parse_mode("hybrid-tree[tree_budget=6,min_copy_match=1]") == (
+        "hybrid-tree", {"tree_budget": 6, "min_copy_match": 1})
+    modes, skipped = bench_modes.build_modes(
+        tiny_engine, ["prompt-lookup-tree[tree_budget=6]", "prompt-lookup-tree"], SamplingParams(), threads=2)
+    assert [m.name for m in modes] == ["prompt-lookup-tree[tree_budget=6]", "prompt-lookup-tree"]
+    assert [m.strategy.tree_budget for m in modes] == [6, 4] and not skipped
+    with pytest.raises(ValueError, match="key=value"):
+        bench_modes.parse_mode("hybrid[tree_budget]")
+    _, skipped = bench_modes.build_modes(tiny_engine, ["prompt-lookup[colour=red]"], SamplingParams(), threads=2)
+    assert skipped and "unknown speculative options" in skipped[0]

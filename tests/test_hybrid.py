@@ -48,3 +48,9 @@ def test_a_token_both_offer_adds_up():
     candidates = Hybrid(PromptLookup(), table).candidates([7, 1, 2, 3, 9, 2], 2)
     trust = PRIOR_HIT_RATE[0]
     assert candidates[0] == (3, pytest.approx(trust + (1 - trust) * 0.5))
+
+
+def test_min_copy_match_is_an_option():
+    context = [1, 2, 3, 4, 5, 9, 2]  # only [2] matched
+    assert Hybrid(PromptLookup(num_draft_tokens=3), TABLE).propose(context, 3).tokens == [40, 40, 40]
+    assert Hybrid(PromptLookup(num_draft_tokens=3), TABLE, min_copy_match=1).propose(context, 3).tokens == [3, 4, 5]

@@ -42,6 +42,8 @@ class SpecOptions:
     ngram_model: str | None = None
     # Chains: the last token drafted is the first whose drafter top probability is below this.
     confidence_threshold: float = 0.0
+    # Hybrid chains: copy only after a match at least this long (shorter ones lose to the table).
+    min_copy_match: int = 2
 
     @classmethod
     def from_dict(cls, options: dict) -> "SpecOptions":
@@ -60,6 +62,8 @@ class SpecOptions:
         for name, value in (("tree_min_prob", self.tree_min_prob), ("confidence_threshold", self.confidence_threshold)):
             if not 0 <= value <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {value}")
+        if self.min_copy_match < 1:
+            raise ValueError(f"min_copy_match must be >= 1, got {self.min_copy_match}")
         if self.tree_node_cost < 0:
             raise ValueError(f"tree_node_cost must be >= 0, got {self.tree_node_cost}")
         if not dynamic:
@@ -136,7 +140,8 @@ def _proposer_factory(artifacts: Artifacts, opts: SpecOptions) -> Callable[[], P
         table = artifacts.ngram(opts.ngram_model)
         if opts.method == "ngram":
             return lambda: NgramProposer(table, n, confidence)
-        return lambda: Hybrid(PromptLookup(num_draft_tokens=n), NgramProposer(table, n, confidence))
+        return lambda: Hybrid(PromptLookup(num_draft_tokens=n), NgramProposer(table, n, confidence),
+                              opts.min_copy_match)
     model, layers = artifacts.draft_model(opts.draft_model)
     DraftModel(model, layers)  # checks the layer count now
     if opts.method == "draft":

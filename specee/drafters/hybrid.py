@@ -7,19 +7,19 @@ from .base import Proposer
 from .ngram import NgramProposer
 from .prompt_lookup import PromptLookup
 
-MIN_CHAIN_MATCH = 2  # a chain copies only after a match this long; shorter ones lose to the table
 
 
 class Hybrid(Proposer):
     drafts_trees = True
 
-    def __init__(self, lookup: PromptLookup, table: NgramProposer) -> None:
+    def __init__(self, lookup: PromptLookup, table: NgramProposer, min_copy_match: int = 2) -> None:
         self.lookup = lookup
         self.table = table
+        self.min_copy_match = min_copy_match  # a chain copies only after a match this long
 
     def propose(self, context: list[int], max_tokens: int) -> Draft:
         n, follows = self.lookup.match(context)
-        if n >= MIN_CHAIN_MATCH:
+        if n >= self.min_copy_match:
             return self.lookup.chain(context, follows, max_tokens)
         return self.table.propose(context, max_tokens)
 

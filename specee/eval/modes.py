@@ -36,13 +36,39 @@ class BenchMode(Protocol):
 
 
 class EngineMode:
-    """One registered decoding strategy of our engine."""
+    """One registered decoding strategy of our engine, with options over its defaults."""
 
-    def __init__(self, engine: Engine, spec: StrategySpec) -> None:
+    def __init__(self, engine: Engine, spec: StrategySpec, options: dict | None = None, name: str | None = None) -> None:
         self.engine = engine
-        self.name = spec.name
+        self.name = name or spec.name
         self.lossless = spec.lossless
-        self.strategy = spec.build(engine, {})
+        self.strategy = spec.build(engine, options or {})
+
+
+def parse_mode(text: str) -> tuple[str, dict]:
+    """"hybrid-tree[tree_budget=6,tree_width=3]" -> ("hybrid-tree", {"tree_budget": 6, "tree_width": 3}):
+    a registered mode with speculative options changed, for tuning sweeps."""
+    name, _, rest = text.partition("[")
+    if not rest:
+        return text, {}
+    if not rest.endswith("]"):
+        raise ValueError(f"mode {text!r}: write options as name[key=value,key=value]")
+    options = {}
+    for item in filter(None, rest[:-1].split(",")):
+        key, equals, value = item.partition("=")
+        if not equals:
+            raise ValueError(f"mode {text!r}: option {item!r} needs key=value")
+        options[key.strip()] = _number_or_text(value.strip())
+    return name, options
+
+
+def _number_or_text(value: str):
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return value
 
     def run(self, prompt_ids: list[int], max_tokens: int, params: SamplingParams, ignore_eos: bool) -> Run:
         result = self.engine.generate(
@@ -167,17 +193,20 @@ def default_mode_names() -> list[str]:
 
 def build_modes(engine: Engine, names: list[str], params: SamplingParams, threads: int) -> tuple[list, list[str]]:
     """The modes to run, and one line for each that is skipped: a baseline that is not installed
-    (with how to get it), or a mode that cannot be built for this model (with why)."""
+    (with how to get it), or a mode that cannot be built for this model (with why). A registered
+    mode may carry options: "hybrid-tree[tree_budget=6]"."""
+    parsed = [parse_mode(name) for name in names]
+    for base, options in parsed:
+        if base not in REGISTRY and (base not in BASELINES or options):
+            raise ValueError(f"unknown mode {base!r} (choose from {', '.join(default_mode_names())}; "
+                             "options go on registered modes only)")
     modes, skipped = [], []
-    for name in names:
-        if name not in REGISTRY and name not in BASELINES:
-            raise ValueError(f"unknown mode {name!r} (choose from {', '.join(default_mode_names())})")
-    for name in names:
+    for name, (base, options) in zip(names, parsed):
         try:
-            if name in REGISTRY:
-                modes.append(EngineMode(engine, REGISTRY[name]))
+            if base in REGISTRY:
+                modes.append(EngineMode(engine, REGISTRY[base], options, name))
             else:
-                modes.append(BASELINES[name](engine, params, threads))
+                modes.append(BASELINES[base](engine, params, threads))
         except (Skip, ValueError) as reason:
             skipped.append(f"{name}: skipped, {reason}")
     return modes, skipped
