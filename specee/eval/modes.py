@@ -44,6 +44,18 @@ class EngineMode:
         self.lossless = spec.lossless
         self.strategy = spec.build(engine, options or {})
 
+    def run(self, prompt_ids: list[int], max_tokens: int, params: SamplingParams, ignore_eos: bool) -> Run:
+        result = self.engine.generate(
+            prompt_ids, max_tokens=max_tokens, ignore_eos=ignore_eos, strategy=self.strategy,
+            temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=params.seed,
+        )
+        s = result.stats
+        layers = s.exit_layers
+        return Run(
+            result.token_ids, s.prefill_s, s.decode_s, list(s.accept_lengths), list(layers),
+            s.bytes_per_token, sum(layers) / len(layers) if layers else None,
+        )
+
 
 def parse_mode(text: str) -> tuple[str, dict]:
     """"hybrid-tree[tree_budget=6,tree_width=3]" -> ("hybrid-tree", {"tree_budget": 6, "tree_width": 3}):
@@ -69,18 +81,6 @@ def _number_or_text(value: str):
         except ValueError:
             pass
     return value
-
-    def run(self, prompt_ids: list[int], max_tokens: int, params: SamplingParams, ignore_eos: bool) -> Run:
-        result = self.engine.generate(
-            prompt_ids, max_tokens=max_tokens, ignore_eos=ignore_eos, strategy=self.strategy,
-            temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=params.seed,
-        )
-        s = result.stats
-        layers = s.exit_layers
-        return Run(
-            result.token_ids, s.prefill_s, s.decode_s, list(s.accept_lengths), list(layers),
-            s.bytes_per_token, sum(layers) / len(layers) if layers else None,
-        )
 
 
 class HFMode:
