@@ -180,7 +180,9 @@ class Generation:
         try:
             while True:
                 with torch.inference_mode():
-                    step = next(steps)
+                    step = next(steps, None)
+                if step is None:  # a strategy that ends by itself ends the generation
+                    break
                 new, delta, finish = self._commit(step, output, text)
                 if finish != "continue":
                     break
