@@ -232,3 +232,22 @@ def test_modes_take_options_for_tuning_sweeps(tiny_engine):
         bench_modes.parse_mode("hybrid[tree_budget]")
     _, skipped = bench_modes.build_modes(tiny_engine, ["prompt-lookup[colour=red]"], SamplingParams(), threads=2)
     assert skipped and "unknown speculative options" in skipped[0]
+
+
+def test_engine_and_hf_stop_at_the_same_end_of_sequence_unless_told_not_to(default_engine, tmp_path, monkeypatch):
+    """Real use means every system stops at the same EOS; --ignore-eos runs all to full length."""
+    from helpers import specee_from_hf, tiny_hf_model
+
+    hf_model = tiny_hf_model(seed=5, vocab_size=default_engine.config.vocab_size, num_hidden_layers=2)
+    hf_model.save_pretrained(tmp_path / "tiny")
+    engine = Engine(specee_from_hf(hf_model), default_engine.tokenizer, source=tmp_path / "tiny")
+    prompt_ids, params = engine.encode("Tell me a story."), SamplingParams()
+    dense = bench_modes.EngineMode(engine, REGISTRY["dense"])
+    full = dense.run(prompt_ids, 12, params, ignore_eos=True).token_ids
+    assert bench_modes.HFMode(engine).run(prompt_ids, 12, params, ignore_eos=True).token_ids == full
+    stop = next(i for i in range(1, len(full)) if full[i] not in full[:i])  # a token first seen mid-answer
+    monkeypatch.setattr(engine.tokenizer, "eos_token_ids", [full[stop]])
+    hf = bench_modes.HFMode(engine)
+    assert dense.run(prompt_ids, 12, params, ignore_eos=False).token_ids == full[: stop + 1]
+    assert hf.run(prompt_ids, 12, params, ignore_eos=False).token_ids == full[: stop + 1]
+    assert hf.run(prompt_ids, 12, params, ignore_eos=True).token_ids == full

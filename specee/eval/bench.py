@@ -207,7 +207,7 @@ def run_bench(engine: Engine, config: BenchConfig, explicit_datasets: bool = Fal
         print(line, file=sys.stderr)
     warm_up_ids = engine.encode(WARM_UP_PROMPT)
     for mode in tqdm(modes, desc="warm-up", unit="mode", file=sys.stderr):
-        mode.run(warm_up_ids, WARM_UP_TOKENS, params, config.ignore_eos)
+        mode.run(warm_up_ids, WARM_UP_TOKENS, params, ignore_eos=True)  # every token exercises decoding
     records = []
     for index, (dataset, prompt) in enumerate(tqdm(prompts, desc="prompts", unit="prompt", file=sys.stderr)):
         records += run_prompt(engine, modes, index, dataset, prompt, config, params)

@@ -84,7 +84,7 @@ def _number_or_text(value: str):
 
 
 class HFMode:
-    """Hugging Face `generate` on the same weights and dtype; optionally its prompt lookup."""
+    """Hugging Face `generate` on the same weights, dtype and device; optionally its prompt lookup."""
 
     _models: dict[tuple, torch.nn.Module] = {}  # shared by the greedy and prompt-lookup modes
 
@@ -93,12 +93,12 @@ class HFMode:
         self.lossless = False  # a baseline: compared with dense, never judged
         self.prompt_lookup_tokens = prompt_lookup_tokens
         self.engine = engine
-        self.model = self._load(engine.source, engine.model.dtype)
+        self.model = self._load(engine.source, engine.model.dtype, engine.model.device)
         self.weight_bytes = engine.model.weight_bytes
 
     @classmethod
-    def _load(cls, source: Path, dtype: torch.dtype) -> torch.nn.Module:
-        key = (str(source), dtype)
+    def _load(cls, source: Path, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
+        key = (str(source), dtype, str(device))
         if key not in cls._models:
             from transformers import AutoModelForCausalLM
             from transformers.utils import logging
@@ -108,7 +108,7 @@ class HFMode:
                 model = AutoModelForCausalLM.from_pretrained(str(source), dtype=dtype)
             else:  # HF reads the GGUF with its own loader: an independent check of ours
                 model = AutoModelForCausalLM.from_pretrained(str(source.parent), gguf_file=source.name, dtype=dtype)
-            cls._models[key] = model.eval()
+            cls._models[key] = model.to(device).eval()
         return cls._models[key]
 
     def _generate(self, ids: torch.Tensor, max_tokens: int, params: SamplingParams, ignore_eos: bool) -> list[int]:
