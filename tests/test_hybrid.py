@@ -25,8 +25,8 @@ class FixedTable:
 TABLE = FixedTable([(40, 0.6), (41, 0.3)])
 
 
-def test_chain_copies_only_after_a_match_of_two_tokens():
-    hybrid = Hybrid(PromptLookup(num_draft_tokens=3), TABLE)
+def test_chain_copies_only_after_a_match_of_min_copy_match_tokens():
+    hybrid = Hybrid(PromptLookup(num_draft_tokens=3), TABLE, min_copy_match=2)
     assert hybrid.propose([1, 2, 3, 4, 5, 1, 2], 3).tokens == [3, 4, 5]  # [1, 2] matched
     assert hybrid.propose([1, 2, 3, 4, 5, 9, 2], 3).tokens == [40, 40, 40]  # only [2] matched
     assert hybrid.propose([1, 2, 3], 2).tokens == [40, 40]  # nothing matched
@@ -50,7 +50,7 @@ def test_a_token_both_offer_adds_up():
     assert candidates[0] == (3, pytest.approx(trust + (1 - trust) * 0.5))
 
 
-def test_min_copy_match_is_an_option():
+def test_by_default_any_match_is_copied():
     context = [1, 2, 3, 4, 5, 9, 2]  # only [2] matched
-    assert Hybrid(PromptLookup(num_draft_tokens=3), TABLE).propose(context, 3).tokens == [40, 40, 40]
-    assert Hybrid(PromptLookup(num_draft_tokens=3), TABLE, min_copy_match=1).propose(context, 3).tokens == [3, 4, 5]
+    assert Hybrid(PromptLookup(num_draft_tokens=3), TABLE).propose(context, 3).tokens == [3, 4, 5]
+    assert Hybrid(PromptLookup(num_draft_tokens=3), TABLE).propose([1, 2, 3], 2).tokens == [40, 40]

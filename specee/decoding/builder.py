@@ -31,8 +31,8 @@ class SpecOptions:
     method: str
     num_draft_tokens: int = 8
     tree: str | None = None  # None: chain; "auto": dynamic tree; else rank paths "0;1;0,0"
-    # On the 2-core CPU a pass over 5 inputs costs little more than one, over 9 about 1.2-1.4x:
-    # see BENCHMARKS.md for the budget sweep.
+    # On the 2-core CPU a pass over 5 inputs costs little more than one, over 9 about 1.2-1.4x;
+    # 4 nodes matched or beat 3, 6 and 8 on the tuning slice (BENCHMARKS.md).
     tree_budget: int = 4
     tree_width: int | None = None  # dynamic trees: candidates per node (default 4)
     tree_min_prob: float = 0.0  # dynamic trees: stop growing below this path probability
@@ -42,8 +42,9 @@ class SpecOptions:
     ngram_model: str | None = None
     # Chains: the last token drafted is the first whose drafter top probability is below this.
     confidence_threshold: float = 0.0
-    # Hybrid chains: copy only after a match at least this long (shorter ones lose to the table).
-    min_copy_match: int = 2
+    # Hybrid chains: copy only after a match at least this long, else draft from the table (1 beat 2
+    # and 3 on the tuning slice, BENCHMARKS.md).
+    min_copy_match: int = 1
 
     @classmethod
     def from_dict(cls, options: dict) -> "SpecOptions":

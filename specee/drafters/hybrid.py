@@ -12,7 +12,7 @@ from .prompt_lookup import PromptLookup
 class Hybrid(Proposer):
     drafts_trees = True
 
-    def __init__(self, lookup: PromptLookup, table: NgramProposer, min_copy_match: int = 2) -> None:
+    def __init__(self, lookup: PromptLookup, table: NgramProposer, min_copy_match: int = 1) -> None:
         self.lookup = lookup
         self.table = table
         self.min_copy_match = min_copy_match  # a chain copies only after a match this long
