@@ -23,6 +23,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="GGUF file or Hugging Face model directory (default: SmolLM2-135M-Instruct)")
     p.add_argument("--dtype", default="fp32", help="fp32 or bf16 (default fp32)")
@@ -33,7 +43,7 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
 def _add_sampling_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=256, help="most tokens to generate (default 256)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0 = off)")
+    p.add_argument("--top-k", type=_non_negative_int, default=0, help="sample among the k most likely tokens (0 = off)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1]")
     p.add_argument("--seed", type=int, help="random seed for sampling")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
@@ -59,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="generate a completion for one prompt")
-    gen.add_argument("prompt", nargs="?", default="-", help="prompt text, or - to read stdin (default)")
+    gen.add_argument("prompt", nargs="?", help="prompt text, or - to read stdin (the default when stdin is piped)")
     _add_model_options(gen)
     _add_sampling_options(gen)
     gen.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
@@ -83,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--ignore-eos", action="store_true",
                        help="fixed-length runs: generate --max-tokens past EOS (default: stop at EOS, as a user would)")
-    bench.add_argument("--skip-first", type=int, default=0,
+    bench.add_argument("--skip-first", type=_non_negative_int, default=0,
                        help="leave out each category's first N prompts: tune on --skip-first 5 --num-prompts 5, "
                             "report on the first prompts (default 0)")
     bench.add_argument("--out", default="bench-out", help="output folder (default bench-out)")
@@ -94,8 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     ngram.add_argument("--corpus", action="append", default=[], help="text or Spec-Bench .jsonl file (repeatable)")
     ngram.add_argument("--dataset", action="append", default=[], help="registry dataset whose prompts to use")
     ngram.add_argument("--generate", action="store_true", help="train on the model's own answers to the prompts")
-    ngram.add_argument("--skip-first", type=int, default=20, help="leave out each dataset's first N (benchmarked)")
-    ngram.add_argument("--limit", type=_positive_int, help="prompts per dataset")
+    ngram.add_argument("--skip-first", type=_non_negative_int, default=20,
+                       help="leave out each category's first N (reported and tuned on)")
+    ngram.add_argument("--limit", type=_positive_int, help="prompts per category")
     ngram.add_argument("--max-tokens", type=_positive_int, default=128, help="answer length with --generate")
     ngram.add_argument("--order", type=_positive_int, default=3)
     ngram.add_argument("--out", required=True, help="output file")
@@ -103,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
                                  "(the prior of drafters/copy_reliability.py)")
     _add_model_options(prior)
     prior.add_argument("--dataset", action="append", required=True, help="dataset whose prompts to answer (repeatable)")
-    prior.add_argument("--skip-first", type=int, default=5, help="leave out each category's first N (reported)")
+    prior.add_argument("--skip-first", type=_non_negative_int, default=5, help="leave out each category's first N (reported)")
     prior.add_argument("--limit", type=_positive_int, default=5, help="prompts per category")
     prior.add_argument("--max-tokens", type=_positive_int, default=128, help="longest answer")
     return parser
@@ -132,8 +143,6 @@ def cmd_bench(args) -> int:
 
     if args.temperature < 0:
         raise UsageError(f"--temperature must be >= 0, got {args.temperature}")
-    if args.skip_first < 0:
-        raise UsageError(f"--skip-first must be >= 0, got {args.skip_first}")
     # Commas inside brackets belong to a mode's options: "dense,hybrid-tree[tree_budget=6,tree_width=3]".
     split = lambda text: [x.strip() for x in re.split(r",(?![^\[]*\])", text) if x.strip()] if text else None  # noqa: E731
     config = BenchConfig(
@@ -198,9 +207,21 @@ def _speed_line(result) -> str:
     )
 
 
+def read_prompt(argument: str | None) -> str:
+    """The prompt text: the argument, or stdin when it is "-" or absent. A terminal is read only
+    when asked with "-" (and says so); with no argument it is an error, not a silent wait."""
+    if argument is not None and argument != "-":
+        return argument
+    if sys.stdin.isatty():
+        if argument is None:
+            raise UsageError('no prompt: give it as an argument, pipe it in, or pass "-" to type it (Ctrl-D ends it)')
+        print("specee: reading the prompt from stdin until Ctrl-D", file=sys.stderr)
+    return sys.stdin.read()
+
+
 def cmd_generate(args) -> int:
     _validate_sampling(args)
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    prompt = read_prompt(args.prompt)
     if not prompt.strip():
         raise UsageError("the prompt is empty")
     engine = _load(args)

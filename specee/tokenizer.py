@@ -59,12 +59,17 @@ class Tokenizer:
     def apply_chat_template(self, messages: Messages, add_generation_prompt: bool = True) -> str:
         if self.chat_template is None:
             raise ValueError("this model has no chat template; pass plain text (--no-chat)")
-        return _compile(self.chat_template).render(
-            messages=messages,
-            add_generation_prompt=add_generation_prompt,
-            bos_token=self.bos_token or "",
-            eos_token=self.eos_token or "",
-        )
+        from jinja2.exceptions import TemplateError
+
+        try:
+            return _compile(self.chat_template).render(
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token or "",
+                eos_token=self.eos_token or "",
+            )
+        except TemplateError as e:  # the template's own raise_exception, or a broken template
+            raise ValueError(f"the model's chat template refused these messages: {e}") from None
 
     def encode_prompt(self, prompt: str | Messages, chat: bool = True) -> list[int]:
         """Token ids for a prompt: messages (or plain text wrapped as one user message) go

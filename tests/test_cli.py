@@ -1,4 +1,5 @@
 """The command line: bad input gets one clear line and exit code 2; a real run end to end."""
+import io
 import json
 import shutil
 import subprocess
@@ -79,7 +80,7 @@ def test_prompt_longer_than_the_context_is_a_clear_error(capsys):
 
 
 def test_empty_prompt_is_a_clear_error(capsys, monkeypatch):
-    monkeypatch.setattr(sys, "stdin", type("S", (), {"read": staticmethod(lambda: "  \n")})())
+    monkeypatch.setattr(sys, "stdin", io.StringIO("  \n"))
     code, _, err = run_main(capsys, "generate", "-")
     assert code == 2 and "the prompt is empty" in err
 
@@ -133,3 +134,44 @@ def test_chat_keeps_the_conversation(capsys, monkeypatch, default_engine):
     assert [m["role"] for m in first] == ["system", "user"]
     assert [m["role"] for m in second] == ["system", "user", "assistant", "user"]
     assert second[2]["content"] and second[2]["content"] in capsys.readouterr().out
+
+
+class Terminal:
+    """Stands in for stdin on a terminal."""
+
+    def __init__(self, text=""):
+        self.text = text
+
+    def isatty(self):
+        return True
+
+    def read(self):
+        return self.text
+
+
+def test_no_prompt_on_a_terminal_is_an_error_not_a_silent_wait(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", Terminal())
+    code, out, err = run_main(capsys, "generate")
+    assert code == 2 and "no prompt" in err and '"-"' in err
+
+
+def test_dash_on_a_terminal_says_it_reads_stdin(capsys, monkeypatch):
+    from specee.cli import read_prompt
+
+    monkeypatch.setattr(sys, "stdin", Terminal("Name a river."))
+    assert read_prompt("-") == "Name a river."
+    assert "reading the prompt from stdin" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [
+    ["train", "ngram", "--out", "x.pt", "--skip-first", "-5"],
+    ["train", "copy-prior", "--dataset", "humaneval", "--skip-first", "-1"],
+    ["bench", "--skip-first", "-2"],
+    ["generate", "hi", "--top-k", "-3"],
+    ["train", "ngram", "--out", "x.pt", "--order", "0"],
+])
+def test_negative_counts_are_refused_before_anything_loads(capsys, argv):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert "must be" in capsys.readouterr().err

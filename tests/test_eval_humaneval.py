@@ -89,3 +89,20 @@ def test_extract_code_unfenced_text_is_used_as_is():
 def test_extract_code_prefers_python_block_and_handles_unclosed_fence():
     answer = "```text\nnot code\n```\n```python\n    return sum(numbers)\n"
     assert extract_code(answer, PROBLEM["prompt"]) == "    return sum(numbers)\n"
+
+
+def test_memory_blow_up_is_stopped_by_the_childs_own_limit():
+    completion = "    hog = bytearray(512 * 1024 * 1024)\n    return sum(numbers)\n"
+    result = check_humaneval(PROBLEM, completion, memory_mb=256)
+    assert (result.passed, result.status) == (False, "error")
+    assert "MemoryError" in result.detail
+
+
+def test_no_preexec_fn_in_the_executor():
+    """preexec_fn can deadlock a threaded parent: the limits live in the child's harness."""
+    import inspect
+
+    import specee.eval.humaneval_exec as executor
+
+    assert "preexec_fn" not in inspect.getsource(executor.check_humaneval)
+    assert "setrlimit" in executor.HARNESS

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import resource
 import signal
 import subprocess
 import sys
@@ -19,10 +18,16 @@ from pathlib import Path
 FAILED_EXIT = 3  # the tests ran and an assertion failed; any other non-zero exit is an error
 DETAIL_CHARS = 2000
 
-# Runs in the child before the solution: sockets cannot be created, then the program runs and
-# its outcome becomes the exit status.
+# Runs in the child before the solution: it limits its own resources (set here rather than in a
+# preexec_fn, which can deadlock a threaded parent), sockets cannot be created, then the program
+# runs and its outcome becomes the exit status.
 HARNESS = f"""\
-import _socket, socket, sys, traceback
+import _socket, resource, socket, sys, traceback
+
+memory_mb, cpu_s = int(sys.argv[1]), int(sys.argv[2])
+resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
+resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))  # backstop if the wall-clock kill fails
+resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 def _no_network(*args, **kwargs):
     raise OSError("network access is disabled in the HumanEval sandbox")
@@ -58,28 +63,19 @@ def program_source(problem: dict, completion: str) -> str:
     return f"{problem['prompt']}{completion}\n\n{problem['test']}\n\ncheck({problem['entry_point']})\n"
 
 
-def limit_child(memory_mb: int, cpu_s: int) -> None:
-    """Runs in the child between fork and exec (preexec_fn)."""
-    memory = memory_mb * 1024 * 1024
-    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))  # backstop if the wall clock kill fails
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
-
 def check_humaneval(problem: dict, completion: str, timeout_s: float = 5.0, memory_mb: int = 1024) -> ExecResult:
     """Whether prompt + completion passes the problem's tests (HumanEval dict fields)."""
     with tempfile.TemporaryDirectory(prefix="specee-humaneval-") as workdir:
         Path(workdir, "solution.py").write_text(program_source(problem, completion), encoding="utf-8")
         Path(workdir, "harness.py").write_text(HARNESS, encoding="utf-8")
         process = subprocess.Popen(
-            [sys.executable, "-I", "harness.py"],
+            [sys.executable, "-I", "harness.py", str(memory_mb), str(int(timeout_s) + 2)],
             cwd=workdir,
             env={"PATH": os.defpath, "LC_ALL": "C.UTF-8"},
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group, so a kill also takes its children
-            preexec_fn=lambda: limit_child(memory_mb, int(timeout_s) + 2),
+            start_new_session=True,  # its own session and process group, so a kill takes its children
         )
         try:
             output, _ = process.communicate(timeout=timeout_s)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
@@ -59,13 +59,23 @@ class LlamaConfig:
             d.setdefault("rope_theta", rope.get("rope_theta", 10000.0))
             if rope.get("rope_type", "default") != "default":
                 d.setdefault("rope_scaling", rope)
+        required = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
+        missing = [name for name in required if d.get(name) is None]
+        if missing:
+            raise ValueError(f"the model config lacks required field(s) {', '.join(missing)}")
         known = {f.name for f in fields(cls)} - {"extra"}
         extra = {k: v for k, v in d.items() if k not in known}
         return cls(**{k: v for k, v in d.items() if k in known}, extra=extra)
 
     @classmethod
     def from_file(cls, path: str | Path) -> "LlamaConfig":
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        try:
+            config = json.loads(Path(path).read_text())
+            if not isinstance(config, dict):
+                raise ValueError("expected a JSON object")
+            return cls.from_dict(config)
+        except ValueError as e:  # bad JSON too
+            raise ValueError(f"{path}: {e}") from None
 
     def to_dict(self) -> dict:
         d = asdict(self)

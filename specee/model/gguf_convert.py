@@ -31,6 +31,8 @@ _TENSOR_NAMES = {
     "blk.{i}.ffn_down.weight": "model.layers.{i}.mlp.down_proj.weight",
 }
 _ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "mistral": "mistral"}
+# Metadata (under "<architecture>.") without which the model's shape is unknown.
+REQUIRED_KEYS = ("embedding_length", "feed_forward_length", "block_count", "attention.head_count")
 
 
 def _hf_name(gguf_name: str) -> str | None:
@@ -48,9 +50,15 @@ def _field(reader, key: str, default=None):
 
 def read_config(reader) -> LlamaConfig:
     arch = _field(reader, "general.architecture")
+    if arch is None:
+        raise ModelLoadError("the GGUF file has no general.architecture: cannot tell what model it holds")
     if arch not in _ARCHITECTURES:
-        raise ModelLoadError(f"GGUF architecture {arch!r} is not a Llama-family model specee runs")
+        raise ModelLoadError(f"GGUF architecture {arch!r} is not one specee runs (supported: "
+                             f"{', '.join(_ARCHITECTURES)}); nothing was loaded")
     a = lambda key, default=None: _field(reader, f"{arch}.{key}", default)  # noqa: E731
+    missing = [f"{arch}.{key}" for key in REQUIRED_KEYS if a(key) is None]
+    if missing:
+        raise ModelLoadError(f"the GGUF file lacks required metadata: {', '.join(missing)}")
     names = {t.name for t in reader.tensors}
     vocab_size = a("vocab_size") or len(_field(reader, "tokenizer.ggml.tokens", []))
     heads = a("attention.head_count")
@@ -119,7 +127,10 @@ def convert_gguf(path: Path, out_dir: Path) -> None:
         reader = gguf.GGUFReader(str(path))
     except Exception as e:  # the reader raises assorted errors on truncated or corrupt files
         raise ModelLoadError(f"{path} is not a readable GGUF file ({type(e).__name__}: {e})") from None
-    config = read_config(reader)
+    try:
+        config = read_config(reader)
+    except ValueError as e:
+        raise ModelLoadError(f"{path}: {e}") from None
     try:
         tensors = read_tensors(reader, config)
         convert_tokenizer(path, out_dir)

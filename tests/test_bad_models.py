@@ -1,0 +1,69 @@
+"""Models and templates we cannot use are refused with one clear line, never a traceback or a
+half-loaded model."""
+import json
+import shutil
+
+import gguf
+import numpy as np
+import pytest
+
+from specee.cli import main
+from specee.model.loading import ModelLoadError, default_model_path, resolve_model_dir
+from specee.tokenizer import Tokenizer
+
+
+def write_gguf(path, architecture, metadata):
+    writer = gguf.GGUFWriter(str(path), architecture)
+    for key, value in metadata.items():
+        writer.add_uint32(f"{architecture}.{key}", value)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+SHAPE = {"embedding_length": 8, "feed_forward_length": 16, "block_count": 1, "attention.head_count": 2}
+
+
+def test_gguf_of_another_architecture_is_refused_by_name(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECEE_CACHE", str(tmp_path / "cache"))
+    path = write_gguf(tmp_path / "gpt2.gguf", "gpt2", SHAPE)
+    with pytest.raises(ModelLoadError, match="'gpt2' is not one specee runs.*llama"):
+        resolve_model_dir(path)
+    assert not list((tmp_path / "cache").glob("gpt2*"))  # nothing half-converted was kept
+
+
+def test_gguf_missing_required_metadata_names_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SPECEE_CACHE", str(tmp_path / "cache"))
+    path = write_gguf(tmp_path / "shapeless.gguf", "llama", {k: v for k, v in SHAPE.items() if k != "block_count"})
+    code = main(["generate", "hi", "--model", str(path)])
+    err = capsys.readouterr().err
+    assert code == 2 and "llama.block_count" in err and "Traceback" not in err
+
+
+def test_config_missing_a_required_field_names_it(tmp_path, capsys):
+    source = resolve_model_dir(default_model_path())
+    for file in source.iterdir():
+        (tmp_path / file.name).symlink_to(file)
+    (tmp_path / "config.json").unlink()
+    config = json.loads((source / "config.json").read_text())
+    del config["hidden_size"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    code = main(["generate", "hi", "--model", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and "hidden_size" in err and "config.json" in err and "Traceback" not in err
+
+
+def test_a_chat_template_that_raises_is_a_clear_error(tmp_path):
+    source = resolve_model_dir(default_model_path())
+    shutil.copy(source / "tokenizer.json", tmp_path / "tokenizer.json")
+    (tmp_path / "chat_template.jinja").write_text(
+        "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    )
+    tokenizer = Tokenizer(tmp_path, eos_token_ids=[2])
+    assert tokenizer.encode_prompt("hello")  # a user message is fine
+    with pytest.raises(ValueError, match="chat template refused these messages: System role not supported"):
+        tokenizer.encode_prompt([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}])
