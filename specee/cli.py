@@ -139,6 +139,10 @@ def cmd_train(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise UsageError('specee bench draws plots with matplotlib: pip install "specee[bench]"')
     from .eval.bench import BenchConfig, run_bench
 
     if args.temperature < 0:

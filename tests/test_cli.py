@@ -175,3 +175,12 @@ def test_negative_counts_are_refused_before_anything_loads(capsys, argv):
         main(argv)
     assert exit_info.value.code == 2
     assert "must be" in capsys.readouterr().err
+
+
+def test_bench_without_its_extra_says_how_to_install_it(capsys, monkeypatch):
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real_find_spec(name, *a))
+    code, out, err = run_main(capsys, "bench")
+    assert code == 2 and 'pip install "specee[bench]"' in err
