@@ -144,7 +144,6 @@ def _proposer_factory(artifacts: Artifacts, opts: SpecOptions) -> Callable[[], P
         return lambda: Hybrid(PromptLookup(num_draft_tokens=n), NgramProposer(table, n, confidence),
                               opts.min_copy_match)
     model, layers = artifacts.draft_model(opts.draft_model)
-    DraftModel(model, layers)  # checks the layer count now
     if opts.method == "draft":
         return lambda: DraftModel(model, layers, confidence, vocab_size)
     inner_table = artifacts.ngram(opts.ngram_model) if opts.ngram_model else None
