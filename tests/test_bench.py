@@ -251,3 +251,13 @@ def test_engine_and_hf_stop_at_the_same_end_of_sequence_unless_told_not_to(defau
     assert dense.run(prompt_ids, 12, params, ignore_eos=False).token_ids == full[: stop + 1]
     assert hf.run(prompt_ids, 12, params, ignore_eos=False).token_ids == full[: stop + 1]
     assert hf.run(prompt_ids, 12, params, ignore_eos=True).token_ids == full
+
+
+def test_hf_baselines_load_the_default_gguf_file(default_engine):
+    """Hugging Face reads the GGUF itself (it needs accelerate for that): both HF baselines build
+    for the default model instead of being skipped, and agree with our dense decoding."""
+    modes, skipped = bench_modes.build_modes(default_engine, ["hf", "hf-prompt-lookup"], SamplingParams(), 2)
+    assert skipped == []
+    prompt_ids = default_engine.encode("Name three colours.")
+    dense = bench_modes.EngineMode(default_engine, REGISTRY["dense"]).run(prompt_ids, 8, SamplingParams(), True)
+    assert modes[0].run(prompt_ids, 8, SamplingParams(), True).token_ids == dense.token_ids
