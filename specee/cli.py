@@ -1,9 +1,12 @@
-"""The `specee` command line: generate, chat, bench, train."""
+"""The `specee` command line: generate, chat, serve, bench, train."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import os
 import re
+import signal
 import sys
 
 EXIT_BAD_INPUT = 2
@@ -79,6 +82,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_options(chat)
     _add_sampling_options(chat)
     chat.add_argument("--system", help="system message")
+    serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with a live page at /")
+    _add_model_options(serve)
+    _add_sampling_options(serve)  # the defaults of requests that leave these out
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, this machine only)")
+    serve.add_argument("--port", type=_non_negative_int, default=8000, help="port (default 8000)")
+    serve.add_argument("--api-key", default=os.environ.get("SPECEE_API_KEY"),
+                       help="require Authorization: Bearer KEY on /v1 routes (default: $SPECEE_API_KEY)")
+    serve.add_argument("--max-queue", type=_positive_int, default=64,
+                       help="requests that may wait; more get 503 with Retry-After (default 64)")
+    serve.add_argument("--request-timeout", type=float, default=300.0,
+                       help="seconds a request may take, queueing included (default 300)")
     bench = sub.add_parser("bench", help="speed and quality of every mode, side by side with baselines")
     _add_model_options(bench)
     bench.add_argument("--suite", default="quick", help="quick (a few minutes) or full (every category and dataset, about an hour on 2 cores; default quick)")
@@ -139,8 +153,6 @@ def cmd_train(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    import importlib.util
-
     if importlib.util.find_spec("matplotlib") is None:
         raise UsageError('specee bench draws plots with matplotlib: pip install "specee[bench]"')
     from .eval.bench import BenchConfig, run_bench
@@ -264,7 +276,41 @@ def cmd_chat(args) -> int:
     return 0
 
 
-COMMANDS = {"generate": cmd_generate, "chat": cmd_chat, "bench": cmd_bench, "train": cmd_train}
+def cmd_serve(args) -> int:
+    if any(importlib.util.find_spec(name) is None for name in ("fastapi", "uvicorn", "prometheus_client")):
+        raise UsageError("specee serve needs its extra: pip install 'specee[serve]'")
+    _validate_sampling(args)
+    if not args.request_timeout > 0:
+        raise UsageError(f"--request-timeout must be > 0, got {args.request_timeout}")
+    if args.port > 65535:
+        raise UsageError(f"--port must be at most 65535, got {args.port}")
+    import ipaddress
+
+    from .server.app import ServerConfig, serve
+    from .server.completions import Defaults
+
+    try:
+        loopback = args.host == "localhost" or ipaddress.ip_address(args.host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback and not args.api_key:
+        print(f"specee: warning: serving on {args.host} without --api-key: anyone who can reach it may use it",
+              file=sys.stderr)
+    engine = _load(args)
+    source = engine.source
+    config = ServerConfig(
+        model_id=source.stem if source and source.is_file() else (source.name if source else "specee"),
+        defaults=Defaults.from_options(_sampling_kwargs(args)),
+        api_key=args.api_key, max_queue=args.max_queue, request_timeout=args.request_timeout,
+    )
+    # uvicorn re-raises the SIGTERM it handled once it has shut down gracefully; stopping a
+    # server that way is normal, so it ends with exit code 0.
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    serve(engine, config, args.host, args.port)
+    return 0
+
+
+COMMANDS = {"generate": cmd_generate, "chat": cmd_chat, "serve": cmd_serve, "bench": cmd_bench, "train": cmd_train}
 
 
 def main(argv: list[str] | None = None) -> int:
