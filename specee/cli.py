@@ -6,7 +6,6 @@ import importlib.util
 import json
 import os
 import re
-import signal
 import sys
 
 EXIT_BAD_INPUT = 2
@@ -303,9 +302,6 @@ def cmd_serve(args) -> int:
         defaults=Defaults.from_options(_sampling_kwargs(args)),
         api_key=args.api_key, max_queue=args.max_queue, request_timeout=args.request_timeout,
     )
-    # uvicorn re-raises the SIGTERM it handled once it has shut down gracefully; stopping a
-    # server that way is normal, so it ends with exit code 0.
-    signal.signal(signal.SIGTERM, lambda signum, frame: None)
     serve(engine, config, args.host, args.port)
     return 0
 

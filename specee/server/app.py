@@ -241,7 +241,12 @@ def sse(payload: dict) -> str:
 def serve(engine: Engine, config: ServerConfig, host: str, port: int) -> None:
     """Run until SIGTERM or Ctrl-C: then stop accepting, let running requests finish (cancelled
     after GRACEFUL_SHUTDOWN_S), stop the scheduler and return."""
+    import signal
+
     import uvicorn
 
+    # uvicorn re-raises the SIGTERM it handled once it has shut down gracefully; stopping a
+    # server that way is normal, so the process then ends with exit code 0.
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
     uvicorn.run(create_app(engine, config), host=host, port=port, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
                 log_level="info")
