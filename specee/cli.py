@@ -1,4 +1,4 @@
-"""The `specee` command line: generate, chat, serve, bench, train."""
+"""The `specee` command line: generate, chat, serve, bench, bench-serve, train."""
 from __future__ import annotations
 
 import argparse
@@ -110,6 +110,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="leave out each category's first N prompts: tune on --skip-first 5 --num-prompts 5, "
                             "report on the first prompts (default 0)")
     bench.add_argument("--out", default="bench-out", help="output folder (default bench-out)")
+    load = sub.add_parser("bench-serve", help="load-test `specee serve`: requests/s, time to first token and "
+                          "tokens/s per client at 1, 4 and 16 clients, and the server's own overhead")
+    _add_model_options(load)
+    load.add_argument("--url", help="a running server (default: start one with the model options)")
+    load.add_argument("--concurrency", default="1,4,16", help="comma-separated client counts (default 1,4,16)")
+    load.add_argument("--requests-per-client", type=_positive_int, default=2, help="requests each client sends (default 2)")
+    load.add_argument("--max-tokens", type=_positive_int, default=64, help="most tokens per answer (default 64)")
+    load.add_argument("--modes", default="dense,hybrid-tree", help="comma-separated: dense, hybrid-tree (default both)")
+    load.add_argument("--out", default="bench-serve.json", help="JSON output file (default bench-serve.json)")
     train = sub.add_parser("train", help="train drafter artifacts")
     train_sub = train.add_subparsers(dest="artifact", required=True)
     ngram = train_sub.add_parser("ngram", help="a Katz-backoff n-gram table for the ngram/staged drafters")
@@ -169,6 +178,28 @@ def cmd_bench(args) -> int:
     )
     config.resolved()  # reject an unknown suite before the model loads
     run_bench(_load(args), config, explicit_datasets=bool(args.dataset))
+    return 0
+
+
+def cmd_bench_serve(args) -> int:
+    from pathlib import Path
+
+    from .eval.serve_bench import MODES, ServeBenchConfig, run_serve_bench
+
+    unknown = set(args.modes.split(",")) - set(MODES)
+    if unknown:
+        raise UsageError(f"unknown --modes {sorted(unknown)} (choose from {', '.join(MODES)})")
+    try:
+        concurrency = [int(c) for c in args.concurrency.split(",")]
+    except ValueError:
+        raise UsageError(f"--concurrency takes comma-separated client counts, got {args.concurrency!r}") from None
+    if min(concurrency) < 1:
+        raise UsageError(f"--concurrency counts must be positive, got {args.concurrency!r}")
+    config = ServeBenchConfig(concurrency=concurrency, requests_per_client=args.requests_per_client,
+                              max_tokens=args.max_tokens, modes=args.modes.split(","), url=args.url, out=Path(args.out))
+    model_flags = [f"--{name}={value}" for name, value in (("model", args.model), ("dtype", args.dtype),
+                                                          ("device", args.device), ("threads", args.threads)) if value]
+    run_serve_bench(_load(args), config, model_flags)
     return 0
 
 
@@ -306,7 +337,8 @@ def cmd_serve(args) -> int:
     return 0
 
 
-COMMANDS = {"generate": cmd_generate, "chat": cmd_chat, "serve": cmd_serve, "bench": cmd_bench, "train": cmd_train}
+COMMANDS = {"generate": cmd_generate, "chat": cmd_chat, "serve": cmd_serve, "bench": cmd_bench,
+            "bench-serve": cmd_bench_serve, "train": cmd_train}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,7 +11,9 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from serve_helpers import ROOT, RunningServer, rss_bytes
+from serve_helpers import ROOT, running_server, rss_bytes
+
+pytestmark = pytest.mark.slow  # a real server with the default model
 
 CHAT = "/v1/chat/completions"
 PROMPT = "Name three rivers in Europe."
@@ -20,7 +22,7 @@ MEMORY_BOUND = 200 * 2**20  # RSS growth allowed over 100 requests (the model al
 
 @pytest.fixture(scope="module")
 def server():
-    running = RunningServer()
+    running = running_server()
     yield running
     assert running.stop() == 0, running.output()
 

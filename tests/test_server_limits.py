@@ -8,7 +8,9 @@ import httpx
 import openai
 import pytest
 
-from serve_helpers import RunningServer
+from serve_helpers import running_server
+
+pytestmark = pytest.mark.slow  # a real server with the default model
 
 KEY = "test-key-7f3a"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -19,7 +21,7 @@ CHAT = "/v1/chat/completions"
 
 @pytest.fixture(scope="module")
 def server():
-    running = RunningServer("--ignore-eos", "--max-queue", "1", "--api-key", KEY,
+    running = running_server("--ignore-eos", "--max-queue", "1", "--api-key", KEY,
                             "--request-timeout", str(TIME_LIMIT_S))
     yield running
     running.stop()  # the SIGTERM test has usually stopped it already

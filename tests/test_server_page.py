@@ -11,7 +11,9 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
-from serve_helpers import RunningServer
+from serve_helpers import running_server
+
+pytestmark = pytest.mark.slow  # a real server with the default model
 
 # Prompt lookup copies the sentence from the prompt, so drafts are accepted.
 PROMPT = "Repeat exactly: the red fox jumps over the lazy dog, the red fox jumps over the lazy dog."
@@ -20,7 +22,7 @@ MAX_TOKENS = 40
 
 @pytest.fixture(scope="module")
 def server():
-    running = RunningServer()
+    running = running_server()
     yield running
     assert running.stop() == 0, running.output()
 
