@@ -1,9 +1,6 @@
 """`specee serve` end to end: one real server process on 127.0.0.1 with the default model, driven
 by the official `openai` client (and raw HTTP where a client would refuse to send the input)."""
 import json
-import os
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -11,7 +8,8 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from serve_helpers import ROOT, running_server, rss_bytes
+import specee.cli as cli
+from serve_helpers import rss_bytes
 
 pytestmark = pytest.mark.slow  # a real server with the default model
 
@@ -21,15 +19,8 @@ MEMORY_BOUND = 200 * 2**20  # RSS growth allowed over 100 requests (the model al
 
 
 @pytest.fixture(scope="module")
-def server():
-    running = running_server()
-    yield running
-    assert running.stop() == 0, running.output()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+def client(default_server):
+    return openai.OpenAI(base_url=default_server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -42,9 +33,9 @@ def chat(client, model_id, content=PROMPT, **options):
                                           **options)
 
 
-def metrics(server) -> dict:
+def metrics(default_server) -> dict:
     """{(name, sorted labels): value} of every sample."""
-    text = httpx.get(server.url + "/metrics").text
+    text = httpx.get(default_server.url + "/metrics").text
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for family in text_string_to_metric_families(text) for s in family.samples}
 
@@ -54,19 +45,18 @@ def delta(after: dict, before: dict, name: str, **labels) -> float:
     return after.get(key, 0.0) - before.get(key, 0.0)
 
 
-def test_health_models_and_page(server, model_id):
-    assert httpx.get(server.url + "/health").json()["status"] == "ok"
+def test_health_models_and_page(default_server, model_id):
+    assert httpx.get(default_server.url + "/health").json()["status"] == "ok"
     assert model_id.startswith("SmolLM2-135M-Instruct")
-    page = httpx.get(server.url + "/")
+    page = httpx.get(default_server.url + "/")
     assert page.status_code == 200 and "text/html" in page.headers["content-type"] and "/v1/chat/completions" in page.text
 
 
-def test_chat_greedy_equals_specee_generate(client, model_id):
+def test_chat_greedy_equals_specee_generate(client, model_id, default_engine, capsys, monkeypatch):
     response = chat(client, model_id, max_tokens=24)
-    cli = subprocess.run([sys.executable, "-m", "specee.cli", "generate", PROMPT, "--max-tokens", "24", "--json"],
-                         cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
-                         timeout=300)
-    expected = json.loads(cli.stdout.strip().splitlines()[-1])
+    monkeypatch.setattr(cli, "_load", lambda args: default_engine)  # the same model, already loaded here
+    assert cli.main(["generate", PROMPT, "--max-tokens", "24", "--json"]) == 0
+    expected = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     choice = response.choices[0]
     assert choice.message.role == "assistant"
     assert choice.message.content == expected["text"]
@@ -159,8 +149,8 @@ BAD_BODIES = [
 
 
 @pytest.mark.parametrize("body,status,param,code", BAD_BODIES, ids=range(len(BAD_BODIES)))
-def test_bad_input_gets_a_4xx_in_the_openai_error_shape(server, body, status, param, code):
-    response = httpx.post(server.url + CHAT, content=body, headers={"Content-Type": "application/json"}, timeout=60)
+def test_bad_input_gets_a_4xx_in_the_openai_error_shape(default_server, body, status, param, code):
+    response = httpx.post(default_server.url + CHAT, content=body, headers={"Content-Type": "application/json"}, timeout=60)
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["message"]
@@ -169,22 +159,22 @@ def test_bad_input_gets_a_4xx_in_the_openai_error_shape(server, body, status, pa
         assert error["code"] == code
 
 
-def test_bad_completion_prompt_and_unknown_route(server):
+def test_bad_completion_prompt_and_unknown_route(default_server):
     for body, param in (({"max_tokens": 2}, "prompt"), ({"prompt": ""}, "prompt"), ({"prompt": ["a"]}, "prompt")):
-        response = httpx.post(server.url + "/v1/completions", json=body)
+        response = httpx.post(default_server.url + "/v1/completions", json=body)
         assert response.status_code == 400 and response.json()["error"]["param"] == param
-    missing = httpx.get(server.url + "/v1/nothing-here")
+    missing = httpx.get(default_server.url + "/v1/nothing-here")
     assert missing.status_code == 404 and "error" in missing.json()
 
 
-def test_metrics_parse_and_count_the_requests_made(server, client, model_id):
-    before = metrics(server)
+def test_metrics_parse_and_count_the_requests_made(default_server, client, model_id):
+    before = metrics(default_server)
     answers = [chat(client, model_id, max_tokens=6), chat(client, model_id, content="Say hello.", max_tokens=5)]
-    hybrid = httpx.post(server.url + CHAT, json={**GOOD, "max_tokens": 24, "specee": {"spec_method": "hybrid"},
+    hybrid = httpx.post(default_server.url + CHAT, json={**GOOD, "max_tokens": 24, "specee": {"spec_method": "hybrid"},
                                                  "messages": [{"role": "user", "content": "Repeat: a b c a b c"}]})
     assert hybrid.status_code == 200
-    assert httpx.post(server.url + CHAT, json={"messages": []}).status_code == 400
-    after = metrics(server)
+    assert httpx.post(default_server.url + CHAT, json={"messages": []}).status_code == 400
+    after = metrics(default_server)
     chat_route = {"route": CHAT}
     assert delta(after, before, "specee_requests_total", **chat_route, status="200") == 3
     assert delta(after, before, "specee_requests_total", **chat_route, status="400") == 1
@@ -202,10 +192,10 @@ def test_metrics_parse_and_count_the_requests_made(server, client, model_id):
     assert after[("specee_queue_length", ())] == 0
 
 
-def test_fifty_concurrent_clients_get_correct_answers_in_bounded_memory(server, client, model_id):
+def test_fifty_concurrent_clients_get_correct_answers_in_bounded_memory(default_server, client, model_id):
     prompts = ["Say yes.", "Name a colour.", "Count to three.", "Name a fruit.", "Say no."]
     expected = {p: chat(client, model_id, content=p, max_tokens=3).choices[0].message.content for p in prompts}
-    rss_before = rss_bytes(server.pid)
+    rss_before = rss_bytes(default_server.pid)
 
     def client_loop(i: int) -> list[bool]:
         answers = []
@@ -218,5 +208,5 @@ def test_fifty_concurrent_clients_get_correct_answers_in_bounded_memory(server, 
     with ThreadPoolExecutor(50) as pool:
         results = list(pool.map(client_loop, range(50)))
     assert all(all(r) for r in results)
-    assert httpx.get(server.url + "/health").json() == {"status": "ok", "queued": 0, "running": 0}
-    assert rss_bytes(server.pid) - rss_before < MEMORY_BOUND
+    assert httpx.get(default_server.url + "/health").json() == {"status": "ok", "queued": 0, "running": 0}
+    assert rss_bytes(default_server.pid) - rss_before < MEMORY_BOUND

@@ -76,6 +76,13 @@ def test_a_client_that_disconnects_frees_the_engine(server):
     assert 'specee_generations_total{outcome="cancelled"} 1.0' in httpx.get(server.url + "/metrics").text
 
 
+def test_a_non_streaming_client_that_gives_up_cancels_its_request(server):
+    with pytest.raises(httpx.ReadTimeout):  # the client waits one second, then closes the connection
+        httpx.post(server.url + CHAT, json=LONG, headers=AUTH, timeout=1)
+    assert wait_for(lambda: health(server)["running"] == 0, timeout=3)
+    assert 'specee_generations_total{outcome="cancelled"} 2.0' in httpx.get(server.url + "/metrics").text
+
+
 def test_a_full_queue_answers_503_and_the_time_limit_ends_a_queued_request(server):
     results = {}
 

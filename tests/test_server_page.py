@@ -11,20 +11,12 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
-from serve_helpers import running_server
 
 pytestmark = pytest.mark.slow  # a real server with the default model
 
 # Prompt lookup copies the sentence from the prompt, so drafts are accepted.
 PROMPT = "Repeat exactly: the red fox jumps over the lazy dog, the red fox jumps over the lazy dog."
 MAX_TOKENS = 40
-
-
-@pytest.fixture(scope="module")
-def server():
-    running = running_server()
-    yield running
-    assert running.stop() == 0, running.output()
 
 
 @pytest.fixture(scope="module")
@@ -38,11 +30,11 @@ def browser():
     driver.quit()
 
 
-def streamed_answer(server) -> tuple[str, list[str]]:
+def streamed_answer(default_server) -> tuple[str, list[str]]:
     body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": MAX_TOKENS, "stream": True,
             "specee": {"spec_method": "prompt-lookup"}}
     text, sources = "", []
-    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=120) as response:
+    with httpx.stream("POST", default_server.url + "/v1/chat/completions", json=body, timeout=120) as response:
         for line in response.iter_lines():
             if line.startswith("data: {"):
                 chunk = json.loads(line.removeprefix("data: "))
@@ -51,8 +43,8 @@ def streamed_answer(server) -> tuple[str, list[str]]:
     return text, sources
 
 
-def test_the_page_streams_an_answer_and_marks_draft_tokens(server, browser):
-    browser.get(server.url + "/")
+def test_the_page_streams_an_answer_and_marks_draft_tokens(default_server, browser):
+    browser.get(default_server.url + "/")
     assert browser.title == "specee live"
     Select(browser.find_element(By.ID, "mode")).select_by_visible_text("prompt lookup")
     tokens = browser.find_element(By.ID, "max-tokens")
@@ -66,7 +58,7 @@ def test_the_page_streams_an_answer_and_marks_draft_tokens(server, browser):
     drafts = answer.find_elements(By.CSS_SELECTOR, ".tok.draft")
     targets = answer.find_elements(By.CSS_SELECTOR, ".tok.target")
     assert drafts and targets
-    text, sources = streamed_answer(server)  # the same request through the API: the page shows what it says
+    text, sources = streamed_answer(default_server)  # the same request through the API: the page shows what it says
     assert browser.execute_script("return arguments[0].textContent", answer) == text
     assert [span.get_attribute("class") for span in answer.find_elements(By.CSS_SELECTOR, ".tok")] == \
         [f"tok {source}" for source in sources]

@@ -32,6 +32,7 @@ FAILURES = {
     "timeout": (504, "timeout_error", "request_timeout"),
     "shutdown": (503, "server_error", "shutting_down"),
     "error": (500, "server_error", "generation_failed"),
+    "cancelled": (499, "invalid_request_error", "client_closed_request"),  # nobody reads it: the client left
 }
 
 
