@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import AsyncIterator
 
 from fastapi import Depends, FastAPI, Request
+from prometheus_client import CONTENT_TYPE_LATEST
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
@@ -133,7 +134,6 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
         scheduler.stop()
 
     app = FastAPI(title="specee", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.scheduler = scheduler
 
     async def require_key(request: Request) -> None:
         if config.api_key is None:
@@ -165,7 +165,7 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
 
     @app.get("/metrics")
     async def prometheus() -> Response:
-        return Response(metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models", dependencies=[Depends(require_key)])
     async def models() -> dict:
