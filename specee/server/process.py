@@ -12,7 +12,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-START_TIMEOUT_S = 180  # the first load of the default model converts it (about a minute)
+START_TIMEOUT_S = 300  # the first load of the default model converts it (about a minute); a busy CPU is slower
 
 
 def free_port() -> int:
