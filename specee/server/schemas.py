@@ -7,8 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ..decoding.builder import METHODS
-
-MAX_DRAFT = 64  # the engine's MAX_DRAFT_NODES: bounds checked here too, so the 400 names the field
+from ..decoding.speculative import MAX_DRAFT_NODES
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 
 
@@ -22,9 +21,9 @@ class SpecOptions(Strict):
     or draft models are server flags only, so a client cannot make the server read its files."""
 
     spec_method: str | None = None
-    num_draft_tokens: int | None = Field(None, ge=1, le=MAX_DRAFT)
+    num_draft_tokens: int | None = Field(None, ge=1, le=MAX_DRAFT_NODES)
     tree: str | None = Field(None, max_length=400)
-    tree_budget: int | None = Field(None, ge=1, le=MAX_DRAFT)
+    tree_budget: int | None = Field(None, ge=1, le=MAX_DRAFT_NODES)
     draft_model: str | None = Field(None, pattern=r"^self:[0-9]{1,4}$")
     confidence_threshold: float | None = Field(None, ge=0, le=1)
     tree_min_prob: float | None = Field(None, ge=0, le=1)
