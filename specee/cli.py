@@ -1,8 +1,10 @@
-"""The `specee` command line: generate, chat, bench, train."""
+"""The `specee` command line: generate, chat, serve, bench, bench-serve, train."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import os
 import re
 import sys
 
@@ -79,6 +81,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_options(chat)
     _add_sampling_options(chat)
     chat.add_argument("--system", help="system message")
+    serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with a live page at /")
+    _add_model_options(serve)
+    _add_sampling_options(serve)  # the defaults of requests that leave these out
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, this machine only)")
+    serve.add_argument("--port", type=_non_negative_int, default=8000, help="port (default 8000)")
+    serve.add_argument("--api-key", default=os.environ.get("SPECEE_API_KEY"),
+                       help="require Authorization: Bearer KEY on /v1 routes (default: $SPECEE_API_KEY)")
+    serve.add_argument("--max-queue", type=_positive_int, default=64,
+                       help="requests that may wait; more get 503 with Retry-After (default 64)")
+    serve.add_argument("--request-timeout", type=float, default=300.0,
+                       help="seconds a request may take, queueing included (default 300)")
     bench = sub.add_parser("bench", help="speed and quality of every mode, side by side with baselines")
     _add_model_options(bench)
     bench.add_argument("--suite", default="quick", help="quick (a few minutes) or full (every category and dataset, about an hour on 2 cores; default quick)")
@@ -97,6 +110,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="leave out each category's first N prompts: tune on --skip-first 5 --num-prompts 5, "
                             "report on the first prompts (default 0)")
     bench.add_argument("--out", default="bench-out", help="output folder (default bench-out)")
+    load = sub.add_parser("bench-serve", help="load-test `specee serve`: requests/s, time to first token and "
+                          "tokens/s per client at 1, 4 and 16 clients, and the server's own overhead")
+    _add_model_options(load)
+    load.add_argument("--url", help="a running server (default: start one with the model options)")
+    load.add_argument("--concurrency", default="1,4,16", help="comma-separated client counts (default 1,4,16)")
+    load.add_argument("--requests-per-client", type=_positive_int, default=2, help="requests each client sends (default 2)")
+    load.add_argument("--max-tokens", type=_positive_int, default=64, help="most tokens per answer (default 64)")
+    load.add_argument("--modes", default="dense,hybrid-tree", help="comma-separated: dense, hybrid-tree (default both)")
+    load.add_argument("--out", default="bench-serve.json", help="JSON output file (default bench-serve.json)")
     train = sub.add_parser("train", help="train drafter artifacts")
     train_sub = train.add_subparsers(dest="artifact", required=True)
     ngram = train_sub.add_parser("ngram", help="a Katz-backoff n-gram table for the ngram/staged drafters")
@@ -139,8 +161,6 @@ def cmd_train(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    import importlib.util
-
     if importlib.util.find_spec("matplotlib") is None:
         raise UsageError('specee bench draws plots with matplotlib: pip install "specee[bench]"')
     from .eval.bench import BenchConfig, run_bench
@@ -158,6 +178,28 @@ def cmd_bench(args) -> int:
     )
     config.resolved()  # reject an unknown suite before the model loads
     run_bench(_load(args), config, explicit_datasets=bool(args.dataset))
+    return 0
+
+
+def cmd_bench_serve(args) -> int:
+    from pathlib import Path
+
+    from .eval.serve_bench import MODES, ServeBenchConfig, run_serve_bench
+
+    unknown = set(args.modes.split(",")) - set(MODES)
+    if unknown:
+        raise UsageError(f"unknown --modes {sorted(unknown)} (choose from {', '.join(MODES)})")
+    try:
+        concurrency = [int(c) for c in args.concurrency.split(",")]
+    except ValueError:
+        raise UsageError(f"--concurrency takes comma-separated client counts, got {args.concurrency!r}") from None
+    if min(concurrency) < 1:
+        raise UsageError(f"--concurrency counts must be positive, got {args.concurrency!r}")
+    config = ServeBenchConfig(concurrency=concurrency, requests_per_client=args.requests_per_client,
+                              max_tokens=args.max_tokens, modes=args.modes.split(","), url=args.url, out=Path(args.out))
+    model_flags = [f"--{name}={value}" for name, value in (("model", args.model), ("dtype", args.dtype),
+                                                          ("device", args.device), ("threads", args.threads)) if value]
+    run_serve_bench(_load(args), config, model_flags)
     return 0
 
 
@@ -264,7 +306,39 @@ def cmd_chat(args) -> int:
     return 0
 
 
-COMMANDS = {"generate": cmd_generate, "chat": cmd_chat, "bench": cmd_bench, "train": cmd_train}
+def cmd_serve(args) -> int:
+    if any(importlib.util.find_spec(name) is None for name in ("fastapi", "uvicorn", "prometheus_client")):
+        raise UsageError("specee serve needs its extra: pip install 'specee[serve]'")
+    _validate_sampling(args)
+    if not args.request_timeout > 0:
+        raise UsageError(f"--request-timeout must be > 0, got {args.request_timeout}")
+    if args.port > 65535:
+        raise UsageError(f"--port must be at most 65535, got {args.port}")
+    import ipaddress
+
+    from .server.app import ServerConfig, serve
+    from .server.completions import Defaults
+
+    try:
+        loopback = args.host == "localhost" or ipaddress.ip_address(args.host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback and not args.api_key:
+        print(f"specee: warning: serving on {args.host} without --api-key: anyone who can reach it may use it",
+              file=sys.stderr)
+    engine = _load(args)
+    source = engine.source
+    config = ServerConfig(
+        model_id=source.stem if source and source.is_file() else (source.name if source else "specee"),
+        defaults=Defaults.from_options(_sampling_kwargs(args)),
+        api_key=args.api_key, max_queue=args.max_queue, request_timeout=args.request_timeout,
+    )
+    serve(engine, config, args.host, args.port)
+    return 0
+
+
+COMMANDS = {"generate": cmd_generate, "chat": cmd_chat, "serve": cmd_serve, "bench": cmd_bench,
+            "bench-serve": cmd_bench_serve, "train": cmd_train}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,6 +35,8 @@ class Event:
     token_ids: list[int]
     text: str
     finish_reason: str | None = None  # set on the last event: "stop" (EOS or stop string) or "length"
+    # How many leading token_ids were accepted draft tokens; the rest came from the target itself.
+    drafted: int = 0
 
 
 @dataclass
@@ -166,6 +168,7 @@ class Generation:
         finish = "length"
         new: list[int] = []
         delta = ""
+        drafted = 0
         # Inference mode is entered per step, never held across a yield: interleaved generations
         # would otherwise unwind each other's mode.
         with torch.inference_mode():
@@ -182,18 +185,22 @@ class Generation:
                 with torch.inference_mode():
                     step = next(steps, None)
                 if step is None:  # a strategy that ends by itself ends the generation
+                    new, delta, drafted = [], "", 0
                     break
                 new, delta, finish = self._commit(step, output, text)
+                # A step is accepted drafts then the target's own token (Strategy's convention),
+                # so a step cut short at a stop keeps at most its drafts.
+                drafted = min(len(new), len(step) - 1)
                 if finish != "continue":
                     break
                 stats.decode_s = time.perf_counter() - start
-                yield Event(new, delta)
+                yield Event(new, delta, drafted=drafted)
                 start = time.perf_counter() - stats.decode_s  # time spent by the consumer is not decoding
         finally:
             steps.close()
             stats.decode_s = time.perf_counter() - start
         stats.generated_tokens = len(output)
-        yield Event(new, delta + text.finish(), finish)
+        yield Event(new, delta + text.finish(), finish, drafted)
         self.result = Result(text.text, output, len(self.prompt_ids), len(output), finish, stats)
 
     def _commit(self, step: list[int], output: list[int], text: TextStream) -> tuple[list[int], str, str]:

@@ -14,3 +14,14 @@ def default_engine():
     import specee
 
     return specee.load()
+
+
+@pytest.fixture(scope="module")
+def default_server():
+    """A real `specee serve` process with the default model, one per test module that asks for it;
+    stopped with SIGTERM at the module's end, which must exit cleanly."""
+    from serve_helpers import running_server
+
+    running = running_server()
+    yield running
+    assert running.stop() == 0, running.output()

@@ -184,3 +184,39 @@ def test_bench_without_its_extra_says_how_to_install_it(capsys, monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real_find_spec(name, *a))
     code, out, err = run_main(capsys, "bench")
     assert code == 2 and 'pip install "specee[bench]"' in err
+
+
+def test_serve_without_its_extra_names_the_install_command(capsys, monkeypatch):
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "uvicorn" else real_find_spec(name, *a))
+    code, out, err = run_main(capsys, "serve")
+    assert code == 2 and "pip install 'specee[serve]'" in err and out == ""
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--request-timeout", "0"], "--request-timeout must be > 0"),
+    (["--port", "70000"], "--port must be at most 65535"),
+    (["--spec-method", "magic"], "unknown --spec-method 'magic'"),
+])
+def test_serve_bad_flags_exit_2_before_loading(capsys, flags, message):
+    code, _, err = run_main(capsys, "serve", *flags)
+    assert code == 2 and message in err
+
+
+@pytest.mark.parametrize("host,warned", [("0.0.0.0", True), ("192.168.1.5", True), ("127.0.0.1", False),
+                                         ("::1", False), ("localhost", False)])
+def test_serve_warns_when_it_binds_beyond_loopback_without_a_key(capsys, monkeypatch, host, warned):
+    """Nothing binds here: the model load and the server are replaced."""
+    import specee.cli as cli
+    import specee.server.app as server_app
+
+    calls = []
+    monkeypatch.setattr(cli, "_load", lambda args: type("FakeEngine", (), {"source": default_model_path()})())
+    monkeypatch.setattr(server_app, "serve", lambda engine, config, host, port: calls.append((config, host, port)))
+    code, _, err = run_main(capsys, "serve", "--host", host, "--port", "9999", "--temperature", "0.5")
+    assert code == 0 and ("without --api-key" in err) == warned
+    config, bound_host, port = calls[0]
+    assert (bound_host, port) == (host, 9999) and config.defaults.generation["temperature"] == 0.5
+    assert config.model_id == default_model_path().stem

@@ -68,3 +68,32 @@ def test_cache_grows_and_keeps_what_it_holds():
     assert cache.capacity >= 4 and cache.lengths == [4, 4]
     with pytest.raises(ValueError, match="at most 40"):
         cache.append(0, torch.zeros(37, 1, 4), torch.zeros(37, 1, 4))
+
+
+class ScriptedStrategy:
+    """Yields fixed steps, each `accepted drafts + the target's own token` by convention."""
+
+    name = "scripted"
+    lossless = True
+
+    def __init__(self, steps):
+        self.steps = steps
+
+    def decode(self, state):
+        yield from self.steps
+
+
+def test_events_say_how_many_tokens_were_accepted_drafts(engine):
+    steps = [[100], [101, 102, 103], [104, 105, 106]]
+    events = list(engine.stream(PROMPTS[0], max_tokens=5, ignore_eos=True, strategy=ScriptedStrategy(steps)))
+    assert [(e.token_ids, e.drafted) for e in events] == [([100], 0), ([101, 102, 103], 2), ([104], 1)]
+    assert events[-1].finish_reason == "length"  # cut one token into a step: that token was a draft
+
+
+def test_dense_events_hold_only_the_targets_tokens_and_speculative_ones_lead_with_drafts(default_engine):
+    dense = list(default_engine.stream(PROMPTS[0], max_tokens=12, ignore_eos=True))
+    assert all(e.drafted == 0 for e in dense)
+    stream = default_engine.stream(PROMPTS[0], max_tokens=40, ignore_eos=True, spec_method="prompt-lookup")
+    events = list(stream)
+    assert all(len(e.token_ids) - e.drafted == 1 for e in events[:-1])  # one target token per step
+    assert 0 < sum(e.drafted for e in events) <= stream.result.stats.draft_tokens_accepted

@@ -1,4 +1,4 @@
-"""Data flows one way: cli/eval/train -> engine -> decoding -> drafters -> verification -> model.
+"""Data flows one way: cli/eval/train -> server -> engine -> decoding -> drafters -> verification -> model.
 A module may import its own layer and the layers below it, never one above."""
 import ast
 from pathlib import Path
@@ -11,6 +11,7 @@ PACKAGE = Path(specee.__file__).parent
 # Each layer, from the top; a module's layer is the first whose prefix its name starts with.
 LAYERS = [
     ("cli", "eval", "train"),
+    ("server",),  # the HTTP face of the engine; the CLI starts it, it never calls back up
     ("engine",),
     ("decoding", "loader"),
     ("drafters", "exits"),
@@ -57,3 +58,8 @@ def test_the_layer_map_sees_the_imports():
     """Guards the test itself: it finds the engine's imports of the layers below."""
     found = imports_of(PACKAGE / "engine.py")
     assert {"decoding.builder", "loader", "model.cache"} <= found
+
+
+def test_the_server_sits_under_the_cli_and_over_the_engine():
+    assert layer_of("cli") < layer_of("server.app") < layer_of("engine")
+    assert "engine" in imports_of(PACKAGE / "server" / "scheduler.py")

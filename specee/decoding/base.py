@@ -26,7 +26,9 @@ class DecodeState:
 
 
 class Strategy(Protocol):
-    """A decoding strategy: yields lists of newly committed token ids until closed."""
+    """A decoding strategy: yields lists of newly committed token ids until closed. Each list is
+    the accepted draft tokens (none for dense decoding) followed by exactly one token the target
+    chose itself; the engine reads token provenance from this convention."""
 
     name: str
     lossless: bool

@@ -1,0 +1,253 @@
+"""The FastAPI app: OpenAI-compatible routes over one engine, the live page, health and metrics.
+Handlers validate, submit a Job to the scheduler and relay what its worker delivers."""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import AsyncIterator
+
+from fastapi import Depends, FastAPI, Request
+from prometheus_client import CONTENT_TYPE_LATEST
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from ..engine import Engine, Event, Result
+from .completions import Defaults, Planner, Shaper, prompt_of
+from .metrics import Metrics
+from .scheduler import Ended, Job, QueueFull, Scheduler
+from .schemas import BadRequest, ChatRequest, CompletionRequest, error_body, parse
+
+MAX_BODY_BYTES = 1 << 20  # a full 8k-token context is ~40 KB of text; anything near 1 MiB is abuse
+RETRY_AFTER_S = 1
+DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
+PAGE = Path(__file__).with_name("page.html")
+# After SIGTERM, how long running requests may take to finish before they are cancelled.
+GRACEFUL_SHUTDOWN_S = 30
+# Why a generation ended early -> (HTTP status, error type, code).
+FAILURES = {
+    "timeout": (504, "timeout_error", "request_timeout"),
+    "shutdown": (503, "server_error", "shutting_down"),
+    "error": (500, "server_error", "generation_failed"),
+    "cancelled": (499, "invalid_request_error", "client_closed_request"),  # nobody reads it: the client left
+}
+
+
+@dataclass
+class ServerConfig:
+    model_id: str
+    defaults: Defaults
+    api_key: str | None = None
+    max_queue: int = 64
+    request_timeout: float = 300.0
+
+
+class Inbox:
+    """Where the worker thread delivers a job's events, for the handler's event loop."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue[Event | Ended] = asyncio.Queue()
+
+    def deliver(self, item: Event | Ended) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the loop has closed: nobody is listening any more
+            pass
+
+    async def events(self) -> AsyncIterator[Event | Ended]:
+        while True:
+            item = await self.queue.get()
+            yield item
+            if isinstance(item, Ended):
+                return
+
+
+def failure(ended: Ended) -> BadRequest:
+    status, kind, code = FAILURES[ended.outcome]
+    return BadRequest(ended.message, code=code, status=status, kind=kind)
+
+
+class CountRequests:
+    """ASGI middleware: counts every response by route and status (unknown paths as "other", so
+    a scan of random URLs cannot grow the metrics without bound)."""
+
+    def __init__(self, app, metrics: Metrics, routes: set[str]) -> None:
+        self.app, self.metrics, self.routes = app, metrics, routes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        route = scope["path"] if scope["path"] in self.routes else "other"
+
+        async def counting_send(message):
+            if message["type"] == "http.response.start":
+                self.metrics.requests.labels(route, str(message["status"])).inc()
+            await send(message)
+
+        await self.app(scope, receive, counting_send)
+
+
+async def read_json(request: Request) -> object:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise BadRequest(f"the body is over {MAX_BODY_BYTES} bytes", code="body_too_large", status=413)
+    raw = bytearray()
+    async for part in request.stream():
+        raw += part
+        if len(raw) > MAX_BODY_BYTES:
+            raise BadRequest(f"the body is over {MAX_BODY_BYTES} bytes", code="body_too_large", status=413)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BadRequest(f"the body is not valid UTF-8: {e}", code="invalid_encoding") from None
+
+    def no_constants(name: str):
+        raise BadRequest(f"malformed JSON: {name} is not a JSON value", code="invalid_json")
+
+    try:
+        body = json.loads(text, parse_constant=no_constants)
+        # An escaped lone surrogate ("\ud800") decodes to a string that is no text at all.
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except json.JSONDecodeError as e:
+        raise BadRequest(f"malformed JSON: {e}", code="invalid_json") from None
+    except UnicodeEncodeError:
+        raise BadRequest("the body escapes a lone UTF-16 surrogate, which is not text", code="invalid_encoding") from None
+    return body
+
+
+def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
+    metrics = Metrics()
+    scheduler = Scheduler(config.max_queue, on_step=metrics.record_step, on_end=metrics.record_end)
+    metrics.watch(scheduler)
+    planner = Planner(engine, config.defaults)
+    page = PAGE.read_text()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        scheduler.start()
+        yield
+        scheduler.stop()
+
+    app = FastAPI(title="specee", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+
+    async def require_key(request: Request) -> None:
+        if config.api_key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), config.api_key.encode()):
+            raise BadRequest("a missing or wrong API key: send Authorization: Bearer KEY", code="invalid_api_key",
+                             status=401)
+
+    @app.exception_handler(BadRequest)
+    async def bad_request(request: Request, e: BadRequest) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
+        if e.status == 503:
+            headers = {"Retry-After": str(RETRY_AFTER_S)}
+        return JSONResponse(e.body(), status_code=e.status, headers=headers)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, e: HTTPException) -> JSONResponse:
+        return JSONResponse(error_body(str(e.detail), "invalid_request_error", None, None), status_code=e.status_code,
+                            headers=e.headers)
+
+    @app.get("/", include_in_schema=False)
+    async def live_page() -> HTMLResponse:
+        return HTMLResponse(page)
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok", "queued": scheduler.queued, "running": scheduler.running}
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models", dependencies=[Depends(require_key)])
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": config.model_id, "object": "model", "created": 0,
+                                            "owned_by": "specee"}]}
+
+    @app.post("/v1/chat/completions", dependencies=[Depends(require_key)])
+    async def chat_completions(request: Request):
+        return await complete(request, parse(ChatRequest, await read_json(request)))
+
+    @app.post("/v1/completions", dependencies=[Depends(require_key)])
+    async def completions(request: Request):
+        return await complete(request, parse(CompletionRequest, await read_json(request)))
+
+    async def complete(request: Request, body: ChatRequest | CompletionRequest):
+        if body.model is not None and body.model != config.model_id:
+            raise BadRequest(f"the model {body.model!r} does not exist; this server runs {config.model_id!r}",
+                             param="model", code="model_not_found", status=404)
+        prompt_ids, prompt_param = prompt_of(engine, body)
+        generation = planner.generation(body, prompt_ids, prompt_param)
+        inbox = Inbox()
+        job = Job(generation, time.monotonic() + config.request_timeout, inbox.deliver)
+        try:
+            scheduler.submit(job)
+        except QueueFull as e:
+            raise BadRequest(f"{e}; retry later", code="queue_full", status=503, kind="server_error") from None
+        shaper = Shaper(isinstance(body, ChatRequest), config.model_id, engine)
+        if body.stream:
+            return StreamingResponse(stream(job, inbox, shaper, body.include_usage), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return JSONResponse(shaper.whole(await collect(request, job, inbox)))
+
+    async def collect(request: Request, job: Job, inbox: Inbox) -> Result:
+        async def watch_client():
+            while not await request.is_disconnected():
+                await asyncio.sleep(DISCONNECT_POLL_S)
+            job.cancel()
+
+        watcher = asyncio.create_task(watch_client())
+        try:
+            async for item in inbox.events():
+                if isinstance(item, Ended):
+                    if item.outcome != "finished":
+                        raise failure(item)
+                    return item.result
+        finally:
+            watcher.cancel()
+            job.cancel()  # no-op once finished; stops the work if this handler was cancelled
+
+    async def stream(job: Job, inbox: Inbox, shaper: Shaper, include_usage: bool) -> AsyncIterator[str]:
+        # A client that disconnects closes this generator (Starlette cancels it): the finally
+        # cancels the job, and the worker stops it before its next step.
+        try:
+            async for item in inbox.events():
+                if isinstance(item, Event):
+                    yield sse(shaper.chunk(item))
+                elif item.outcome != "finished":
+                    yield sse(failure(item).body())
+                elif include_usage:
+                    yield sse(shaper.usage_chunk(item.result))
+            yield "data: [DONE]\n\n"
+        finally:
+            job.cancel()
+
+    routes = {route.path for route in app.routes}
+    app.add_middleware(CountRequests, metrics=metrics, routes=routes)
+    return app
+
+
+def sse(payload: dict) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+def serve(engine: Engine, config: ServerConfig, host: str, port: int) -> None:
+    """Run until SIGTERM or Ctrl-C: then stop accepting, let running requests finish (cancelled
+    after GRACEFUL_SHUTDOWN_S), stop the scheduler and return."""
+    import signal
+
+    import uvicorn
+
+    # uvicorn re-raises the SIGTERM it handled once it has shut down gracefully; stopping a
+    # server that way is normal, so the process then ends with exit code 0.
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    uvicorn.run(create_app(engine, config), host=host, port=port, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+                log_level="info")

@@ -1,0 +1,149 @@
+"""From a validated request to a Generation (server defaults, speculative options, context check),
+and from a generation's events and result to the OpenAI response shapes."""
+from __future__ import annotations
+
+import functools
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from ..engine import GENERATION_OPTIONS, Engine, Event, Generation, Result
+from ..text_stream import TextStream
+from .schemas import BadRequest, ChatRequest, CompletionRequest, Sampling
+
+# Distinct speculative option sets whose strategies are kept (strategies hold no request state).
+STRATEGY_CACHE_SIZE = 32
+# Server-side speculative options a request cannot set (they name files on the server).
+SERVER_ONLY_SPEC = ("ngram_model",)
+
+
+@dataclass
+class Defaults:
+    """What a request gets for what it leaves out: the `specee serve` flags."""
+
+    generation: dict = field(default_factory=lambda: {"max_tokens": 256})  # max_tokens, temperature, ...
+    spec: dict = field(default_factory=dict)  # spec_method, tree, ... (None values dropped)
+
+    @classmethod
+    def from_options(cls, options: dict) -> "Defaults":
+        """Split the CLI's generation keywords into sampling and speculative defaults."""
+        generation = {k: v for k, v in options.items() if k in GENERATION_OPTIONS}
+        spec = {k: v for k, v in options.items() if k not in GENERATION_OPTIONS and v is not None}
+        return cls(generation, spec)
+
+
+class Planner:
+    """Builds each request's Generation; strategies are built once per distinct option set."""
+
+    def __init__(self, engine: Engine, defaults: Defaults) -> None:
+        self.engine = engine
+        self.defaults = defaults
+        self._strategy = functools.lru_cache(maxsize=STRATEGY_CACHE_SIZE)(self._build_strategy)
+        # Bad server flags fail at start (a ValueError, as on the command line), not on a request.
+        self._strategy(tuple(sorted(defaults.spec.items())))
+
+    def _build_strategy(self, key: tuple):
+        return self.engine.strategy(**dict(key))
+
+    def strategy_for(self, requested: dict | None):
+        spec = dict(self.defaults.spec)
+        if requested:
+            if "spec_method" in requested:  # a method of its own: the server's options would not fit it
+                spec = {k: v for k, v in spec.items() if k in SERVER_ONLY_SPEC}
+            spec.update(requested)
+        try:
+            return self._strategy(tuple(sorted(spec.items())))
+        except ValueError as e:
+            raise BadRequest(f"specee: {e}", param="specee", code="invalid_value") from None
+
+    def generation(self, request: Sampling, prompt_ids: list[int], prompt_param: str) -> Generation:
+        requested = request.specee.model_dump(exclude_none=True) if request.specee else None
+        strategy = self.strategy_for(requested)
+        room = self.engine.context_length - len(prompt_ids)
+        if room <= 0:
+            raise BadRequest(f"the prompt has {len(prompt_ids)} tokens but the model's context is "
+                             f"{self.engine.context_length}", param=prompt_param, code="context_length_exceeded")
+        max_tokens = request.token_limit
+        if max_tokens is None:
+            max_tokens = min(self.defaults.generation.get("max_tokens", 256), room)
+        elif max_tokens > room:
+            raise BadRequest(f"the prompt ({len(prompt_ids)} tokens) plus max_tokens ({max_tokens}) is over the "
+                             f"model's context ({self.engine.context_length})",
+                             param="max_tokens", code="context_length_exceeded")
+        options = dict(self.defaults.generation, max_tokens=max_tokens)
+        for name in ("temperature", "top_p", "top_k", "seed", "stop"):
+            if getattr(request, name) is not None:
+                options[name] = getattr(request, name)
+        try:
+            return self.engine.stream(prompt_ids, strategy=strategy, **options)
+        except ValueError as e:
+            raise BadRequest(str(e), param=prompt_param, code="invalid_value") from None
+
+
+def prompt_of(engine: Engine, request: ChatRequest | CompletionRequest) -> tuple[list[int], str]:
+    """(prompt token ids, the parameter they came from)."""
+    try:
+        if isinstance(request, ChatRequest):
+            messages = [m.model_dump(exclude_none=True) for m in request.messages]
+            return engine.encode(messages, chat=True), "messages"
+        return engine.encode(request.prompt, chat=False), "prompt"
+    except (ValueError, UnicodeError) as e:  # a template that refuses the messages, lone surrogates
+        raise BadRequest(f"cannot encode the prompt: {e}", code="invalid_value") from None
+
+
+class Shaper:
+    """One response's OpenAI shapes: chat or completion, whole or chunk by chunk. Each chunk's
+    `specee` field says how every token was made, for the live page."""
+
+    def __init__(self, chat: bool, model_id: str, engine: Engine) -> None:
+        self.chat = chat
+        self.model_id = model_id
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+        self._pieces = TextStream(engine.tokenizer)  # each token's own text, without stop handling
+        self._sent_role = False
+
+    def _envelope(self, obj: str, choices: list, **extra) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model_id, "choices": choices,
+                **extra}
+
+    def chunk(self, event: Event) -> dict:
+        tokens = [
+            {"id": t, "text": self._pieces.add([t]), "source": "draft" if i < event.drafted else "target",
+             "exit_layer": None}  # early-exit modes will fill the layer a token's pass stopped at
+            for i, t in enumerate(event.token_ids)
+        ]
+        if self.chat:
+            delta = {"content": event.text}
+            if not self._sent_role:
+                delta = {"role": "assistant", **delta}
+                self._sent_role = True
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": event.finish_reason}
+            return self._envelope("chat.completion.chunk", [choice], specee={"tokens": tokens})
+        choice = {"index": 0, "text": event.text, "logprobs": None, "finish_reason": event.finish_reason}
+        return self._envelope("text_completion", [choice], specee={"tokens": tokens})
+
+    def usage_chunk(self, result: Result) -> dict:
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        return self._envelope(obj, [], usage=usage(result), specee={"stats": stats_summary(result)})
+
+    def whole(self, result: Result) -> dict:
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
+                      "logprobs": None, "finish_reason": result.finish_reason}
+            return self._envelope("chat.completion", [choice], usage=usage(result),
+                                  specee={"stats": stats_summary(result)})
+        choice = {"index": 0, "text": result.text, "logprobs": None, "finish_reason": result.finish_reason}
+        return self._envelope("text_completion", [choice], usage=usage(result), specee={"stats": stats_summary(result)})
+
+
+def usage(result: Result) -> dict:
+    return {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
+            "total_tokens": result.prompt_tokens + result.completion_tokens}
+
+
+def stats_summary(result: Result) -> dict:
+    s = result.stats
+    return {"target_passes": s.target_passes, "draft_tokens_proposed": s.draft_tokens_proposed,
+            "draft_tokens_accepted": s.draft_tokens_accepted, "mean_acceptance_length": s.mean_acceptance_length,
+            "prefill_s": s.prefill_s, "decode_s": s.decode_s, "tokens_per_s": s.tokens_per_s}

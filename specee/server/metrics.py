@@ -1,0 +1,74 @@
+"""The server's Prometheus metrics, in a registry of its own (one per app, so tests may run
+several apps in one process)."""
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from ..engine import Event
+from .scheduler import Ended, Job, Scheduler
+
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter("specee_requests", "HTTP requests by route and status code",
+                                ["route", "status"], registry=r)
+        self.generations = Counter("specee_generations", "Generations by how they ended "
+                                   "(finished, cancelled, timeout, error, shutdown)", ["outcome"], registry=r)
+        self.prompt_tokens = Counter("specee_prompt_tokens", "Prompt tokens of generations that ran", registry=r)
+        self.generated_tokens = Counter("specee_generation_tokens", "Tokens generated (cancelled runs included)",
+                                        registry=r)
+        self.steps = Counter("specee_engine_steps", "Engine steps (one target pass each, or the first token)",
+                             registry=r)
+        self.latency = Histogram("specee_request_latency_seconds", "Submission to last token",
+                                 buckets=LATENCY_BUCKETS, registry=r)
+        self.first_token = Histogram("specee_time_to_first_token_seconds", "Submission to first token",
+                                     buckets=LATENCY_BUCKETS, registry=r)
+        self.queue_length = Gauge("specee_queue_length", "Requests waiting for the engine", registry=r)
+        self.running = Gauge("specee_running_requests", "Requests the engine is working on", registry=r)
+        self.target_passes = Counter("specee_target_passes", "Target model passes after prefill", ["mode"], registry=r)
+        self.draft_proposed = Counter("specee_draft_tokens_proposed", "Draft tokens proposed", ["mode"], registry=r)
+        self.draft_accepted = Counter("specee_draft_tokens_accepted", "Draft tokens accepted", ["mode"], registry=r)
+        # Per-position acceptance = accepted / reached, position by position (vLLM's convention).
+        self.position_reached = Counter("specee_draft_position_reached", "Passes whose draft position k was "
+                                        "drafted and every earlier position accepted", ["mode", "position"], registry=r)
+        self.position_accepted = Counter("specee_draft_position_accepted", "Passes whose draft position k "
+                                         "was accepted", ["mode", "position"], registry=r)
+        self.exit_layers = Counter("specee_exit_layer_tokens", "Tokens by the layer their pass exited at "
+                                   "(early-exit modes)", ["mode", "layer"], registry=r)
+
+    def watch(self, scheduler: Scheduler) -> None:
+        self.queue_length.set_function(lambda: scheduler.queued)
+        self.running.set_function(lambda: scheduler.running)
+
+    def record_step(self, event: Event) -> None:
+        self.steps.inc()
+        self.generated_tokens.inc(len(event.token_ids))
+
+    def record_end(self, job: Job, ended: Ended) -> None:
+        """Called by the scheduler when a generation ends, whatever the reason."""
+        now = time.monotonic()
+        self.generations.labels(ended.outcome).inc()
+        if job.first_token_at is not None:
+            self.first_token.observe(job.first_token_at - job.submitted)
+        if ended.outcome != "finished":
+            return
+        self.latency.observe(now - job.submitted)
+        stats, mode = ended.result.stats, job.generation.strategy.name
+        self.prompt_tokens.inc(ended.result.prompt_tokens)
+        self.target_passes.labels(mode).inc(stats.target_passes)
+        if stats.accept_lengths:
+            self.draft_proposed.labels(mode).inc(stats.draft_tokens_proposed)
+            self.draft_accepted.labels(mode).inc(stats.draft_tokens_accepted)
+        for k, (reached, accepted) in enumerate(zip(stats.position_reached, stats.position_accepted)):
+            self.position_reached.labels(mode, str(k)).inc(reached)
+            self.position_accepted.labels(mode, str(k)).inc(accepted)
+        for layer in stats.exit_layers:
+            self.exit_layers.labels(mode, str(layer)).inc()
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

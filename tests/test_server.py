@@ -1,0 +1,212 @@
+"""`specee serve` end to end: one real server process on 127.0.0.1 with the default model, driven
+by the official `openai` client (and raw HTTP where a client would refuse to send the input)."""
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import specee.cli as cli
+from serve_helpers import rss_bytes
+
+pytestmark = pytest.mark.slow  # a real server with the default model
+
+CHAT = "/v1/chat/completions"
+PROMPT = "Name three rivers in Europe."
+MEMORY_BOUND = 200 * 2**20  # RSS growth allowed over 100 requests (the model alone is ~550 MB)
+
+
+@pytest.fixture(scope="module")
+def client(default_server):
+    return openai.OpenAI(base_url=default_server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def model_id(client):
+    return client.models.list().data[0].id
+
+
+def chat(client, model_id, content=PROMPT, **options):
+    return client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": content}],
+                                          **options)
+
+
+def metrics(default_server) -> dict:
+    """{(name, sorted labels): value} of every sample."""
+    text = httpx.get(default_server.url + "/metrics").text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def delta(after: dict, before: dict, name: str, **labels) -> float:
+    key = (name, tuple(sorted(labels.items())))
+    return after.get(key, 0.0) - before.get(key, 0.0)
+
+
+def test_health_models_and_page(default_server, model_id):
+    assert httpx.get(default_server.url + "/health").json()["status"] == "ok"
+    assert model_id.startswith("SmolLM2-135M-Instruct")
+    page = httpx.get(default_server.url + "/")
+    assert page.status_code == 200 and "text/html" in page.headers["content-type"] and "/v1/chat/completions" in page.text
+
+
+def test_chat_greedy_equals_specee_generate(client, model_id, default_engine, capsys, monkeypatch):
+    response = chat(client, model_id, max_tokens=24)
+    monkeypatch.setattr(cli, "_load", lambda args: default_engine)  # the same model, already loaded here
+    assert cli.main(["generate", PROMPT, "--max-tokens", "24", "--json"]) == 0
+    expected = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    choice = response.choices[0]
+    assert choice.message.role == "assistant"
+    assert choice.message.content == expected["text"]
+    assert choice.finish_reason == expected["finish_reason"]
+    assert response.usage.completion_tokens == expected["completion_tokens"]
+    assert response.usage.prompt_tokens == expected["prompt_tokens"]
+    assert response.usage.total_tokens == expected["prompt_tokens"] + expected["completion_tokens"]
+
+
+def test_speculative_modes_through_the_extension_field_match_dense(client, model_id):
+    dense = chat(client, model_id, max_tokens=32).choices[0].message.content
+    for spec in ({"spec_method": "hybrid", "tree": "auto"}, {"spec_method": "prompt-lookup"}):
+        response = chat(client, model_id, max_tokens=32, extra_body={"specee": spec})
+        assert response.choices[0].message.content == dense, spec
+
+
+def test_streamed_chat_equals_the_whole_answer_and_ends_with_usage(client, model_id):
+    whole = chat(client, model_id, max_tokens=20)
+    chunks = list(chat(client, model_id, max_tokens=20, stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    provenance = [t for c in chunks if c.choices for t in c.model_extra["specee"]["tokens"]]
+    assert len(provenance) == whole.usage.completion_tokens
+    assert {t["source"] for t in provenance} == {"target"}  # dense: every token is the target's own
+
+
+def test_completions_whole_and_streamed_with_length_and_stop(client, model_id):
+    whole = client.completions.create(model=model_id, prompt="The capital of France is", max_tokens=8)
+    assert whole.choices[0].finish_reason == "length" and whole.usage.completion_tokens == 8
+    streamed = list(client.completions.create(model=model_id, prompt="The capital of France is", max_tokens=8,
+                                              stream=True))
+    assert "".join(c.choices[0].text for c in streamed) == whole.choices[0].text
+    assert streamed[-1].choices[0].finish_reason == "length"
+    cut = whole.choices[0].text.split()[1]  # a stop string inside the answer ends it before itself
+    stopped = client.completions.create(model=model_id, prompt="The capital of France is", max_tokens=8, stop=[cut])
+    assert stopped.choices[0].finish_reason == "stop"
+    assert whole.choices[0].text.startswith(stopped.choices[0].text) and cut not in stopped.choices[0].text
+
+
+def test_seeded_sampling_repeats_and_seeds_differ(client, model_id):
+    def sample(seed):
+        return chat(client, model_id, max_tokens=16, temperature=1.0, seed=seed).choices[0].message.content
+
+    assert sample(7) == sample(7)
+    # Three seeds giving one 16-token text at temperature 1 would mean the seed is ignored.
+    assert len({sample(1), sample(2), sample(3)}) > 1
+
+
+GOOD = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+BAD_BODIES = [
+    (b"{not json", 400, None, "invalid_json"),
+    (b'[{"role": "user"}]', 400, None, "invalid_body"),
+    (b'"a string"', 400, None, "invalid_body"),
+    (json.dumps({"max_tokens": 2}).encode(), 400, "messages", None),
+    (json.dumps({"messages": []}).encode(), 400, "messages", None),
+    (json.dumps({"messages": [{"role": "wizard", "content": "hi"}]}).encode(), 400, "messages.0.role", None),
+    (json.dumps({"messages": [{"role": "user", "content": ["hi"]}]}).encode(), 400, "messages.0.content", None),
+    (json.dumps({"messages": [{"role": "user", "content": None}]}).encode(), 400, "messages.0.content", None),
+    (json.dumps({**GOOD, "model": "gpt-4o"}).encode(), 404, "model", "model_not_found"),
+    (json.dumps({**GOOD, "temperature": -0.1}).encode(), 400, "temperature", None),
+    (json.dumps({**GOOD, "temperature": 2.5}).encode(), 400, "temperature", None),
+    (json.dumps({**GOOD, "top_p": 0}).encode(), 400, "top_p", None),
+    (json.dumps({**GOOD, "top_p": 1.5}).encode(), 400, "top_p", None),
+    (json.dumps({**GOOD, "top_k": -1}).encode(), 400, "top_k", None),
+    (json.dumps({**GOOD, "max_tokens": 0}).encode(), 400, "max_tokens", None),
+    (json.dumps({**GOOD, "max_tokens": "5"}).encode(), 400, "max_tokens", None),
+    (json.dumps({**GOOD, "max_completion_tokens": -3}).encode(), 400, "max_completion_tokens", None),
+    (json.dumps({**GOOD, "seed": -1}).encode(), 400, "seed", None),
+    (json.dumps({**GOOD, "n": 2}).encode(), 400, "n", None),
+    (json.dumps({**GOOD, "stop": ["a", "b", "c", "d", "e"]}).encode(), 400, "stop", None),
+    (json.dumps({**GOOD, "stream": "yes"}).encode(), 400, "stream", None),
+    (json.dumps({**GOOD, "logit_bias": {"1": 5}}).encode(), 400, "logit_bias", None),
+    (json.dumps({**GOOD, "max_tokens": 9000}).encode(), 400, "max_tokens", "context_length_exceeded"),
+    (json.dumps({"messages": [{"role": "user", "content": "word " * 9000}]}).encode(), 400, "messages",
+     "context_length_exceeded"),
+    (json.dumps({**GOOD, "specee": {"spec_method": "telepathy"}}).encode(), 400, "specee.spec_method", None),
+    (json.dumps({**GOOD, "specee": {"spec_method": "prompt-lookup", "tree_min_prob": 0.5}}).encode(), 400,
+     "specee", None),
+    (json.dumps({**GOOD, "specee": {"spec_method": "draft", "draft_model": "/etc/passwd"}}).encode(), 400,
+     "specee.draft_model", None),
+    (json.dumps({**GOOD, "specee": {"spec_method": "draft", "draft_model": "self:99"}}).encode(), 400, "specee", None),
+    (json.dumps({**GOOD, "specee": {"ngram_model": "/tmp/table.pt"}}).encode(), 400, "specee.ngram_model", None),
+    (b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}', 400, None, "invalid_encoding"),
+    (b'{"messages": [{"role": "user", "content": "\\ud800"}]}', 400, None, "invalid_encoding"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', 400, None, "invalid_json"),
+    (b'{"messages": [{"role": "user", "content": "' + b"a" * (2 << 20) + b'"}]}', 413, None, "body_too_large"),
+]
+
+
+@pytest.mark.parametrize("body,status,param,code", BAD_BODIES, ids=range(len(BAD_BODIES)))
+def test_bad_input_gets_a_4xx_in_the_openai_error_shape(default_server, body, status, param, code):
+    response = httpx.post(default_server.url + CHAT, content=body, headers={"Content-Type": "application/json"}, timeout=60)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    assert error["param"] == param
+    if code is not None:
+        assert error["code"] == code
+
+
+def test_bad_completion_prompt_and_unknown_route(default_server):
+    for body, param in (({"max_tokens": 2}, "prompt"), ({"prompt": ""}, "prompt"), ({"prompt": ["a"]}, "prompt")):
+        response = httpx.post(default_server.url + "/v1/completions", json=body)
+        assert response.status_code == 400 and response.json()["error"]["param"] == param
+    missing = httpx.get(default_server.url + "/v1/nothing-here")
+    assert missing.status_code == 404 and "error" in missing.json()
+
+
+def test_metrics_parse_and_count_the_requests_made(default_server, client, model_id):
+    before = metrics(default_server)
+    answers = [chat(client, model_id, max_tokens=6), chat(client, model_id, content="Say hello.", max_tokens=5)]
+    hybrid = httpx.post(default_server.url + CHAT, json={**GOOD, "max_tokens": 24, "specee": {"spec_method": "hybrid"},
+                                                 "messages": [{"role": "user", "content": "Repeat: a b c a b c"}]})
+    assert hybrid.status_code == 200
+    assert httpx.post(default_server.url + CHAT, json={"messages": []}).status_code == 400
+    after = metrics(default_server)
+    chat_route = {"route": CHAT}
+    assert delta(after, before, "specee_requests_total", **chat_route, status="200") == 3
+    assert delta(after, before, "specee_requests_total", **chat_route, status="400") == 1
+    assert delta(after, before, "specee_generations_total", outcome="finished") == 3
+    usages = [a.usage for a in answers] + [openai.types.CompletionUsage(**hybrid.json()["usage"])]
+    assert delta(after, before, "specee_prompt_tokens_total") == sum(u.prompt_tokens for u in usages)
+    assert delta(after, before, "specee_generation_tokens_total") == sum(u.completion_tokens for u in usages)
+    assert delta(after, before, "specee_request_latency_seconds_count") == 3
+    stats = hybrid.json()["specee"]["stats"]
+    assert delta(after, before, "specee_target_passes_total", mode="hybrid") == stats["target_passes"]
+    assert delta(after, before, "specee_draft_tokens_accepted_total", mode="hybrid") == stats["draft_tokens_accepted"]
+    assert delta(after, before, "specee_draft_tokens_proposed_total", mode="hybrid") == stats["draft_tokens_proposed"]
+    reached = delta(after, before, "specee_draft_position_reached_total", mode="hybrid", position="0")
+    assert 0 < reached <= stats["target_passes"]
+    assert after[("specee_queue_length", ())] == 0
+
+
+def test_fifty_concurrent_clients_get_correct_answers_in_bounded_memory(default_server, client, model_id):
+    prompts = ["Say yes.", "Name a colour.", "Count to three.", "Name a fruit.", "Say no."]
+    expected = {p: chat(client, model_id, content=p, max_tokens=3).choices[0].message.content for p in prompts}
+    rss_before = rss_bytes(default_server.pid)
+
+    def client_loop(i: int) -> list[bool]:
+        answers = []
+        for round_ in range(2):  # a bounded loop: two requests per client
+            prompt = prompts[(i + round_) % len(prompts)]
+            answer = chat(client, model_id, content=prompt, max_tokens=3).choices[0].message.content
+            answers.append(answer == expected[prompt])
+        return answers
+
+    with ThreadPoolExecutor(50) as pool:
+        results = list(pool.map(client_loop, range(50)))
+    assert all(all(r) for r in results)
+    assert httpx.get(default_server.url + "/health").json() == {"status": "ok", "queued": 0, "running": 0}
+    assert rss_bytes(default_server.pid) - rss_before < MEMORY_BOUND
