@@ -1,5 +1,7 @@
 """A GGUF file's weights with its own quantized blocks kept (`quantization="gguf"`), decoded with
-vectorised numpy, never through an fp32 copy of the whole model.
+vectorised numpy, one tensor at a time, never through an fp32 copy of the whole model (though a
+file's very first load still converts it once to safetensors, for its tokenizer and config, as
+every format does).
 
 - Q4_0 (w = d * (q - 8)) and Q4_1 (w = d * q + m): 32 4-bit codes per block with an fp16 scale d
   (and an fp16 minimum m). They map onto int4 with zero points in groups of 32: the codes are the
