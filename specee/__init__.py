@@ -4,8 +4,10 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 
-def load(model=None, dtype: str = "fp32", device: str = "cpu", threads: int | None = None):
-    """Load a model (GGUF file or Hugging Face directory; the default model when None)."""
+def load(model=None, dtype: str = "fp32", device: str = "cpu", threads: int | None = None,
+         quantization: str = "none"):
+    """Load a model (GGUF file or Hugging Face directory; the default model when None).
+    `quantization`: none, int8, int4, or gguf (a GGUF file's own quantized tensors); CPU only."""
     from .engine import load_engine
 
-    return load_engine(model, dtype=dtype, device=device, threads=threads)
+    return load_engine(model, dtype=dtype, device=device, threads=threads, quantization=quantization)

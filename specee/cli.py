@@ -40,6 +40,9 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="fp32", help="fp32 or bf16 (default fp32)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument("--threads", type=_positive_int, help="CPU threads for PyTorch")
+    p.add_argument("--quantization", default="none",
+                   help="weights: none, int8 (per channel), int4 (groups of 64) or gguf (the GGUF file's own "
+                        "Q4_0/Q4_1/Q8_0 blocks); the quantized formats run on the CPU (default none)")
 
 
 def _add_sampling_options(p: argparse.ArgumentParser) -> None:
@@ -177,6 +180,7 @@ def cmd_bench(args) -> int:
         command="specee " + " ".join(sys.argv[1:]),
     )
     config.resolved()  # reject an unknown suite before the model loads
+    _validate_model_options(args)
     run_bench(_load(args), config, explicit_datasets=bool(args.dataset))
     return 0
 
@@ -229,11 +233,16 @@ def _validate_sampling(args) -> None:
         SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     except ValueError as e:
         raise UsageError(str(e).replace("top_p", "--top-p").replace("top_k", "--top-k")) from None
+    _validate_model_options(args)
+
+
+def _validate_model_options(args) -> None:
     from .loader import parse_device, parse_dtype
+    from .model.quantize import check_quantization
 
     try:
         parse_dtype(args.dtype)
-        parse_device(args.device)
+        check_quantization(args.quantization, parse_device(args.device))
     except ValueError as e:
         raise UsageError(str(e)) from None
 
@@ -241,7 +250,7 @@ def _validate_sampling(args) -> None:
 def _load(args):
     from . import load
 
-    return load(args.model, dtype=args.dtype, device=args.device, threads=args.threads)
+    return load(args.model, dtype=args.dtype, device=args.device, threads=args.threads, quantization=args.quantization)
 
 
 def _speed_line(result) -> str:

@@ -59,16 +59,19 @@ class Result:
         }
 
 
-def load_engine(model=None, dtype: str = "fp32", device: str = "cpu", threads: int | None = None) -> "Engine":
-    parts = load_parts(model, dtype=dtype, device=device, threads=threads)
-    return Engine(parts.model, parts.tokenizer, source=parts.source)
+def load_engine(model=None, dtype: str = "fp32", device: str = "cpu", threads: int | None = None,
+                quantization: str = "none") -> "Engine":
+    parts = load_parts(model, dtype=dtype, device=device, threads=threads, quantization=quantization)
+    return Engine(parts.model, parts.tokenizer, source=parts.source, quantization=parts.quantization)
 
 
 class Engine:
-    def __init__(self, model: Transformer, tokenizer: Tokenizer, source: Path | None = None) -> None:
+    def __init__(self, model: Transformer, tokenizer: Tokenizer, source: Path | None = None,
+                 quantization: str = "none") -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.source = source  # the GGUF file or model directory it was loaded from
+        self.quantization = quantization  # how the matrices are stored: none, int8, int4 or gguf
         self.artifacts = Artifacts(model, tokenizer)
 
     @property

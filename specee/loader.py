@@ -1,4 +1,5 @@
-"""Load a model's parts from a path: weights on a device in a dtype (CPU-packed), and its tokenizer.
+"""Load a model's parts from a path: weights on a device in a dtype (CPU-packed or quantized), and
+its tokenizer.
 The engine is assembled from these parts; so are draft models."""
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from .model.cpu_packing import pack_linears
 from .model.llama import Transformer
 from .model.loading import build_model, default_model_path, read_weights, resolve_model_dir
+from .model.quantize import check_quantization, quantize_model
 from .tokenizer import Tokenizer
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -21,6 +23,7 @@ class ModelParts:
     model: Transformer
     tokenizer: Tokenizer
     source: Path  # the GGUF file or model directory they were loaded from
+    quantization: str = "none"  # none, int8, int4 or gguf
 
 
 def parse_dtype(name: str) -> torch.dtype:
@@ -41,16 +44,28 @@ def parse_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def load_parts(model=None, dtype: str = "fp32", device: str = "cpu", threads: int | None = None) -> ModelParts:
+def load_parts(model=None, dtype: str = "fp32", device: str = "cpu", threads: int | None = None,
+               quantization: str = "none") -> ModelParts:
+    """`quantization`: none, int8, int4 (quantize the loaded weights), or gguf (keep a GGUF file's
+    own quantized tensors); the quantized formats run on the CPU."""
     torch_dtype, torch_device = parse_dtype(dtype), parse_device(device)
+    check_quantization(quantization, torch_device)
     if threads is not None:
         if threads <= 0:
             raise ValueError(f"threads must be positive, got {threads}")
         torch.set_num_threads(threads)
     source = default_model_path() if model is None else Path(model).expanduser()
-    directory = resolve_model_dir(source)
-    weights = read_weights(directory)
+    if quantization == "gguf":
+        from .model.gguf_quantized import read_gguf_weights  # needs the gguf package
+
+        weights = read_gguf_weights(source)  # refuses unsupported blocks before any conversion
+        directory = resolve_model_dir(source)
+    else:
+        directory = resolve_model_dir(source)
+        weights = read_weights(directory)
     net = build_model(weights, torch_dtype, torch_device)
+    if quantization in ("int8", "int4"):
+        quantize_model(net, quantization)
     if torch_device.type == "cpu":
-        pack_linears(net)
-    return ModelParts(net, Tokenizer(directory, weights.config.eos_token_ids), source)
+        pack_linears(net)  # the dense matrices left, if any
+    return ModelParts(net, Tokenizer(directory, weights.config.eos_token_ids), source, quantization)

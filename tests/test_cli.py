@@ -29,6 +29,8 @@ def run_main(capsys, *argv):
         (["--dtype", "fp16"], "unknown dtype 'fp16'"),
         (["--device", "tpu"], "unknown device 'tpu'"),
         (["--model", "/no/such/model.gguf"], "does not exist"),
+        (["--quantization", "int3"], "unknown quantization 'int3' (choose from none, int8, int4, gguf)"),
+        (["--quantization", "gguf", "--model", "/no/such/model.gguf"], "does not exist"),
     ],
 )
 def test_bad_flags_exit_2_with_a_message(capsys, flags, message):
@@ -36,6 +38,31 @@ def test_bad_flags_exit_2_with_a_message(capsys, flags, message):
     assert code == 2
     assert message in err
     assert "Traceback" not in err and out == ""
+
+
+def test_quantization_on_cuda_says_it_is_cpu_only(capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # refused before anything touches the GPU
+    code, out, err = run_main(capsys, "generate", "hello", "--device", "cuda", "--quantization", "int4")
+    assert code == 2 and "quantization int4 runs on the CPU only for now" in err and out == ""
+
+
+def test_gguf_quantization_of_a_model_directory_is_refused(capsys, tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    code, _, err = run_main(capsys, "generate", "hi", "--model", str(tmp_path), "--quantization", "gguf")
+    assert code == 2 and "is a Hugging Face directory: pass the .gguf file" in err and "Traceback" not in err
+
+
+def test_unsupported_gguf_block_type_is_named(capsys, tmp_path):
+    import gguf
+
+    from test_quantize import weights, write_gguf
+
+    write_gguf(tmp_path / "q5.gguf", {"blk.0.ffn_down.weight": (weights(64, 256).numpy(), gguf.GGMLQuantizationType.Q5_1)})
+    code, _, err = run_main(capsys, "generate", "hi", "--model", str(tmp_path / "q5.gguf"), "--quantization", "gguf")
+    assert code == 2 and "tensor blk.0.ffn_down.weight is Q5_1" in err and "Traceback" not in err
 
 
 def test_malformed_number_is_an_argparse_error(capsys):

@@ -222,7 +222,8 @@ def run_bench(engine: Engine, config: BenchConfig, explicit_datasets: bool = Fal
         summary["modes"]["dense"]["perplexity"] = perplexity(engine, texts)
     meta = machine_info() | {
         "command": config.command, "threads": config.threads, "model": str(engine.source),
-        "dtype": str(engine.model.dtype).removeprefix("torch."), "suite": config.suite,
+        "dtype": str(engine.model.dtype).removeprefix("torch."), "quantization": engine.quantization,
+        "suite": config.suite,
         "max_tokens": config.max_tokens, "temperature": config.temperature, "seed": config.seed,
         "ignore_eos": config.ignore_eos, "stopping": config.stopping, "skip_first": config.skip_first,
         "memory_read_gb_s": read_bandwidth_gb_s(), "peak_rss_mb": peak_rss_mb(), "skipped": notes + skipped,

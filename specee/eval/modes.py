@@ -94,7 +94,7 @@ class HFMode:
         self.prompt_lookup_tokens = prompt_lookup_tokens
         self.engine = engine
         self.model = self._load(engine.source, engine.model.dtype, engine.model.device)
-        self.weight_bytes = engine.model.weight_bytes
+        self.weight_bytes = dense_weight_bytes(self.model)
 
     @classmethod
     def _load(cls, source: Path, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
@@ -134,6 +134,14 @@ class HFMode:
         total_s = time.perf_counter() - start
         bytes_per_token = None if self.prompt_lookup_tokens else self.weight_bytes
         return Run(tokens, prefill_s, max(total_s - prefill_s, 1e-9), bytes_per_token=bytes_per_token)
+
+
+def dense_weight_bytes(model: torch.nn.Module) -> int:
+    """Weight bytes one pass of a dense HF model reads: every parameter but the embedding table
+    (one row per token), and the output head even when it is the embedding (tied)."""
+    embedding, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    total = sum(p.numel() * p.element_size() for p in model.parameters() if p is not embedding)  # tied: listed once
+    return total + (head.numel() * head.element_size() if head is embedding else 0)
 
 
 class LlamaCppMode:

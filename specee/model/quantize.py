@@ -1,0 +1,243 @@
+"""Weight-only int8 and int4 on the CPU: a transform that replaces a built model's linear layers
+(and its embedding) by quantized ones, in place, as gpt-fast does.
+
+Formats:
+- int8: per-output-channel symmetric, w = code * scale, through `aten._weight_int8pack_mm`.
+- int4: group-wise with zero points along the input features,
+  w = (code - 8) * scale + zero, through `aten._weight_int4pack_mm_for_cpu`; the output head and
+  the embedding stay int8.
+
+Both kernels take bf16 activations and bf16 scales (their fp32 paths were 7-14 tok/s here). So the
+quantized linears round their input to bf16, the kernel accumulates in fp32 and rounds its output
+to bf16, and the result is cast back to the model's dtype: that is the only bf16 rounding; norms,
+residuals, attention and the KV cache keep the model's dtype. Each kernel gives a row the same
+bits whatever the number of rows in the pass; attention does not (README, "Where lossless holds").
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .cpu_packing import PackedLinear
+
+QUANTIZATIONS = ("none", "int8", "int4", "gguf")
+INT4_GROUP_SIZES = (32, 64, 128)
+# The default model comes as Q4_1 (groups of 32): groups of 32 keep its values almost exactly,
+# groups of 64 cannot, and moved its logits far more (BENCHMARKS.md).
+DEFAULT_INT4_GROUP_SIZE = 32
+KERNEL_DTYPE = torch.bfloat16
+INT4_ROW_BLOCK = 16  # the int4 packing wants output rows in multiples of this
+
+
+@dataclass
+class Int8Weight:
+    """w[n, k] = codes[n, k] * scales[n]."""
+
+    codes: torch.Tensor  # [N, K] int8 in -127..127
+    scales: torch.Tensor  # [N] bf16
+
+    def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        codes, scales = (self.codes, self.scales) if rows is None else (self.codes[rows], self.scales[rows])
+        return codes.float() * scales.float()[:, None]  # [rows, K] fp32, exact
+
+
+@dataclass
+class Int4Weight:
+    """w[n, k] = (code[n, k] - 8) * scales[n, k // group_size] + zeros[n, k // group_size]; codes
+    are packed two per byte, code[n, 2i] in the low nibble of nibbles[n, i]."""
+
+    nibbles: torch.Tensor  # [N, K / 2] uint8
+    scales: torch.Tensor  # [N, K / group_size] bf16
+    zeros: torch.Tensor  # [N, K / group_size] bf16
+    group_size: int
+
+    @classmethod
+    def from_codes(cls, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int) -> "Int4Weight":
+        codes = codes.to(torch.uint8)  # [N, K] in 0..15
+        return cls(codes[:, 0::2] | (codes[:, 1::2] << 4), scales.to(KERNEL_DTYPE), zeros.to(KERNEL_DTYPE), group_size)
+
+    def codes(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        nibbles = self.nibbles if rows is None else self.nibbles[rows]
+        return torch.stack((nibbles & 15, nibbles >> 4), dim=-1).flatten(1)  # [rows, K] uint8
+
+    def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        scales, zeros = (self.scales, self.zeros) if rows is None else (self.scales[rows], self.zeros[rows])
+        g = self.group_size
+        codes = self.codes(rows).float().unflatten(1, (-1, g))  # [rows, K / g, g]
+        return ((codes - 8) * scales.float()[..., None] + zeros.float()[..., None]).flatten(1)  # [rows, K] fp32
+
+
+QuantizedWeight = Int8Weight | Int4Weight
+
+
+def cat_rows(parts: list):
+    """Stack matrices along output rows (fusing q/k/v or gate/up): tensors or quantized weights
+    of one kind."""
+    first = parts[0]
+    if isinstance(first, torch.Tensor):
+        return torch.cat(parts)
+    if any(type(p) is not type(first) or getattr(p, "group_size", None) != getattr(first, "group_size", None)
+           for p in parts):
+        raise ValueError(f"cannot fuse matrices of different formats: {[_describe(p) for p in parts]}")
+    return map_rows(first, lambda _, name: torch.cat([getattr(p, name) for p in parts]))
+
+
+def map_rows(weight, fn):
+    """A quantized weight with `fn(tensor, field_name)` applied to each per-row tensor."""
+    return replace(weight, **{f.name: fn(getattr(weight, f.name), f.name) for f in fields(weight) if f.name != "group_size"})
+
+
+def _describe(weight) -> str:
+    return f"int4 (groups of {weight.group_size})" if isinstance(weight, Int4Weight) else type(weight).__name__
+
+
+def round_up_to_bf16(x: torch.Tensor) -> torch.Tensor:
+    """The smallest bf16 >= x, for x >= 0: a scale rounded up keeps every code in range."""
+    bits = (x.float().contiguous().view(torch.int32) + 0xFFFF) & -0x10000
+    return bits.view(torch.float32).to(KERNEL_DTYPE)
+
+
+def quantize_int8(weight: torch.Tensor) -> Int8Weight:
+    """Symmetric per output channel; |w - dequantized| <= scale / 2 for every weight."""
+    w = weight.detach().float()
+    scales = round_up_to_bf16(w.abs().amax(dim=1) / 127).clamp_min(torch.finfo(KERNEL_DTYPE).tiny)
+    codes = torch.round(w / scales.float()[:, None]).clamp_(-127, 127).to(torch.int8)
+    return Int8Weight(codes, scales)
+
+
+def quantize_int4(weight: torch.Tensor, group_size: int) -> Int4Weight:
+    """Min-max per group of `group_size` inputs; |w - dequantized| <= scale / 2 for every weight."""
+    out_features, in_features = weight.shape
+    if in_features % group_size:
+        raise ValueError(f"int4 needs in_features divisible by the group size: {in_features} is not a "
+                         f"multiple of {group_size} (choose a group size from {INT4_GROUP_SIZES} that divides it)")
+    groups = weight.detach().float().unflatten(1, (-1, group_size))  # [N, K / g, g]
+    low, high = groups.amin(-1), groups.amax(-1)
+    zeros = (low + 8 * (high - low) / 15).to(KERNEL_DTYPE).float()
+    # The zero point was rounded to bf16: widen the step so the 16 levels around it still cover [low, high].
+    scales = round_up_to_bf16(torch.maximum((zeros - low) / 8, (high - zeros) / 7))
+    scales = scales.clamp_min(torch.finfo(KERNEL_DTYPE).tiny).float()
+    codes = torch.round((groups - zeros[..., None]) / scales[..., None] + 8).clamp_(0, 15)
+    return Int4Weight.from_codes(codes.flatten(1), scales, zeros, group_size)
+
+
+def _kernel_input(x: torch.Tensor, in_features: int) -> torch.Tensor:
+    return x.reshape(-1, in_features).to(KERNEL_DTYPE)  # [rows, K]
+
+
+def _finish(out: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    out = out.to(x.dtype).reshape(*x.shape[:-1], -1)
+    return out + bias if bias is not None else out
+
+
+class Int8Linear(nn.Module):
+    def __init__(self, weight: Int8Weight, bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.codes.shape
+        self.quantized = weight  # the kernel reads it as it is; so do row lookups
+        self.bias = bias
+        self.weight_bytes = weight.codes.numel() + weight.scales.numel() * weight.scales.element_size()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.quantized
+        return _finish(torch.ops.aten._weight_int8pack_mm(_kernel_input(x, self.in_features), w.codes, w.scales),
+                       x, self.bias)
+
+
+class Int4Linear(nn.Module):
+    """The kernel's packed layout depends on the CPU's vector width, so rows are read from the
+    plain nibbles instead, kept only where rows are needed (`keep_rows`: the output head, whose
+    rows are the tied embedding and the logits of a vocabulary slice)."""
+
+    def __init__(self, weight: Int4Weight, bias: torch.Tensor | None = None, keep_rows: bool = False) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.nibbles.shape[0], weight.nibbles.shape[1] * 2
+        self.group_size = weight.group_size
+        self.bias = bias
+        # The packing takes rows in blocks of 16: pad with zero rows, cut from the output.
+        padding = -self.out_features % INT4_ROW_BLOCK
+        codes = F.pad(weight.codes().to(torch.int32), (0, 0, 0, padding), value=8)
+        scales, zeros = (F.pad(t, (0, 0, 0, padding)) for t in (weight.scales, weight.zeros))
+        # innerKTiles (the 1) is ignored by the CPU packing.
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+        self.scales_and_zeros = torch.stack((scales.T, zeros.T), dim=-1).contiguous()  # [K / g, N, 2]
+        self.quantized = weight if keep_rows else None
+        self.weight_bytes = self.packed.numel() + self.scales_and_zeros.numel() * self.scales_and_zeros.element_size()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(_kernel_input(x, self.in_features), self.packed,
+                                                         self.group_size, self.scales_and_zeros)
+        return _finish(out[:, : self.out_features], x, self.bias)
+
+
+class QuantizedEmbedding(nn.Module):
+    """Embedding rows dequantized from a quantized matrix (the output head's, when tied)."""
+
+    def __init__(self, weight: QuantizedWeight, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.quantized = weight
+        self.dtype = dtype
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.quantized.dequantize(ids.flatten()).to(self.dtype).view(*ids.shape, -1)  # [T, hidden]
+
+
+def quantized_linear(weight: QuantizedWeight, bias: torch.Tensor | None = None, keep_rows: bool = False) -> nn.Module:
+    if isinstance(weight, Int8Weight):
+        return Int8Linear(weight, bias)
+    return Int4Linear(weight, bias, keep_rows)
+
+
+def check_quantization(name: str, device: torch.device | str = "cpu", group_size: int = DEFAULT_INT4_GROUP_SIZE) -> None:
+    if name not in QUANTIZATIONS:
+        raise ValueError(f"unknown quantization {name!r} (choose from {', '.join(QUANTIZATIONS)})")
+    if name != "none" and torch.device(device).type != "cpu":
+        raise ValueError(f"quantization {name} runs on the CPU only for now: use --device cpu, or --quantization none")
+    if group_size not in INT4_GROUP_SIZES:
+        raise ValueError(f"int4 group size {group_size} is not one of {INT4_GROUP_SIZES}")
+
+
+def quantize_model(model: nn.Module, name: str, group_size: int = DEFAULT_INT4_GROUP_SIZE) -> nn.Module:
+    """Replace every nn.Linear of a built (unpacked) CPU model, and its embedding, by `name`'s
+    quantized form, in place: "int8" or "int4" ("none" leaves the model as it is)."""
+    check_quantization(name, model.device, group_size)
+    if name == "gguf":
+        raise ValueError("gguf keeps a GGUF file's own quantized tensors: it is chosen when loading the file")
+    if name == "none":
+        return model
+    if any(isinstance(module, PackedLinear) for module in model.modules()):
+        raise ValueError("quantize a model before CPU packing: packed linears keep no plain weight")
+    linears = {module_name: module for module_name, module in model.named_modules() if isinstance(module, nn.Linear)}
+    # The output head and the embedding stay int8 in the int4 format: int4 there moved the
+    # default model's logits several times more than int4 in every layer did (BENCHMARKS.md).
+    weights = {module_name: quantize_int8(module.weight) if name == "int8" or module_name == "lm_head"
+               else quantize_int4(module.weight, group_size) for module_name, module in linears.items()}
+    if not model.config.tie_word_embeddings:
+        weights["embed_tokens"] = quantize_int8(model.embed_tokens.weight)
+    biases = {module_name: module.bias.detach() for module_name, module in linears.items() if module.bias is not None}
+    return install_quantized(model, weights, biases)
+
+
+def install_quantized(model: nn.Module, weights: dict[str, QuantizedWeight],
+                      biases: dict[str, torch.Tensor] | None = None, dtype: torch.dtype | None = None) -> nn.Module:
+    """Put quantized linears in place of the modules named in `weights` ("layers.0.mlp.down_proj",
+    "lm_head", "embed_tokens"), with `biases` by the same names; outputs come in `dtype` (default:
+    the model's). With tied embeddings the one matrix is the output head, and the embedding reads
+    its rows."""
+    dtype = dtype or model.norm.weight.dtype
+    tied = model.config.tie_word_embeddings
+    for module_name, weight in weights.items():
+        if module_name == "embed_tokens":
+            if tied:
+                model.lm_head = quantized_linear(weight, keep_rows=True)
+            model.embed_tokens = QuantizedEmbedding(weight, dtype)
+        else:
+            bias = (biases or {}).get(module_name)
+            linear = quantized_linear(weight, None if bias is None else bias.to(dtype), keep_rows=module_name == "lm_head")
+            model.set_submodule(module_name, linear)
+    if tied and "lm_head" in weights:
+        model.embed_tokens = QuantizedEmbedding(model.lm_head.quantized, dtype)
+    return model

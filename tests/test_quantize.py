@@ -1,0 +1,215 @@
+"""Weight-only int8/int4: round trips within each format's bound, the kernels against the
+dequantized weights, row-count independence (what lossless speculation rests on), GGUF blocks
+read straight from a file against `gguf`'s own dequantization, and bad input."""
+import numpy as np
+import pytest
+import torch
+
+from helpers import specee_from_hf, tiny_hf_model
+from specee.model.quantize import (
+    Int4Linear, Int8Linear, check_quantization, quantize_int4, quantize_int8, quantize_model,
+)
+
+# fp32 evaluation of (code - 8) * scale + zero rounds once more.
+FP32_SLACK = 1e-6
+
+
+def weights(rows: int, cols: int, seed: int = 0) -> torch.Tensor:
+    """Gaussian weights with the awkward cases: an outlier row, an all-zero row, a constant row,
+    and a row far from zero (its zero point is large next to its step)."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(rows, cols, generator=g) * 0.05
+    w[1] *= 40
+    w[2] = 0
+    w[3] = 0.3
+    w[4] = 1.0 + torch.rand(cols, generator=g) * 0.01
+    return w
+
+
+def test_int8_round_trip_within_half_a_step_per_channel():
+    w = weights(64, 96)
+    q = quantize_int8(w)
+    assert q.codes.dtype == torch.int8 and q.scales.dtype == torch.bfloat16
+    error = (q.dequantize() - w).abs()  # [N, K]
+    assert (error <= q.scales.float()[:, None] / 2 * (1 + FP32_SLACK)).all()
+    assert error[2].max() == 0  # a zero row stays exactly zero
+
+
+@pytest.mark.parametrize("group_size", [32, 64])
+def test_int4_round_trip_within_half_a_step_per_group(group_size):
+    w = weights(48, 128)
+    q = quantize_int4(w, group_size)
+    error = (q.dequantize() - w).abs().unflatten(1, (-1, group_size))  # [N, K / g, g]
+    bound = q.scales.float()[..., None] / 2 + w.abs().max() * FP32_SLACK
+    assert (error <= bound).all()
+    assert q.codes().max() <= 15 and q.codes().shape == w.shape
+
+
+def test_int4_needs_in_features_divisible_by_the_group_size():
+    with pytest.raises(ValueError, match="112 is not a multiple of 64"):
+        quantize_int4(torch.randn(16, 112), 64)
+
+
+def x_and_rows(in_features: int, rows: int = 16, seed: int = 1) -> torch.Tensor:
+    return torch.randn(rows, in_features, generator=torch.Generator().manual_seed(seed)) * 2
+
+
+@pytest.mark.parametrize("linear", ["int8", "int4"])
+def test_quantized_linear_is_x_times_its_dequantized_weight(linear):
+    w = weights(97, 128)  # 97 rows: int4 pads to the packing's blocks of 16
+    q = quantize_int8(w) if linear == "int8" else quantize_int4(w, 32)
+    layer = Int8Linear(q) if linear == "int8" else Int4Linear(q)
+    x = x_and_rows(128)
+    out = layer(x)
+    assert out.dtype == torch.float32 and out.shape == (16, 97)
+    # The kernel rounds x to bf16, accumulates in fp32 and rounds its output to bf16.
+    expected = x.bfloat16().float() @ q.dequantize().T
+    torch.testing.assert_close(out, expected, rtol=2**-8, atol=1e-4)
+    assert layer(x.bfloat16()).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("linear", ["int8", "int4"])
+def test_a_row_gets_the_same_bits_whatever_the_rows_beside_it(linear):
+    """Speculation verifies 2-17 tokens in one pass; dense decoding runs one. Lossless holds in a
+    quantized format only if a multi-row pass gives each row exactly its one-row result."""
+    w = weights(576, 576)
+    layer = Int8Linear(quantize_int8(w)) if linear == "int8" else Int4Linear(quantize_int4(w, 32))
+    x = x_and_rows(576, rows=64)
+    one_by_one = torch.cat([layer(x[i:i + 1]) for i in range(len(x))])
+    for rows in (2, 3, 5, 8, 9, 13, 16, 17, 33, 64):
+        assert torch.equal(layer(x[:rows]), one_by_one[:rows]), f"{rows} rows"
+
+
+@pytest.mark.parametrize("name", ["int8", "int4"])
+@pytest.mark.parametrize("tied", [False, True])
+def test_quantized_model_keeps_its_pieces_working(name, tied):
+    hf = tiny_hf_model(seed=1, intermediate_size=128, vocab_size=112, tie_word_embeddings=tied)
+    dense = specee_from_hf(hf, pack=False)
+    model = quantize_model(specee_from_hf(hf, pack=False), name)
+    assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())
+    assert model.dtype == torch.float32
+    ids = torch.tensor([5, 9, 2, 77, 100])
+    with torch.no_grad():
+        # The embedding reads the int8 head's (tied) or its own int8 rows.
+        torch.testing.assert_close(model.embed(ids), dense.embed(ids), atol=0.02, rtol=0.02)
+        h = model.norm(torch.randn(3, 64))
+        rows = torch.tensor([3, 111, 0, 41])
+        # Sliced logits use the exact dequantized rows; full logits went through bf16.
+        torch.testing.assert_close(model.logits(h, rows), model.logits(h)[:, rows], rtol=2**-7, atol=0.02)
+        logits = model(ids, torch.arange(5), model.new_cache(8))
+    assert logits.shape == (5, 112) and torch.isfinite(logits).all()
+    assert model.weight_bytes < dense.weight_bytes / 3
+
+
+def test_weight_bytes_count_codes_and_scales():
+    hf = tiny_hf_model(seed=0, intermediate_size=128, vocab_size=112, tie_word_embeddings=True)
+    model = quantize_model(specee_from_hf(hf, pack=False), "int4")
+    c = model.config
+    layer_matrices = [(c.hidden_size, 128), (c.hidden_size, c.hidden_size), (c.hidden_size, 256), (128, c.hidden_size)]
+    # int4: half a byte per weight, a bf16 scale and zero per group of 32; the int8 head: a byte per
+    # weight and a bf16 scale per row; fp32 norms.
+    int4 = sum(k * n // 2 + 2 * 2 * n * k // 32 for k, n in layer_matrices)
+    head = c.vocab_size * c.hidden_size + 2 * c.vocab_size
+    norms = (2 * c.num_hidden_layers + 1) * c.hidden_size * 4
+    assert model.weight_bytes == c.num_hidden_layers * int4 + head + norms
+
+
+def test_bad_quantization_requests_are_clear_errors():
+    with pytest.raises(ValueError, match="unknown quantization 'int3'"):
+        check_quantization("int3")
+    with pytest.raises(ValueError, match="CPU only"):
+        check_quantization("int8", "cuda")
+    odd = specee_from_hf(tiny_hf_model(seed=0), pack=False)  # intermediate_size 112
+    with pytest.raises(ValueError, match="112 is not a multiple of 32"):
+        quantize_model(odd, "int4")
+    with pytest.raises(ValueError, match="before CPU packing"):
+        quantize_model(specee_from_hf(tiny_hf_model(seed=0)), "int8")
+
+
+# GGUF blocks read straight from a file.
+
+def write_gguf(path, tensors: dict) -> None:
+    """A tiny GGUF with the metadata a config needs and `tensors` {name: (fp32 array, type)}."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_embedding_length(64)
+    writer.add_feed_forward_length(128)
+    writer.add_block_count(1)
+    writer.add_head_count(4)
+    writer.add_vocab_size(112)
+    for name, (array, qtype) in tensors.items():
+        data = gguf.quants.quantize(array, qtype) if qtype not in (gguf.GGMLQuantizationType.F32,) else array
+        writer.add_tensor(name, data, raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
+def test_gguf_blocks_equal_gguf_dequantization(tmp_path, qtype):
+    import gguf
+    from gguf.quants import dequantize
+
+    from specee.model.gguf_quantized import int4_from_q4, int8_from_q8_0
+
+    kind = gguf.GGMLQuantizationType[qtype]
+    w = weights(48, 128, seed=3).numpy()
+    write_gguf(tmp_path / "t.gguf", {"blk.0.ffn_down.weight": (w, kind)})
+    tensor = gguf.GGUFReader(str(tmp_path / "t.gguf")).tensors[0]
+    expected = torch.from_numpy(dequantize(tensor.data, kind).copy())
+    if kind == gguf.GGMLQuantizationType.Q8_0:
+        ours = int8_from_q8_0(np.asarray(tensor.data))
+        # Requantized per row: within half the row's step of the file's values, not equal to them.
+        bound = ours.scales.float()[:, None] / 2 * (1 + FP32_SLACK)
+        assert ((ours.dequantize() - expected).abs() <= bound).all()
+    else:
+        ours = int4_from_q4(np.asarray(tensor.data), kind)
+        # The file's codes exactly; its fp16 scale d and zero point (0, or m + 8d) rounded to bf16.
+        blocks = np.asarray(tensor.data).reshape(48, 4, -1)
+        d = torch.from_numpy(blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32))
+        zero = (torch.from_numpy(blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)) + 8 * d
+                if kind == gguf.GGMLQuantizationType.Q4_1 else torch.zeros_like(d))
+        bound = 8 * (ours.scales.float() - d).abs() + (ours.zeros.float() - zero).abs()  # [N, K / 32]
+        error = (ours.dequantize() - expected).abs().unflatten(1, (-1, 32))
+        assert (error <= bound[..., None] + expected.abs().max() * FP32_SLACK).all()
+        assert bound.max() <= 2**-8 * (8 * d.abs().max() + zero.abs().max())
+        # And through the kernel: x @ dequantized.T within the kernel's bf16 rounding.
+        x = x_and_rows(128, rows=3)
+        torch.testing.assert_close(Int4Linear(ours)(x), x.bfloat16().float() @ ours.dequantize().T,
+                                   rtol=2**-8, atol=1e-4)
+
+
+def test_default_model_tensors_equal_gguf_dequantization():
+    """The shipped file's Q4_1 layers and Q8_0 embedding, read as the loader reads them."""
+    import gguf
+    from gguf.quants import dequantize
+
+    from specee.model.gguf_quantized import int4_from_q4, int8_from_q8_0
+    from specee.model.loading import default_model_path
+
+    tensors = {t.name: t for t in gguf.GGUFReader(str(default_model_path())).tensors}
+    down = tensors["blk.0.ffn_down.weight"]
+    ours = int4_from_q4(np.asarray(down.data), down.tensor_type)
+    expected = torch.from_numpy(dequantize(down.data, down.tensor_type).copy())
+    step = ours.scales.float().repeat_interleave(32, dim=1)
+    # bf16 scales and zero points: every weight within 1/16 of its group's step of the file's value.
+    assert ((ours.dequantize() - expected).abs() <= step / 16 + 1e-6).all()
+    embedding = tensors["token_embd.weight"]
+    rows = slice(0, 2048)
+    ours8 = int8_from_q8_0(np.asarray(embedding.data)[rows])
+    expected8 = torch.from_numpy(dequantize(embedding.data[rows], embedding.tensor_type).copy())
+    assert ((ours8.dequantize() - expected8).abs() <= ours8.scales.float()[:, None] / 2 * (1 + FP32_SLACK)).all()
+
+
+def test_unsupported_gguf_type_is_named(tmp_path):
+    import gguf
+
+    from specee.model.gguf_quantized import read_gguf_weights
+    from specee.model.loading import ModelLoadError
+
+    w = weights(64, 128).numpy()
+    write_gguf(tmp_path / "q5.gguf", {"blk.0.ffn_down.weight": (w, gguf.GGMLQuantizationType.Q5_0)})
+    with pytest.raises(ModelLoadError, match="tensor blk.0.ffn_down.weight is Q5_0"):
+        read_gguf_weights(tmp_path / "q5.gguf")
