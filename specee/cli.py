@@ -41,7 +41,7 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument("--threads", type=_positive_int, help="CPU threads for PyTorch")
     p.add_argument("--quantization", default="none",
-                   help="weights: none, int8 (per channel), int4 (groups of 64) or gguf (the GGUF file's own "
+                   help="weights: none, int8 (per channel), int4 (groups of 32; head int8) or gguf (the GGUF file's own "
                         "Q4_0/Q4_1/Q8_0 blocks); the quantized formats run on the CPU (default none)")
 
 

@@ -114,6 +114,14 @@ def test_weight_bytes_count_codes_and_scales():
     assert model.weight_bytes == c.num_hidden_layers * int4 + head + norms
 
 
+@pytest.mark.parametrize("tied", [False, True])
+def test_the_hf_baseline_counts_the_dense_bytes_whatever_our_format(tied):
+    from specee.eval.modes import dense_weight_bytes
+
+    hf = tiny_hf_model(seed=0, tie_word_embeddings=tied)
+    assert dense_weight_bytes(hf) == specee_from_hf(hf).weight_bytes
+
+
 def test_bad_quantization_requests_are_clear_errors():
     with pytest.raises(ValueError, match="unknown quantization 'int3'"):
         check_quantization("int3")

@@ -60,33 +60,34 @@ def test_weights_read_per_token_shrink(default_engine, engines):
     assert engines["gguf"].model.weight_bytes == engines["int4"].model.weight_bytes  # int4/32 + an int8 head
 
 
-def agreement(engine, prompts, max_tokens, options) -> tuple[int, float, int]:
-    """(prompts whose speculative output equals dense, share of tokens before the first
-    divergence, draft tokens accepted)."""
-    identical = matching = total = accepted = 0
-    for prompt in prompts:
-        dense = engine.generate(prompt, max_tokens=max_tokens, ignore_eos=True).token_ids
-        result = engine.generate(prompt, max_tokens=max_tokens, ignore_eos=True, **options)
-        assert len(result.token_ids) == len(dense) == max_tokens
-        first = next((i for i, (a, b) in enumerate(zip(dense, result.token_ids)) if a != b), len(dense))
-        identical, matching, total = identical + (first == len(dense)), matching + first, total + len(dense)
-        accepted += result.stats.draft_tokens_accepted
-    return identical, matching / total, accepted
+def agreement(engine, prompts, max_tokens) -> dict[str, tuple[int, float, int]]:
+    """For each speculative configuration: (prompts whose output equals dense decoding's, share of
+    tokens before the first difference, draft tokens accepted)."""
+    dense = [engine.generate(p, max_tokens=max_tokens, ignore_eos=True).token_ids for p in prompts]
+    found = {}
+    for config, options in SPECULATIVE.items():
+        identical = matching = accepted = 0
+        for prompt, expected in zip(prompts, dense):
+            result = engine.generate(prompt, max_tokens=max_tokens, ignore_eos=True, **options)
+            assert len(result.token_ids) == len(expected) == max_tokens
+            first = next((i for i, (a, b) in enumerate(zip(expected, result.token_ids)) if a != b), max_tokens)
+            identical, matching = identical + (first == max_tokens), matching + first
+            accepted += result.stats.draft_tokens_accepted
+        found[config] = (identical, matching / (max_tokens * len(prompts)), accepted)
+    return found
 
 
 @pytest.mark.parametrize("name", FORMATS)
 def test_speculative_decoding_runs_in_every_format(engines, name):
-    for config, options in SPECULATIVE.items():
-        _, _, accepted = agreement(engines[name], [COPY_PROMPT], 24, options)
+    for config, (_, _, accepted) in agreement(engines[name], [COPY_PROMPT], 24).items():
         assert accepted > 0, f"{config}: no draft token accepted"
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", FORMATS)
 def test_speculative_agreement_with_dense_on_ten_prompts(engines, name):
-    """Measured agreement, not a lossless claim: the floors sit below the shares README reports."""
+    """Measured agreement, not a lossless claim: the floor sits below the shares README reports."""
     from test_speculative_lossless import PROMPTS as TEN_PROMPTS
 
-    for config, options in SPECULATIVE.items():
-        identical, share, _ = agreement(engines[name], TEN_PROMPTS, 96, options)
-        assert share >= TEN_PROMPT_AGREEMENT, f"{config}: {share:.2f} before the first divergence, {identical}/10 identical"
+    for config, (identical, share, _) in agreement(engines[name], TEN_PROMPTS, 96).items():
+        assert share >= TEN_PROMPT_AGREEMENT, f"{config}: {share:.2f} before the first difference, {identical}/10 identical"
