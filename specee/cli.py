@@ -53,12 +53,16 @@ def _add_sampling_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, help="random seed for sampling")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-sequence (benchmarks)")
-    p.add_argument("--spec-method", default="none", help="none, prompt-lookup, ngram, hybrid, draft or staged (all lossless)")
+    p.add_argument("--spec-method", default="none",
+                   help="none, prompt-lookup, ngram, hybrid, draft, staged or eagle (all lossless)")
     p.add_argument("--num-draft-tokens", type=_positive_int, help="draft tokens per step (default 8, adapted)")
     p.add_argument("--tree", help='verify a tree: "auto" (best-first under --tree-budget) or rank paths "0;1;0,0"')
     p.add_argument("--tree-budget", type=_positive_int, help="draft nodes per tree (default 4)")
     p.add_argument("--draft-model", help="draft model path, or self:L for the target's first L layers")
     p.add_argument("--ngram-model", help="n-gram table from `specee train ngram` (default: the bundled one)")
+    p.add_argument("--drafter", help="trained drafter from `specee train eagle` (default: the bundled one)")
+    p.add_argument("--tree-width", type=_positive_int,
+                   help="--tree auto and eagle: candidates per expanded node (default 4; eagle: its artifact's)")
     p.add_argument("--draft-confidence", type=float,
                    help="chains (ngram, hybrid, draft): the last token drafted is the first whose drafter "
                         "top probability is below this")
@@ -135,6 +139,20 @@ def build_parser() -> argparse.ArgumentParser:
     ngram.add_argument("--max-tokens", type=_positive_int, default=128, help="answer length with --generate")
     ngram.add_argument("--order", type=_positive_int, default=3)
     ngram.add_argument("--out", required=True, help="output file")
+    eagle = train_sub.add_parser("eagle", help="an EAGLE-style feature head for --spec-method eagle")
+    _add_model_options(eagle)
+    eagle.add_argument("--out", required=True, help="output file")
+    eagle.add_argument("--corpus", action="append", default=[], help="text or Spec-Bench .jsonl file (repeatable)")
+    eagle.add_argument("--no-sharegpt", action="store_true", help="leave out the ShareGPT conversations")
+    eagle.add_argument("--tokens", type=_positive_int, default=400_000, help="corpus tokens (default 400000)")
+    eagle.add_argument("--minutes", type=float, default=30.0, help="training time after collection (default 30)")
+    eagle.add_argument("--epochs", type=_positive_int, default=10, help="most passes over the corpus (default 10)")
+    eagle.add_argument("--resume", action="store_true", help="continue from OUT's checkpoint (.ckpt)")
+    eagle.add_argument("--seed", type=int, default=0)
+    for name, kind, text in (("depth", _positive_int, "deepest draft node"), ("width", _positive_int,
+                             "candidates per expanded node"), ("budget", _positive_int, "draft nodes verified per pass"),
+                             ("min-prob", float, "stop growing below this path probability")):
+        eagle.add_argument(f"--{name}", type=kind, help=f"drafting default stored in the artifact: {text}")
     prior = train_sub.add_parser("copy-prior", help="measure prompt lookup's copy hit rate by match length "
                                  "(the prior of drafters/copy_reliability.py)")
     _add_model_options(prior)
@@ -154,12 +172,34 @@ def cmd_train(args) -> int:
 
         measure_copy_prior(_load(args), dataset_prompts(args.dataset, args.skip_first, args.limit), args.max_tokens)
         return 0
+    if args.artifact == "eagle":
+        return _train_eagle(args)
     from .train.ngram import train_ngram
 
     train_ngram(
         _load(args), Path(args.out), corpus=args.corpus, datasets=args.dataset, generate=args.generate,
         skip_first=args.skip_first, limit=args.limit, max_tokens=args.max_tokens, order=args.order,
     )
+    return 0
+
+
+def _train_eagle(args) -> int:
+    from pathlib import Path
+
+    from .drafters.eagle import EagleSettings
+    from .train.eagle import EagleTrainConfig, train_eagle
+
+    if not args.minutes > 0:
+        raise UsageError(f"--minutes must be > 0, got {args.minutes}")
+    if args.min_prob is not None and not 0 <= args.min_prob <= 1:
+        raise UsageError(f"--min-prob must be in [0, 1], got {args.min_prob}")
+    if args.no_sharegpt and not args.corpus:
+        raise UsageError("--no-sharegpt needs --corpus FILE: there would be nothing to train on")
+    defaults = EagleSettings()
+    settings = EagleSettings(*(getattr(args, name) or getattr(defaults, name) for name in ("depth", "width", "budget")),
+                             args.min_prob if args.min_prob is not None else defaults.min_prob)
+    config = EagleTrainConfig(tokens=args.tokens, minutes=args.minutes, epochs=args.epochs, seed=args.seed)
+    train_eagle(_load(args), Path(args.out), args.corpus, not args.no_sharegpt, config, args.resume, settings)
     return 0
 
 
@@ -213,7 +253,8 @@ def _sampling_kwargs(args) -> dict:
         seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos, spec_method=args.spec_method,
         num_draft_tokens=args.num_draft_tokens, tree=args.tree, tree_budget=args.tree_budget,
         draft_model=args.draft_model, ngram_model=args.ngram_model, confidence_threshold=args.draft_confidence,
-        tree_node_cost=args.tree_node_cost, tree_min_prob=args.tree_min_prob,
+        tree_node_cost=args.tree_node_cost, tree_min_prob=args.tree_min_prob, tree_width=args.tree_width,
+        drafter=args.drafter,
     )
 
 

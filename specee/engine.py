@@ -118,11 +118,12 @@ class Engine:
         limit = prompt_tokens + max_tokens + CACHE_SLACK
         return self.model.new_cache(limit, capacity=prompt_tokens + min(max_tokens, INITIAL_OUTPUT_SLOTS) + CACHE_SLACK)
 
-    def prefill(self, ids: list[int], cache: KVCache) -> torch.Tensor:
-        """Run the prompt through the model; returns the logits after its last token [1, vocab]."""
+    def prefill(self, ids: list[int], cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the prompt through the model; returns the logits after its last token [1, vocab]
+        and the last layer's states of every prompt token [len(ids), hidden] (feature drafters)."""
         device = self.model.device
         h = self.model.hidden(torch.tensor(ids, device=device), torch.arange(len(ids), device=device), cache)
-        return self.model.logits(self.model.norm(h[-1:]))
+        return self.model.logits(self.model.norm(h[-1:])), h
 
 
 class Generation:
@@ -177,10 +178,11 @@ class Generation:
         with torch.inference_mode():
             cache = engine.new_cache(len(self.prompt_ids), self.max_tokens)
             start = time.perf_counter()
-            logits = engine.prefill(self.prompt_ids, cache)
+            logits, hidden = engine.prefill(self.prompt_ids, cache)
             stats.weight_bytes += model.weight_bytes
             stats.prefill_s = time.perf_counter() - start
-        state = DecodeState(model, cache, list(self.prompt_ids), logits, Sampler(self.params, model.device), stats)
+        state = DecodeState(model, cache, list(self.prompt_ids), logits, Sampler(self.params, model.device), stats,
+                            hidden)
         steps = self.strategy.decode(state)
         start = time.perf_counter()
         try:

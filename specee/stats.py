@@ -19,6 +19,9 @@ class GenerationStats:
     position_accepted: list[int] = field(default_factory=list)  # [k]: ... where position k was accepted too
     exit_layers: list[int] = field(default_factory=list)  # layer count used per token (early exit)
     weight_bytes: int = 0  # weight bytes read by every model pass (target + drafter)
+    draft_s: float = 0.0  # time spent drafting (inside decode_s)
+    verify_s: float = 0.0  # time spent in the target's verification passes (inside decode_s)
+    draft_nodes: int = 0  # draft tokens sent to verification (every tree node)
 
     @property
     def tokens_per_s(self) -> float:
@@ -41,6 +44,18 @@ class GenerationStats:
         if len(self.position_proposed) < w or not self.position_proposed[w - 1]:
             return 0.0
         return self.position_accepted[w - 1] / self.position_proposed[w - 1]
+
+    @property
+    def drafting_share(self) -> float:
+        """The share of decode time spent drafting."""
+        return self.draft_s / self.decode_s if self.decode_s > 0 else 0.0
+
+    @property
+    def draft_cost_per_token(self) -> float:
+        """Drafting time per draft token, relative to one verification pass of the target."""
+        if not self.draft_nodes or not self.verify_s:
+            return 0.0
+        return (self.draft_s / self.draft_nodes) / (self.verify_s / self.target_passes)
 
     @property
     def bytes_per_token(self) -> float:
@@ -69,6 +84,8 @@ class GenerationStats:
             mean_acceptance_length=self.mean_acceptance_length,
             per_position_acceptance=self.per_position_acceptance,
             ctar={w: self.ctar(w) for w in range(1, 7)},
+            drafting_share=self.drafting_share,
+            draft_cost_per_token=self.draft_cost_per_token,
             bytes_per_token=self.bytes_per_token,
         )
         return d

@@ -47,7 +47,7 @@ def toy_records():
 def test_record_has_the_documented_fields():
     expected = {"mode", "lossless", "prompt_id", "category", "dataset", "prompt_tokens", "new_tokens", "prefill_s",
                 "decode_s", "wall_s", "tokens_per_s", "run_order", "accept_lengths", "exit_layers", "avg_layers",
-                "bytes_per_token", "token_ids", "matches_dense", "first_divergence", "correct", "skipped"}
+                "bytes_per_token", "token_ids", "matches_dense", "first_divergence", "correct", "skipped", "drafting"}
     assert set(RECORD_FIELDS) == expected
     assert set(record("dense", "p", "qa", 1.0)) == expected
 
@@ -195,3 +195,20 @@ def test_machine_info():
     assert set(info) == {"cpu", "logical_cores", "torch_threads", "platform", "python", "torch", "specee"}
     assert info["logical_cores"] >= 1 and info["torch_threads"] >= 1
     assert info["cpu"] and info["python"].count(".") == 2
+
+
+def test_drafter_statistics_pool_prompts():
+    """CTAR(w) = passes whose first w drafts were all accepted / passes that drafted w; drafting
+    share and draft cost pool time over prompts."""
+    counts = [
+        dict(position_proposed=[4, 4, 2], position_accepted=[3, 1, 0], draft_s=0.2, verify_s=0.8, draft_nodes=10,
+             passes=4),
+        dict(position_proposed=[2, 2], position_accepted=[2, 2], draft_s=0.1, verify_s=0.4, draft_nodes=6, passes=2),
+    ]
+    records = [record("dense", f"p{i}", "qa", 1.0) for i in range(2)]
+    records += [record("spec", f"p{i}", "qa", 1.0, drafting=c) for i, c in enumerate(counts)]
+    spec = summarize(records)["modes"]["spec"]
+    assert spec["ctar"][:3] == [5 / 6, 3 / 6, 0 / 2] and spec["ctar"][3] is None
+    assert spec["drafting_share"] == pytest.approx(0.3 / 2.0)
+    assert spec["draft_cost"] == pytest.approx((0.3 / 16) / (1.2 / 6))
+    assert "CTAR1" in format_table(summarize(records)) and summarize(records)["modes"]["dense"]["ctar"] is None

@@ -15,6 +15,8 @@ from helpers import chi_square_p_value, tiny_model
 from specee.decoding.base import DecodeState
 from specee.decoding.speculative import Speculative
 from specee.drafters.draft_model import DraftModel
+from specee.drafters.eagle import EagleArtifact, EagleDrafter, EagleHead, EagleModel
+from specee.model.fingerprint import weights_fingerprint
 from specee.drafters.prompt_lookup import PromptLookup
 from specee.sampling import Sampler, SamplingParams, processed_probs
 from specee.stats import GenerationStats
@@ -53,9 +55,9 @@ def sample_joint(model, make_strategy, params) -> torch.Tensor:
     with torch.no_grad():
         for seed in range(SAMPLES):
             cache = model.new_cache(64)
-            model(torch.tensor(PROMPT), torch.arange(len(PROMPT)), cache)
+            hidden = model.hidden(torch.tensor(PROMPT), torch.arange(len(PROMPT)), cache)
             sampler = Sampler(SamplingParams(params.temperature, params.top_k, params.top_p, seed=seed))
-            state = DecodeState(model, cache, list(PROMPT), forced, sampler, GenerationStats())
+            state = DecodeState(model, cache, list(PROMPT), forced, sampler, GenerationStats(), hidden)
             out = []
             for new in strategy.decode(state):
                 out += new
@@ -90,6 +92,15 @@ def prompt_lookup_chain(model):
     return Speculative(lambda: PromptLookup(max_ngram=3), num_draft_tokens=3, adaptive=False)
 
 
+def eagle_tree(model):
+    """An untrained feature head over a reduced vocabulary (tokens 0-7 of 12): deterministic top-k
+    tree drafts that are often wrong, and never tokens 8-11."""
+    torch.manual_seed(0)
+    artifact = EagleArtifact(EagleHead(model.config).state_dict(), torch.arange(8), weights_fingerprint(model))
+    eagle = EagleModel(model, artifact)
+    return Speculative(lambda: EagleDrafter(eagle, 3, 3, 6, 0.0), 3, tree_budget=6, tree_width=3, adaptive=False)
+
+
 CASES = {
     "chain, temperature": (chain_from_shallow_layers, SamplingParams(temperature=0.9)),
     "chain, top-k": (chain_from_shallow_layers, SamplingParams(temperature=1.2, top_k=4)),
@@ -97,6 +108,7 @@ CASES = {
     "dynamic tree, top-p": (dynamic_tree_from_draft, SamplingParams(temperature=1.0, top_p=0.8)),
     "static tree, temperature": (static_tree_from_draft, SamplingParams(temperature=0.8)),
     "prompt lookup, top-k and top-p": (prompt_lookup_chain, SamplingParams(temperature=1.1, top_k=6, top_p=0.9)),
+    "eagle tree, reduced vocabulary, temperature": (eagle_tree, SamplingParams(temperature=0.9)),
 }
 
 

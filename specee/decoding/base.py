@@ -23,6 +23,7 @@ class DecodeState:
     logits: torch.Tensor  # [1, vocab]
     sampler: Sampler
     stats: GenerationStats
+    hidden: torch.Tensor | None = None  # [prompt, hidden] the last layer's states (before the final norm)
 
 
 class Strategy(Protocol):

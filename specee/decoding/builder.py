@@ -11,6 +11,8 @@ from typing import Callable
 
 from ..drafters.base import Proposer
 from ..drafters.draft_model import DraftModel, StagedDraft
+from ..drafters.eagle import BUNDLED as BUNDLED_EAGLE
+from ..drafters.eagle import EagleArtifact, EagleDrafter, EagleModel
 from ..drafters.hybrid import Hybrid
 from ..drafters.ngram import NgramModel, NgramProposer
 from ..drafters.prompt_lookup import PromptLookup
@@ -20,7 +22,7 @@ from ..tokenizer import Tokenizer
 from ..verification.tree import StaticTree, parse_tree_paths, static_tree
 from .speculative import Speculative
 
-METHODS = ("prompt-lookup", "ngram", "hybrid", "draft", "staged")
+METHODS = ("prompt-lookup", "ngram", "hybrid", "draft", "staged", "eagle")
 BUNDLED_NGRAM = Path(__file__).resolve().parent.parent / "artifacts" / "smollm2-135m-instruct.trigram.pt"
 # Methods whose drafter has a probability per drafted token, which --draft-confidence reads.
 SCORED_CHAIN_METHODS = ("ngram", "hybrid", "draft")
@@ -45,6 +47,7 @@ class SpecOptions:
     # Hybrid chains: copy only after a match at least this long, else draft from the table (1 beat 2
     # and 3 on the tuning slice, BENCHMARKS.md).
     min_copy_match: int = 1
+    drafter: str | None = None  # a trained drafter file (eagle); default: the bundled one
 
     @classmethod
     def from_dict(cls, options: dict) -> "SpecOptions":
@@ -59,7 +62,12 @@ class SpecOptions:
             raise ValueError(f"unknown speculative method {self.method!r} (choose from none, {', '.join(METHODS)})")
         if self.tree is not None and not self.tree.strip():
             raise ValueError('an empty tree: write --tree auto or rank paths like "0;1;0,0" (or leave it out for a chain)')
-        dynamic = self.tree is not None and self.tree.strip() == "auto"
+        if self.method == "eagle" and self.tree is not None:
+            raise ValueError("eagle drafts its own dynamic tree: leave the tree option out "
+                             "(tree_budget, tree_width and tree_min_prob shape it)")
+        if self.drafter is not None and self.method != "eagle":
+            raise ValueError(f"a drafter file applies to the eagle method, not {self.method}")
+        dynamic = self.method == "eagle" or (self.tree is not None and self.tree.strip() == "auto")
         for name, value in (("tree_min_prob", self.tree_min_prob), ("confidence_threshold", self.confidence_threshold)):
             if not 0 <= value <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {value}")
@@ -88,6 +96,7 @@ class Artifacts:
         self.tokenizer = tokenizer
         self._tables: dict[str, NgramModel] = {}
         self._drafts: dict[str, Transformer] = {}
+        self._eagles: dict[str, EagleModel] = {}
 
     def ngram(self, path: str | None) -> NgramModel:
         if path is None:
@@ -118,9 +127,22 @@ class Artifacts:
         return self._drafts[spec], None
 
 
+    def eagle(self, path: str | None) -> EagleModel:
+        if path is None:
+            if not BUNDLED_EAGLE.exists():
+                raise ValueError("the eagle method needs --drafter FILE (train one with `specee train eagle`)")
+            path = BUNDLED_EAGLE
+        key = str(path)
+        if key not in self._eagles:
+            self._eagles[key] = EagleModel(self.model, EagleArtifact.load(path, self.model))
+        return self._eagles[key]
+
+
 def build_speculative(artifacts: Artifacts, options: dict) -> Speculative:
     opts = SpecOptions.from_dict(options)
     opts.check()
+    if opts.method == "eagle":
+        return _eagle(artifacts, opts, given=set(options))
     make_proposer = _proposer_factory(artifacts, opts)
     tree: StaticTree | str | None = None
     if opts.tree is not None:
@@ -128,6 +150,18 @@ def build_speculative(artifacts: Artifacts, options: dict) -> Speculative:
     name = opts.method + ("" if tree is None else "-tree")
     return Speculative(make_proposer, opts.num_draft_tokens, tree, opts.tree_budget, opts.tree_width or 4,
                        opts.adaptive, name, tree_min_prob=opts.tree_min_prob, node_cost=opts.tree_node_cost)
+
+
+def _eagle(artifacts: Artifacts, opts: SpecOptions, given: set[str]) -> Speculative:
+    """The head's own tree, shaped by the settings stored in its artifact unless options override them."""
+    eagle = artifacts.eagle(opts.drafter)
+    settings = eagle.settings
+    depth = opts.num_draft_tokens if "num_draft_tokens" in given else settings.depth
+    width = opts.tree_width if opts.tree_width else settings.width
+    budget = opts.tree_budget if "tree_budget" in given else settings.budget
+    min_prob = opts.tree_min_prob if "tree_min_prob" in given else settings.min_prob
+    return Speculative(lambda: EagleDrafter(eagle, depth, width, budget, min_prob), depth, tree_budget=budget,
+                       tree_width=width, adaptive=False, name="eagle")
 
 
 def _proposer_factory(artifacts: Artifacts, opts: SpecOptions) -> Callable[[], Proposer]:

@@ -45,3 +45,5 @@ register(StrategySpec("draft-self", True, _speculative("draft", draft_model="sel
                       "the target's first 6 layers as draft model"))
 register(StrategySpec("staged", True, _speculative("staged", draft_model="self:6"),
                       "self:6 draft model, itself sped up by prompt lookup"))
+register(StrategySpec("eagle", True, _speculative("eagle"),
+                      "trained EAGLE-style feature head (bundled), dynamic tree over a reduced vocabulary"))

@@ -6,6 +6,7 @@ sampling), adds the target's own next token after it, and rewinds the KV cache t
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -95,19 +96,25 @@ class Speculative:
         tokens = state.tokens
         proposer = self.make_proposer()
         proposer.reset(tokens, sampler)
+        if proposer.wants_features:
+            proposer.observe(state.hidden)
         length = DraftLength(self.num_draft_tokens, self.num_draft_tokens, self.adaptive)
         root = int(sampler.pick(state.logits)[0])
         tokens.append(root)
         yield [root]
         while True:
+            began = time.perf_counter()
             draft = self.draft(proposer, tokens, length.current)
+            drafted = time.perf_counter()
             layout = TreeLayout.of(draft)
             is_chain = draft.is_chain
             prefix = cache.length  # the cache holds everything before the root
             ids = torch.tensor([tokens[-1], *draft.tokens], device=model.device)  # [n + 1]
             positions = layout.positions(prefix).to(model.device)
             mask = None if is_chain else layout.attention_mask().to(model.device)
-            logits = model(ids, positions, cache, mask)  # [n + 1, vocab]
+            hidden = model.hidden(ids, positions, cache, mask)  # [n + 1, hidden]: the forward, in its pieces
+            logits = model.logits(model.norm(hidden))  # [n + 1, vocab]
+            verified = time.perf_counter()
             if sampler.greedy:
                 accepted, next_token = accept_greedy(draft, logits.argmax(-1))
             else:
@@ -117,9 +124,14 @@ class Speculative:
             else:
                 cache.keep(prefix, [prefix] + [prefix + 1 + node for node in accepted])
             new = [draft.tokens[node] for node in accepted] + [next_token]
+            if proposer.wants_features:
+                proposer.observe(hidden[[0] + [1 + node for node in accepted]])
             tokens.extend(new)
             proposed = max(layout.depths, default=0)
             stats.record_pass(proposed, len(accepted))
+            stats.draft_s += drafted - began
+            stats.verify_s += verified - drafted
+            stats.draft_nodes += len(draft)
             stats.weight_bytes += model.weight_bytes + proposer.take_bytes_read()
             length.update(proposed, len(accepted))
             proposer.update(tokens, len(accepted))

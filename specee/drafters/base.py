@@ -5,6 +5,8 @@ state (indexes, caches, statistics) is never shared between requests.
 """
 from __future__ import annotations
 
+import torch
+
 from ..sampling import Sampler
 from ..verification.draft import Draft
 
@@ -16,6 +18,8 @@ class Proposer:
     several guesses per position sets `drafts_trees` and implements `candidates`."""
 
     drafts_trees: bool = False
+    # A proposer that reads the target's last-layer hidden states sets this and implements observe.
+    wants_features: bool = False
 
     def reset(self, prompt: list[int], sampler: Sampler | None) -> None:
         """Start a generation after `prompt` with this request's sampler."""
@@ -27,6 +31,10 @@ class Proposer:
     def candidates(self, context: list[int], k: int) -> list[tuple[int, float]]:
         """At most k guesses for the token after `context`, (token id, probability), best first."""
         raise NotImplementedError(f"{type(self).__name__} drafts chains only")
+
+    def observe(self, features: torch.Tensor) -> None:
+        """The target's last-layer hidden states ([n, hidden]) of the next n committed positions:
+        first the whole prompt, then after each pass the root and the accepted tokens."""
 
     def update(self, context: list[int], num_accepted: int) -> None:
         """Told after verification: `context` now ends with the accepted tokens."""

@@ -192,6 +192,7 @@ def run_prompt(engine: Engine, modes: list, index: int, dataset: str, prompt: Pr
             matches_dense=(run.token_ids == dense_ids) if comparable else None,
             first_divergence=first_divergence(run.token_ids, dense_ids) if comparable else None,
             correct=judge(prompt, answer_text(engine, run.token_ids)),
+            drafting=run.drafting,
         )))
     return records
 

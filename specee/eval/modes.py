@@ -26,6 +26,7 @@ class Run:
     exit_layers: list[int] = field(default_factory=list)
     bytes_per_token: float | None = None
     avg_layers: float | None = None
+    drafting: dict | None = None  # see drafting_counts
 
 
 class BenchMode(Protocol):
@@ -53,8 +54,16 @@ class EngineMode:
         layers = s.exit_layers
         return Run(
             result.token_ids, s.prefill_s, s.decode_s, list(s.accept_lengths), list(layers),
-            s.bytes_per_token, sum(layers) / len(layers) if layers else None,
+            s.bytes_per_token, sum(layers) / len(layers) if layers else None, drafting_counts(s),
         )
+
+
+def drafting_counts(s) -> dict | None:
+    """What the drafter tables pool over prompts (CTAR, drafting share, draft cost); None for dense."""
+    if not s.draft_nodes:
+        return None
+    return {"position_proposed": list(s.position_proposed), "position_accepted": list(s.position_accepted),
+            "draft_s": s.draft_s, "verify_s": s.verify_s, "draft_nodes": s.draft_nodes, "passes": s.target_passes}
 
 
 def parse_mode(text: str) -> tuple[str, dict]:

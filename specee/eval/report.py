@@ -45,6 +45,7 @@ class BenchRecord:
     first_divergence: int | None = None
     correct: bool | None = None
     skipped: str | None = None  # why the prompt was not run; None when it was
+    drafting: dict | None = None  # speculative modes: counts for CTAR and drafting cost (modes.drafting_counts)
 
 
 RECORD_FIELDS = tuple(f.name for f in fields(BenchRecord))
@@ -119,7 +120,29 @@ def category_stats(group: list[dict], runs: dict[tuple, dict], reference_mode: s
         "accuracy_n": len(judged),
         "agreement": mean(agreed),  # share of outputs token-identical to dense (any mode)
         "lossless_ok": all(compared) if compared else None,  # None: lossy mode or nothing compared
-    }
+    } | drafting_stats(done)
+
+
+CTAR_WIDTHS = range(1, 7)
+
+
+def drafting_stats(done: list[dict]) -> dict:
+    """Pooled over prompts: CTAR(1..6) (Kangaroo's: of the passes that drafted at least w tokens,
+    the share whose first w were all accepted), the share of decode time spent drafting, and the
+    drafting time per draft token relative to one verification pass."""
+    counts = [r["drafting"] for r in done if r.get("drafting")]
+    if not counts:
+        return {"ctar": None, "drafting_share": None, "draft_cost": None}
+    ctar = []
+    for w in CTAR_WIDTHS:
+        proposed = sum(c["position_proposed"][w - 1] for c in counts if len(c["position_proposed"]) >= w)
+        accepted = sum(c["position_accepted"][w - 1] for c in counts if len(c["position_accepted"]) >= w)
+        ctar.append(accepted / proposed if proposed else None)
+    draft_s, verify_s = sum(c["draft_s"] for c in counts), sum(c["verify_s"] for c in counts)
+    nodes, passes = sum(c["draft_nodes"] for c in counts), sum(c["passes"] for c in counts)
+    decode_s = sum(r["decode_s"] for r in done if r.get("drafting"))
+    return {"ctar": ctar, "drafting_share": draft_s / decode_s if decode_s else None,
+            "draft_cost": (draft_s / nodes) / (verify_s / passes) if nodes and verify_s else None}
 
 
 def overall_stats(categories: dict[str, dict], done: list[dict]) -> dict:
@@ -219,6 +242,16 @@ def mode_rows(summary: dict) -> list[list[str]]:
     return rows
 
 
+DRAFTING_COLUMNS = ("mode", *(f"CTAR{w}" for w in CTAR_WIDTHS), "drafting share", "draft cost/token")
+
+
+def drafting_rows(summary: dict) -> list[list[str]]:
+    """Speculative modes only: CTAR(1..6), share of decode time drafting, draft cost per token
+    relative to a verification pass."""
+    return [[mode, *(fmt(c) for c in s["ctar"]), fmt(s["drafting_share"]), fmt(s["draft_cost"])]
+            for mode, s in summary["modes"].items() if s.get("ctar")]
+
+
 def category_rows(summary: dict) -> tuple[list[str], list[list[str]]]:
     """Speedup vs dense (geometric mean over the category's prompts, min-max), one row per
     category and one column per mode; the last row is the geometric mean over categories."""
@@ -261,7 +294,9 @@ def run_lines(summary: dict) -> list[str]:
 
 def format_table(summary: dict) -> str:
     """Modes by metrics, then speedups by category; lossless failures last, where they are seen."""
+    drafting = drafting_rows(summary)
     parts = [*run_lines(summary), fixed_width(list(MODE_COLUMNS), mode_rows(summary)),
+             *(["\ndrafters (pooled over prompts)", fixed_width(list(DRAFTING_COLUMNS), drafting)] if drafting else []),
              f"\nspeedup vs {summary['reference_mode']} by category (decode tokens/s ratio)",
              fixed_width(*category_rows(summary))]
     return "\n".join(parts + failure_lines(summary))
@@ -271,6 +306,9 @@ def summary_markdown(summary: dict, meta: dict) -> str:
     parts = ["# specee bench", f"`{meta.get('command', '')}`", "\n".join(f"- {line}" for line in run_lines(summary)),
              markdown(list(MODE_COLUMNS), mode_rows(summary)),
              f"## Speedup vs {summary['reference_mode']} by category", markdown(*category_rows(summary))]
+    drafting = drafting_rows(summary)
+    if drafting:
+        parts += ["## Drafters (pooled over prompts)", markdown(list(DRAFTING_COLUMNS), drafting)]
     if meta.get("peak_rss_mb"):
         parts.append(f"Process peak RSS over the whole run: {meta['peak_rss_mb']:.0f} MB.")
     failures = failure_lines(summary)

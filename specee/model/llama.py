@@ -64,8 +64,9 @@ class AttentionBias:
     built once per key length and shared by every layer: building it per layer cost more than
     the masked attention itself, and an additive float bias is cheaper for SDPA than a bool mask.
 
-    `mask` is the [T, T] visibility among the new tokens (a tree), None for causal order; rows
-    come `repeat` times because the query heads sharing a kv head are stacked as rows."""
+    `mask` is the [T, K] visibility of the last K keys (the new tokens, K = T, or also cached
+    draft nodes, K > T); keys before them are visible to all. None: causal order. Rows come
+    `repeat` times because the query heads sharing a kv head are stacked as rows."""
 
     def __init__(self, mask: torch.Tensor | None, num_new: int, repeat: int) -> None:
         self.mask = mask
@@ -86,11 +87,12 @@ class AttentionBias:
 
 
 def full_attention_mask(mask: torch.Tensor | None, T: int, S: int, device) -> torch.Tensor:
-    """[T, S] bool: the S - T cached positions are visible to all new tokens; among the new
-    ones, `mask` ([T, T], e.g. a tree) or causal order when None."""
+    """[T, S] bool: keys before the last K are visible to all new tokens; the last K follow
+    `mask` ([T, K], e.g. a tree); with no mask, the S - T cached keys are visible and the new
+    tokens see each other in causal order."""
     if mask is None:
         return torch.ones(T, S, dtype=torch.bool, device=device).tril(S - T)
-    prefix = torch.ones(T, S - T, dtype=torch.bool, device=device)
+    prefix = torch.ones(T, S - mask.shape[1], dtype=torch.bool, device=device)
     return torch.cat((prefix, mask.to(device=device, dtype=torch.bool)), dim=1)
 
 

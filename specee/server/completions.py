@@ -14,7 +14,7 @@ from .schemas import BadRequest, ChatRequest, CompletionRequest, Sampling
 # Distinct speculative option sets whose strategies are kept (strategies hold no request state).
 STRATEGY_CACHE_SIZE = 32
 # Server-side speculative options a request cannot set (they name files on the server).
-SERVER_ONLY_SPEC = ("ngram_model",)
+SERVER_ONLY_SPEC = ("ngram_model", "drafter")
 
 
 @dataclass

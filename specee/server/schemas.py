@@ -24,6 +24,7 @@ class SpecOptions(Strict):
     num_draft_tokens: int | None = Field(None, ge=1, le=MAX_DRAFT_NODES)
     tree: str | None = Field(None, max_length=400)
     tree_budget: int | None = Field(None, ge=1, le=MAX_DRAFT_NODES)
+    tree_width: int | None = Field(None, ge=1, le=MAX_DRAFT_NODES)
     draft_model: str | None = Field(None, pattern=r"^self:[0-9]{1,4}$")
     confidence_threshold: float | None = Field(None, ge=0, le=1)
     tree_min_prob: float | None = Field(None, ge=0, le=1)

@@ -1,0 +1,232 @@
+"""EAGLE-style feature head (Li et al., EAGLE and EAGLE-2): a one-layer drafter that reads the
+target's own last hidden states.
+
+At position i the head takes [embedding of token i ; the target's last hidden state at i - 1],
+maps it to the hidden size with one linear layer, runs one decoder layer (its own KV cache) and
+returns an estimate of the target's hidden state at i; the target's final norm and output head
+turn that into the draft distribution of token i + 1. Drafting feeds the head its own estimates,
+so it runs ahead of the target. The target's hidden states come for free from the verification
+pass the strategy already runs.
+
+Reduced vocabulary: the head scores only the N tokens the model emits most often (the output head
+costs as much as eight of the model's 30 layers). A token outside them is never drafted, so
+verification stays exact.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..model.cache import KVCache
+from ..model.config import LlamaConfig
+from ..model.cpu_packing import pack_linears
+from ..model.fingerprint import weights_fingerprint
+from ..model.llama import DecoderLayer, Transformer
+from ..sampling import Sampler
+from ..verification.draft import Draft
+from .base import Proposer
+
+FORMAT = "specee-eagle"
+FORMAT_VERSION = 1
+BUNDLED = Path(__file__).resolve().parent.parent / "artifacts" / "smollm2-135m-instruct.eagle.pt"
+INITIAL_CACHE_SLOTS = 512
+
+
+class EagleHead(nn.Module):
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=True)
+        self.layer = DecoderLayer(config, 0)
+
+    def forward(self, embeds: torch.Tensor, features: torch.Tensor, angles, cache: KVCache,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        """embeds, features: [T, hidden] -> estimated target hidden states [T, hidden]."""
+        return self.layer(self.fc(torch.cat((embeds, features), dim=-1)), angles, cache, mask)
+
+
+def new_head_cache(model: Transformer, capacity: int) -> KVCache:
+    c = model.config
+    dtype = torch.float32 if model.device.type == "cpu" else model.dtype
+    return KVCache(1, c.num_key_value_heads, c.head_dim, c.max_position_embeddings, dtype, model.device,
+                   capacity=min(capacity, c.max_position_embeddings))
+
+
+@dataclass
+class EagleSettings:
+    """Drafting settings chosen by measurement and stored in the artifact (defaults for the method)."""
+
+    depth: int = 6  # deepest draft node
+    width: int = 4  # candidates per expanded node, and nodes expanded per level
+    budget: int = 8  # draft nodes sent to verification
+    min_prob: float = 0.0  # stop growing when the best frontier path is less likely than this
+
+
+@dataclass
+class EagleArtifact:
+    """A trained head for one model: its weights, the reduced vocabulary, and how it was made."""
+
+    head_state: dict
+    vocab: torch.Tensor  # [N] token ids the head scores, most frequent first
+    fingerprint: str
+    settings: EagleSettings = field(default_factory=EagleSettings)
+    info: dict = field(default_factory=dict)  # corpus, licence, training figures
+
+    def save(self, path: str | Path) -> None:
+        torch.save({
+            "format": FORMAT, "version": FORMAT_VERSION, "fingerprint": self.fingerprint,
+            "head": {k: v.detach().to("cpu", torch.float16) for k, v in self.head_state.items()},
+            "vocab": self.vocab.to(torch.int32), "settings": vars(self.settings), "info": self.info,
+        }, path)
+
+    @staticmethod
+    def load(path: str | Path, model: Transformer) -> "EagleArtifact":
+        """The head trained for `model`; a file for another model (or not a head) is a ValueError."""
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"EAGLE drafter {str(path)!r} does not exist")
+        try:
+            saved = torch.load(path, weights_only=True)
+        except Exception as e:
+            raise ValueError(f"{path} is not a specee EAGLE drafter ({type(e).__name__})") from None
+        if not isinstance(saved, dict) or saved.get("format") != FORMAT:
+            raise ValueError(f"{path} is not a specee EAGLE drafter")
+        if saved["version"] != FORMAT_VERSION:
+            raise ValueError(f"{path} has EAGLE format version {saved['version']}, this specee reads {FORMAT_VERSION}")
+        fingerprint = weights_fingerprint(model)
+        if saved["fingerprint"] != fingerprint:
+            raise ValueError(f"{path} was trained for another model (fingerprint {saved['fingerprint']!r}, this "
+                             f"model's is {fingerprint!r}): train one with `specee train eagle --out FILE`")
+        return EagleArtifact(saved["head"], saved["vocab"].long(), saved["fingerprint"],
+                             EagleSettings(**saved["settings"]), saved["info"])
+
+
+class EagleModel:
+    """The loaded head, ready to draft for one target: shared read-only by every request."""
+
+    def __init__(self, target: Transformer, artifact: EagleArtifact) -> None:
+        self.target = target
+        self.artifact = artifact
+        self.settings = artifact.settings
+        head = EagleHead(target.config)
+        head.load_state_dict({k: v.float() for k, v in artifact.head_state.items()})
+        head = head.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
+        self.vocab = artifact.vocab.to(target.device)
+        scorer = nn.Linear(target.config.hidden_size, len(self.vocab), bias=False)
+        scorer.weight = nn.Parameter(target.head_rows(self.vocab).detach().clone(), requires_grad=False)
+        self.scorer = scorer.to(target.device)
+        if target.device.type == "cpu":
+            pack_linears(head, keep_weights=())
+            self.scorer = pack_linears(nn.ModuleDict({"s": self.scorer}), keep_weights=())["s"]
+        self.head = head
+        element_size = target.norm.weight.element_size()
+        self.pass_bytes = (sum(p.numel() for p in artifact.head_state.values())
+                           + self.vocab.numel() * target.config.hidden_size) * element_size
+
+    def log_probs(self, estimates: torch.Tensor) -> torch.Tensor:
+        """[T, hidden] estimated hidden states -> [T, N] log-probabilities over the reduced vocabulary."""
+        return self.scorer(self.target.norm(estimates)).float().log_softmax(-1)
+
+
+@dataclass
+class _Node:
+    token: int
+    parent: int  # -1: a child of the root
+    depth: int
+    score: float  # log-probability of the path from the root
+    estimate: torch.Tensor | None = None  # the head's output at this node once it was expanded
+
+
+class EagleDrafter(Proposer):
+    """Drafts a tree per step (EAGLE-2's dynamic tree): expand the `width` best nodes of each level
+    by path probability, one head pass per level, then keep the `budget` best nodes overall."""
+
+    wants_features = True
+
+    def __init__(self, eagle: EagleModel, depth: int, width: int, budget: int, min_prob: float) -> None:
+        self.eagle = eagle
+        self.depth, self.width, self.budget = depth, width, budget
+        self.min_log_prob = float("-inf") if min_prob <= 0 else float(torch.tensor(min_prob).log())
+        self.cache: KVCache | None = None
+        self.fed = 0  # the head's cache holds positions 1..fed (position 0 has no previous state)
+        self.pending: list[torch.Tensor] = []  # target states of positions fed.. not yet given to the head
+        self.bytes_read = 0
+
+    def reset(self, prompt: list[int], sampler: Sampler | None) -> None:
+        self.cache = new_head_cache(self.eagle.target, INITIAL_CACHE_SLOTS)
+        self.fed = 0
+        self.pending = []
+
+    def observe(self, features: torch.Tensor) -> None:
+        """The target's last hidden states of the next committed positions, in order."""
+        self.pending.append(features)
+
+    def take_bytes_read(self) -> int:
+        taken, self.bytes_read = self.bytes_read, 0
+        return taken
+
+    def _run(self, tokens: list[int], features: torch.Tensor, positions: torch.Tensor,
+             mask: torch.Tensor | None) -> torch.Tensor:
+        target = self.eagle.target
+        ids = torch.tensor(tokens, device=target.device)
+        self.bytes_read += self.eagle.pass_bytes
+        return self.eagle.head(target.embed(ids), features.to(target.dtype), target.angles(positions), self.cache, mask)
+
+    def propose(self, context: list[int], max_tokens: int) -> Draft:
+        device = self.eagle.target.device
+        self.cache.truncate(self.fed)  # forget the last step's draft nodes
+        # Positions fed+1 .. len(context)-1 pair each committed token with the state before it.
+        features = torch.cat(self.pending)
+        self.pending = []
+        if features.shape[0] != len(context) - 1 - self.fed:
+            raise RuntimeError("EAGLE drafter: the target's states are out of step with the context")
+        estimates = self._run(context[self.fed + 1:], features, torch.arange(self.fed + 1, len(context), device=device),
+                              None)
+        self.fed = len(context) - 1
+        root_position = len(context) - 1
+        nodes: list[_Node] = []
+        frontier = self._children(estimates[-1:], [-1], [0.0], 1, nodes)
+        expanded: list[int] = []  # node ids in the head cache's order after the committed part
+        for depth in range(1, min(self.depth, max_tokens)):
+            frontier = sorted(frontier, key=lambda i: -nodes[i].score)[: self.width]
+            if not frontier or nodes[frontier[0]].score < self.min_log_prob:
+                break
+            parents = [nodes[i] for i in frontier]
+            parent_states = torch.cat([nodes[p.parent].estimate if p.parent >= 0 else estimates[-1:] for p in parents])
+            expanded += frontier
+            mask = self._tree_mask(frontier, expanded, nodes).to(device)
+            positions = torch.full((len(frontier),), root_position + depth, device=device)
+            out = self._run([p.token for p in parents], parent_states, positions, mask)
+            for i, row in zip(frontier, out):
+                nodes[i].estimate = row[None]
+            frontier = self._children(out, frontier, [p.score for p in parents], depth + 1, nodes)
+        keep = sorted(range(len(nodes)), key=lambda i: (-nodes[i].score, i))[: self.budget]
+        keep.sort()  # creation order is topological: parents were made before their children
+        index = {node: k for k, node in enumerate(keep)}
+        return Draft([nodes[i].token for i in keep], [index[nodes[i].parent] if nodes[i].parent >= 0 else -1 for i in keep])
+
+    def _children(self, estimates: torch.Tensor, parents: list[int], scores: list[float], depth: int,
+                  nodes: list[_Node]) -> list[int]:
+        top = self.eagle.log_probs(estimates).topk(self.width, dim=-1)
+        tokens = self.eagle.vocab[top.indices].tolist()
+        made = []
+        for parent, score, row_tokens, row_logp in zip(parents, scores, tokens, top.values.tolist()):
+            for token, logp in zip(row_tokens, row_logp):
+                made.append(len(nodes))
+                nodes.append(_Node(token, parent, depth, score + logp))
+        return made
+
+    @staticmethod
+    def _tree_mask(new: list[int], expanded: list[int], nodes: list[_Node]) -> torch.Tensor:
+        """[len(new), len(expanded)]: each new node sees its expanded ancestors and itself."""
+        mask = torch.zeros(len(new), len(expanded), dtype=torch.bool)
+        slot = {node: k for k, node in enumerate(expanded)}
+        for row, node in enumerate(new):
+            while node >= 0:
+                if node in slot:
+                    mask[row, slot[node]] = True
+                node = nodes[node].parent
+        return mask

@@ -1,0 +1,52 @@
+"""The bundled EAGLE head on the default model (fp32): greedy output identical to dense decoding,
+stopping at EOS, on prompts that copy and prompts that do not; clear errors for bad drafter
+flags; a training run from the command line."""
+import pytest
+
+from specee.cli import main
+from test_speculative_lossless import MAX_TOKENS, PROMPTS
+
+pytestmark = pytest.mark.slow
+
+
+def test_greedy_eagle_equals_dense_stopping_at_eos(default_engine):
+    proposed = accepted = 0
+    for prompt in PROMPTS:
+        dense = default_engine.generate(prompt, max_tokens=MAX_TOKENS)
+        eagle = default_engine.generate(prompt, max_tokens=MAX_TOKENS, spec_method="eagle")
+        assert (eagle.text, eagle.token_ids, eagle.finish_reason) == (dense.text, dense.token_ids, dense.finish_reason)
+        assert eagle.completion_tokens == dense.completion_tokens
+        proposed += eagle.stats.draft_tokens_proposed
+        accepted += eagle.stats.draft_tokens_accepted
+    assert 0 < accepted < proposed
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--drafter", "/no/such/head.pt"], "does not exist"),
+    (["--tree", "auto"], "eagle drafts its own dynamic tree"),
+])
+def test_bad_eagle_flags_exit_2_with_a_message(capsys, flags, message):
+    code = main(["generate", "hello", "--max-tokens", "4", "--spec-method", "eagle", *flags])
+    out, err = capsys.readouterr()
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_drafter_flag_with_another_method_is_refused(capsys):
+    code = main(["generate", "hello", "--spec-method", "ngram", "--drafter", "x.pt"])
+    assert code == 2 and "applies to the eagle method" in capsys.readouterr().err
+
+
+def test_train_eagle_from_the_command_line(tmp_path, default_engine, monkeypatch):
+    """A short run on a small text file: an artifact that loads and drafts, and records how it was made."""
+    monkeypatch.setenv("SPECEE_CACHE", str(tmp_path / "cache"))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(f"Question {i}: what is {i} plus {i}? Answer: {2 * i}." for i in range(200)))
+    out = tmp_path / "head.pt"
+    assert main(["train", "eagle", "--out", str(out), "--corpus", str(corpus), "--no-sharegpt", "--minutes", "0.3",
+                 "--epochs", "2", "--budget", "5"]) == 0
+    from specee.drafters.eagle import EagleArtifact
+
+    artifact = EagleArtifact.load(out, default_engine.model)
+    assert artifact.settings.budget == 5 and artifact.info["files"] == [str(corpus)] and artifact.info["steps"] > 0
+    result = default_engine.generate("What is 3 plus 3?", max_tokens=8, spec_method="eagle", drafter=str(out))
+    assert result.token_ids == default_engine.generate("What is 3 plus 3?", max_tokens=8).token_ids
