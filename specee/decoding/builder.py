@@ -99,10 +99,8 @@ class Artifacts:
         self._eagles: dict[str, EagleModel] = {}
 
     def ngram(self, path: str | None) -> NgramModel:
-        if path is None:
-            if not BUNDLED_NGRAM.exists():
-                raise ValueError("the ngram method needs --ngram-model FILE (train one with `specee train ngram`)")
-            path = BUNDLED_NGRAM
+        path = _given_or_bundled(path, BUNDLED_NGRAM, "the ngram method needs --ngram-model FILE (train one with "
+                                                      "`specee train ngram`)")
         key = str(path)
         if key not in self._tables:
             if not Path(path).exists():
@@ -126,16 +124,22 @@ class Artifacts:
             self._drafts[spec] = parts.model
         return self._drafts[spec], None
 
-
     def eagle(self, path: str | None) -> EagleModel:
-        if path is None:
-            if not BUNDLED_EAGLE.exists():
-                raise ValueError("the eagle method needs --drafter FILE (train one with `specee train eagle`)")
-            path = BUNDLED_EAGLE
+        path = _given_or_bundled(path, BUNDLED_EAGLE, "the eagle method needs --drafter FILE (train one with "
+                                                      "`specee train eagle`)")
         key = str(path)
         if key not in self._eagles:
             self._eagles[key] = EagleModel(self.model, EagleArtifact.load(path, self.model))
         return self._eagles[key]
+
+
+def _given_or_bundled(path: str | None, bundled: Path, missing: str) -> str | Path:
+    """The file the user named, else the one shipped with specee (an error when it is absent)."""
+    if path is not None:
+        return path
+    if not bundled.exists():
+        raise ValueError(missing)
+    return bundled
 
 
 def build_speculative(artifacts: Artifacts, options: dict) -> Speculative:

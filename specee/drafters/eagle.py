@@ -18,12 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..model.cache import KVCache
 from ..model.config import LlamaConfig
-from ..model.cpu_packing import pack_linears
+from ..model.cpu_packing import PackedLinear, pack_linears, packing_available
 from ..model.fingerprint import weights_fingerprint
 from ..model.llama import DecoderLayer, Transformer
 from ..sampling import Sampler
@@ -115,13 +114,12 @@ class EagleModel:
         head.load_state_dict({k: v.float() for k, v in artifact.head_state.items()})
         head = head.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
         self.vocab = artifact.vocab.to(target.device)
-        scorer = nn.Linear(target.config.hidden_size, len(self.vocab), bias=False)
+        scorer = nn.Linear(target.config.hidden_size, len(self.vocab), bias=False, device=target.device)
         scorer.weight = nn.Parameter(target.head_rows(self.vocab).detach().clone(), requires_grad=False)
-        self.scorer = scorer.to(target.device)
         if target.device.type == "cpu":
             pack_linears(head, keep_weights=())
-            self.scorer = pack_linears(nn.ModuleDict({"s": self.scorer}), keep_weights=())["s"]
-        self.head = head
+            scorer = PackedLinear(scorer) if packing_available() else scorer
+        self.head, self.scorer = head, scorer
         element_size = target.norm.weight.element_size()
         self.pass_bytes = (sum(p.numel() for p in artifact.head_state.values())
                            + self.vocab.numel() * target.config.hidden_size) * element_size
@@ -194,15 +192,15 @@ class EagleDrafter(Proposer):
             frontier = sorted(frontier, key=lambda i: -nodes[i].score)[: self.width]
             if not frontier or nodes[frontier[0]].score < self.min_log_prob:
                 break
-            parents = [nodes[i] for i in frontier]
-            parent_states = torch.cat([nodes[p.parent].estimate if p.parent >= 0 else estimates[-1:] for p in parents])
+            growing = [nodes[i] for i in frontier]
+            parent_states = torch.cat([nodes[n.parent].estimate if n.parent >= 0 else estimates[-1:] for n in growing])
             expanded += frontier
             mask = self._tree_mask(frontier, expanded, nodes).to(device)
             positions = torch.full((len(frontier),), root_position + depth, device=device)
-            out = self._run([p.token for p in parents], parent_states, positions, mask)
-            for i, row in zip(frontier, out):
-                nodes[i].estimate = row[None]
-            frontier = self._children(out, frontier, [p.score for p in parents], depth + 1, nodes)
+            out = self._run([n.token for n in growing], parent_states, positions, mask)
+            for node, row in zip(growing, out):
+                node.estimate = row[None]
+            frontier = self._children(out, frontier, [n.score for n in growing], depth + 1, nodes)
         keep = sorted(range(len(nodes)), key=lambda i: (-nodes[i].score, i))[: self.budget]
         keep.sort()  # creation order is topological: parents were made before their children
         index = {node: k for k, node in enumerate(keep)}

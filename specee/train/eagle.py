@@ -122,8 +122,6 @@ def train_eagle(engine: Engine, out: Path, corpus_files: list[str] = (), use_sha
                 config: EagleTrainConfig | None = None, resume: bool = False,
                 settings: EagleSettings | None = None) -> EagleArtifact:
     cfg = config or EagleTrainConfig()
-    torch.manual_seed(cfg.seed)
-    random.seed(cfg.seed)
     began = time.perf_counter()
     model = engine.model
     chunks, info = corpus_sequences(engine, list(corpus_files), use_sharegpt, cfg.tokens, cfg.chunk)
@@ -200,7 +198,7 @@ def fit_head(model: Transformer, data: Collected, vocab: torch.Tensor, cfg: Eagl
     bar = tqdm(total=total_steps, initial=step, desc="training EAGLE head", unit="step", file=sys.stderr)
     while step < total_steps and time.perf_counter() < deadline:
         epoch, within = divmod(step, len(train_set))
-        if within == 0 or step == 0 or resume and epoch_order is None:
+        if epoch_order is None or within == 0:
             epoch_order = random.Random(cfg.seed + epoch).sample(train_set, len(train_set))
         index = epoch_order[within]
         # Warm-up, then cosine decay over whichever runs out first: the steps or the time.
