@@ -54,13 +54,16 @@ def _add_sampling_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-sequence (benchmarks)")
     p.add_argument("--spec-method", default="none",
-                   help="none, prompt-lookup, ngram, hybrid, draft, staged or eagle (all lossless)")
+                   help="none, prompt-lookup, ngram, hybrid, draft, staged, eagle or eagle-copy (all lossless)")
     p.add_argument("--num-draft-tokens", type=_positive_int, help="draft tokens per step (default 8, adapted)")
     p.add_argument("--tree", help='verify a tree: "auto" (best-first under --tree-budget) or rank paths "0;1;0,0"')
     p.add_argument("--tree-budget", type=_positive_int, help="draft nodes per tree (default 4)")
     p.add_argument("--draft-model", help="draft model path, or self:L for the target's first L layers")
     p.add_argument("--ngram-model", help="n-gram table from `specee train ngram` (default: the bundled one)")
     p.add_argument("--drafter", help="trained drafter from `specee train eagle` (default: the bundled one)")
+    p.add_argument("--copy-alone", type=float,
+                   help="eagle-copy: draft prompt lookup's copy alone (no head pass) when it is at least this "
+                        "reliable (default 0.7; 1 = always mix)")
     p.add_argument("--tree-width", type=_positive_int,
                    help="--tree auto and eagle: candidates per expanded node (default 4; eagle: its artifact's)")
     p.add_argument("--draft-confidence", type=float,
@@ -148,6 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
     eagle.add_argument("--minutes", type=float, default=30.0, help="training time after collection (default 30)")
     eagle.add_argument("--epochs", type=_positive_int, default=10, help="most passes over the corpus (default 10)")
     eagle.add_argument("--resume", action="store_true", help="continue from OUT's checkpoint (.ckpt)")
+    eagle.add_argument("--init", help="go on training this head (a second stage; keeps its vocabulary and settings)")
+    eagle.add_argument("--unroll", type=_positive_int, default=1,
+                       help="draft levels per training step, the head reading its own estimates (default 1)")
+    eagle.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 0.001)")
     eagle.add_argument("--seed", type=int, default=0)
     for name, kind, text in (("depth", _positive_int, "deepest draft node"), ("width", _positive_int,
                              "candidates per expanded node"), ("budget", _positive_int, "draft nodes verified per pass"),
@@ -186,7 +193,7 @@ def cmd_train(args) -> int:
 def _train_eagle(args) -> int:
     from pathlib import Path
 
-    from .drafters.eagle import EagleSettings
+    from .drafters.eagle import EagleArtifact, EagleSettings
     from .train.eagle import EagleTrainConfig, train_eagle
 
     if not args.minutes > 0:
@@ -195,11 +202,16 @@ def _train_eagle(args) -> int:
         raise UsageError(f"--min-prob must be in [0, 1], got {args.min_prob}")
     if args.no_sharegpt and not args.corpus:
         raise UsageError("--no-sharegpt needs --corpus FILE: there would be nothing to train on")
-    defaults = EagleSettings()
+    if not args.lr > 0:
+        raise UsageError(f"--lr must be > 0, got {args.lr}")
+    engine = _load(args)
+    init = EagleArtifact.load(args.init, engine.model) if args.init else None
+    defaults = init.settings if init else EagleSettings()
     settings = EagleSettings(*(getattr(args, name) or getattr(defaults, name) for name in ("depth", "width", "budget")),
                              args.min_prob if args.min_prob is not None else defaults.min_prob)
-    config = EagleTrainConfig(tokens=args.tokens, minutes=args.minutes, epochs=args.epochs, seed=args.seed)
-    train_eagle(_load(args), Path(args.out), args.corpus, not args.no_sharegpt, config, args.resume, settings)
+    config = EagleTrainConfig(tokens=args.tokens, minutes=args.minutes, epochs=args.epochs, seed=args.seed,
+                              unroll=args.unroll, lr=args.lr)
+    train_eagle(engine, Path(args.out), args.corpus, not args.no_sharegpt, config, args.resume, settings, init)
     return 0
 
 
@@ -254,7 +266,7 @@ def _sampling_kwargs(args) -> dict:
         num_draft_tokens=args.num_draft_tokens, tree=args.tree, tree_budget=args.tree_budget,
         draft_model=args.draft_model, ngram_model=args.ngram_model, confidence_threshold=args.draft_confidence,
         tree_node_cost=args.tree_node_cost, tree_min_prob=args.tree_min_prob, tree_width=args.tree_width,
-        drafter=args.drafter,
+        drafter=args.drafter, copy_alone=args.copy_alone,
     )
 
 

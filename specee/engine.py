@@ -94,9 +94,9 @@ class Engine:
     def stream(self, prompt: str | Messages | list[int], spec_method: str | None = None, **options) -> "Generation":
         """Options: max_tokens, temperature, top_k, top_p, seed, stop, ignore_eos, chat, and either a
         ready `strategy` or speculative decoding settings: spec_method (none, prompt-lookup, ngram,
-        draft, staged) with any of num_draft_tokens, tree ("auto" or rank paths "0;1;0,0"),
-        tree_budget, tree_width, draft_model (a path or "self:L"), ngram_model,
-        confidence_threshold, adaptive."""
+        hybrid, draft, staged, eagle, eagle-copy) with any of num_draft_tokens, tree ("auto" or rank
+        paths "0;1;0,0"), tree_budget, tree_width, tree_min_prob, draft_model (a path or "self:L"),
+        ngram_model, drafter, copy_alone, confidence_threshold, adaptive."""
         spec = {k: options.pop(k) for k in list(options) if k not in GENERATION_OPTIONS}
         spec = {k: v for k, v in spec.items() if v is not None}
         if spec_method not in (None, "none"):

@@ -2,16 +2,18 @@
 vocabulary, artifacts (reload, refusal for another model) and training."""
 import pytest
 import torch
+import torch.nn.functional as F
 
 from helpers import tiny_model
 from specee.decoding.autoregressive import Autoregressive
 from specee.decoding.base import DecodeState
 from specee.decoding.speculative import Speculative
-from specee.drafters.eagle import EagleArtifact, EagleDrafter, EagleHead, EagleModel
+from specee.drafters.eagle import EagleArtifact, EagleDrafter, EagleHead, EagleModel, _add_path, _Node
+from specee.drafters.prompt_lookup import PromptLookup
 from specee.model.fingerprint import weights_fingerprint
 from specee.sampling import Sampler, SamplingParams
 from specee.stats import GenerationStats
-from specee.train.eagle import EagleTrainConfig, choose_vocabulary, collect, fit_head
+from specee.train.eagle import EagleTrainConfig, choose_vocabulary, collect, fit_head, unrolled_estimates
 
 VOCAB = 97
 PROMPTS = [[3, 14, 15, 92, 65, 35], [1, 2, 3, 4, 1, 2, 3, 4, 1, 2], [50, 60, 70], [7] * 12]
@@ -87,6 +89,43 @@ def test_greedy_eagle_equals_dense(model, trained):
     assert 0 < accepted < proposed
 
 
+@pytest.mark.parametrize("copy_alone", [0.0, 1.0])
+def test_greedy_eagle_copy_equals_dense(model, trained, monkeypatch, copy_alone):
+    """The copy mixed into the head's tree (copy_alone 1) or drafted alone without a head pass
+    wherever there is one (copy_alone 0): greedy output stays dense decoding's."""
+    artifact, _ = trained
+    eagle = EagleModel(model, artifact)
+    head_passes_per_step = []
+    run, propose = EagleDrafter._run, EagleDrafter.propose
+
+    def counted_run(self, *args):
+        head_passes_per_step[-1] += 1
+        return run(self, *args)
+
+    def counted_propose(self, *args):
+        head_passes_per_step.append(0)
+        return propose(self, *args)
+
+    monkeypatch.setattr(EagleDrafter, "_run", counted_run)
+    monkeypatch.setattr(EagleDrafter, "propose", counted_propose)
+    for prompt in PROMPTS:
+        dense, _ = decode(model, Autoregressive(), prompt)
+        strategy = Speculative(lambda: EagleDrafter(eagle, 4, 3, 6, 0.0, PromptLookup(num_draft_tokens=6), copy_alone),
+                               6, tree_budget=6, tree_width=3, adaptive=False)
+        assert decode(model, strategy, prompt)[0] == dense
+    skipped = head_passes_per_step.count(0)  # steps that drafted the copy alone
+    assert (0 < skipped < len(head_passes_per_step)) if copy_alone == 0.0 else skipped == 0
+
+
+def test_a_copied_path_merges_into_the_tree():
+    nodes = [_Node(10, -1, 1, -0.1), _Node(11, -1, 1, -2.0), _Node(20, 0, 2, -1.5)]
+    _add_path(nodes, [10, 21, 30], -0.5)
+    assert [(n.token, n.parent, n.depth) for n in nodes[3:]] == [(21, 0, 2), (30, 3, 3)]
+    assert nodes[0].score == -0.1 and nodes[3].score == -1.0 and nodes[4].score == -1.5
+    _add_path(nodes, [11], -0.5)  # a node the tree has: the better score, no new node
+    assert len(nodes) == 5 and nodes[1].score == -0.5
+
+
 def test_reduced_vocabulary_never_drafts_outside_it(model, monkeypatch):
     vocab = torch.arange(0, VOCAB, 3)  # a third of the tokens
     artifact = random_artifact(model, vocab)
@@ -106,6 +145,52 @@ def test_reduced_vocabulary_never_drafts_outside_it(model, monkeypatch):
         strategy = Speculative(lambda: EagleDrafter(eagle, 4, 4, 8, 0.0), 4, tree_budget=8, adaptive=False)
         assert decode(model, strategy, prompt)[0] == dense
     assert seen and seen <= allowed
+
+
+def test_unrolled_training_sees_what_drafting_sees(model):
+    """Training's level k reads and attends to what a draft node k - 1 below the root does: fed
+    the drafter's own chain, each level's top choice is the drafter's next draft token."""
+    artifact = random_artifact(model, seed=5)
+    eagle = EagleModel(model, artifact)
+    head = EagleHead(model.config)
+    head.load_state_dict(artifact.head_state)
+    depth, prompt, root = 4, PROMPTS[0], 5
+    with torch.inference_mode():
+        states = model.hidden(torch.tensor(prompt), torch.arange(len(prompt)), model.new_cache(len(prompt)))
+        drafter = EagleDrafter(eagle, depth, 1, depth, 0.0)  # width 1: a chain of its top choices
+        drafter.reset(prompt, None)
+        drafter.observe(states)
+        chain = drafter.propose(prompt + [root], depth).tokens
+        ids = torch.tensor(prompt + [root] + chain)
+        # Training reads the target's states only up to the root's parent; the rest are never seen.
+        padded = torch.cat((states, torch.full((len(ids) - len(prompt), states.shape[1]), 1e3)))
+        P = len(prompt)
+        picks = [int(eagle.vocab[eagle.log_probs(estimate[P - 1:P]).argmax()])
+                 for k, estimate in unrolled_estimates(head, model, ids, padded, depth)]
+    assert len(chain) == depth and len(set(chain)) > 1
+    assert picks == chain
+
+
+def test_unrolled_training_drafts_deeper_levels_better(model):
+    """Trained on its own estimates (training-time test), the head's third draft level agrees
+    with the model far more often than after the same steps of teacher-forced training only."""
+    data = collect(model, own_continuations(model, count=12))
+    vocab, _ = choose_vocabulary(data.top_counts, 1.0)
+    scorer = model.head_rows(vocab).float()
+
+    def third_level_agreement(unroll: int) -> float:
+        cfg = EagleTrainConfig(epochs=12, lr=3e-3, warmup_steps=10, unroll=unroll, held_out=0.0)
+        head, figures = fit_head(model, data, vocab, cfg)
+        assert figures["final_loss"] < 0.85 * figures["first_loss"]
+        agree = []
+        with torch.no_grad():
+            for ids, states in zip(data.ids, data.states):
+                estimate = dict(unrolled_estimates(head, model, ids, states.float(), 3))[3]
+                drafted = F.linear(model.norm(estimate), scorer).argmax(-1)
+                agree.append(drafted == F.linear(model.norm(states[3:].float()), scorer).argmax(-1))
+        return float(torch.cat(agree).float().mean())
+
+    assert third_level_agreement(unroll=3) > 2 * third_level_agreement(unroll=1) + 0.05
 
 
 def test_a_saved_artifact_reloads_to_identical_drafts(model, trained, tmp_path):

@@ -2,6 +2,7 @@
 stopping at EOS, on prompts that copy and prompts that do not; clear errors for bad drafter
 flags; a training run from the command line."""
 import pytest
+import torch
 
 from specee.cli import main
 from test_speculative_lossless import MAX_TOKENS, PROMPTS
@@ -9,11 +10,12 @@ from test_speculative_lossless import MAX_TOKENS, PROMPTS
 pytestmark = pytest.mark.slow
 
 
-def test_greedy_eagle_equals_dense_stopping_at_eos(default_engine):
+@pytest.mark.parametrize("method", ["eagle", "eagle-copy"])
+def test_greedy_eagle_equals_dense_stopping_at_eos(default_engine, method):
     proposed = accepted = 0
     for prompt in PROMPTS:
         dense = default_engine.generate(prompt, max_tokens=MAX_TOKENS)
-        eagle = default_engine.generate(prompt, max_tokens=MAX_TOKENS, spec_method="eagle")
+        eagle = default_engine.generate(prompt, max_tokens=MAX_TOKENS, spec_method=method)
         assert (eagle.text, eagle.token_ids, eagle.finish_reason) == (dense.text, dense.token_ids, dense.finish_reason)
         assert eagle.completion_tokens == dense.completion_tokens
         proposed += eagle.stats.draft_tokens_proposed
@@ -33,7 +35,7 @@ def test_bad_eagle_flags_exit_2_with_a_message(capsys, flags, message):
 
 def test_drafter_flag_with_another_method_is_refused(capsys):
     code = main(["generate", "hello", "--spec-method", "ngram", "--drafter", "x.pt"])
-    assert code == 2 and "applies to the eagle method" in capsys.readouterr().err
+    assert code == 2 and "applies to the eagle methods" in capsys.readouterr().err
 
 
 def test_train_eagle_from_the_command_line(tmp_path, default_engine, monkeypatch):
@@ -50,3 +52,11 @@ def test_train_eagle_from_the_command_line(tmp_path, default_engine, monkeypatch
     assert artifact.settings.budget == 5 and artifact.info["files"] == [str(corpus)] and artifact.info["steps"] > 0
     result = default_engine.generate("What is 3 plus 3?", max_tokens=8, spec_method="eagle", drafter=str(out))
     assert result.token_ids == default_engine.generate("What is 3 plus 3?", max_tokens=8).token_ids
+    # A second stage drafting 2 levels deep from that head keeps its vocabulary and settings.
+    second = tmp_path / "head2.pt"
+    assert main(["train", "eagle", "--out", str(second), "--corpus", str(corpus), "--no-sharegpt", "--minutes", "0.2",
+                 "--epochs", "1", "--init", str(out), "--unroll", "2", "--lr", "3e-4"]) == 0
+    staged = EagleArtifact.load(second, default_engine.model)
+    assert staged.settings.budget == 5 and torch.equal(staged.vocab, artifact.vocab)
+    assert staged.info["config"]["unroll"] == 2 and staged.info["first_stage"]["steps"] == artifact.info["steps"]
+    assert len(staged.info["held_out_top1_agreement_by_depth"]) == 4

@@ -101,6 +101,19 @@ def eagle_tree(model):
     return Speculative(lambda: EagleDrafter(eagle, 3, 3, 6, 0.0), 3, tree_budget=6, tree_width=3, adaptive=False)
 
 
+def eagle_copy(copy_alone: float):
+    """The same head with prompt lookup's copy (the prompt repeats itself): mixed into the tree
+    (copy_alone 1), or drafted alone wherever there is one (copy_alone 0)."""
+    def make(model):
+        torch.manual_seed(0)
+        artifact = EagleArtifact(EagleHead(model.config).state_dict(), torch.arange(8), weights_fingerprint(model))
+        eagle = EagleModel(model, artifact)
+        return Speculative(lambda: EagleDrafter(eagle, 3, 3, 6, 0.0, PromptLookup(num_draft_tokens=4), copy_alone),
+                           4, tree_budget=6, tree_width=3, adaptive=False)
+
+    return make
+
+
 CASES = {
     "chain, temperature": (chain_from_shallow_layers, SamplingParams(temperature=0.9)),
     "chain, top-k": (chain_from_shallow_layers, SamplingParams(temperature=1.2, top_k=4)),
@@ -109,6 +122,8 @@ CASES = {
     "static tree, temperature": (static_tree_from_draft, SamplingParams(temperature=0.8)),
     "prompt lookup, top-k and top-p": (prompt_lookup_chain, SamplingParams(temperature=1.1, top_k=6, top_p=0.9)),
     "eagle tree, reduced vocabulary, temperature": (eagle_tree, SamplingParams(temperature=0.9)),
+    "eagle tree mixed with the copy, temperature": (eagle_copy(1.0), SamplingParams(temperature=0.9)),
+    "copy alone in eagle-copy, top-p": (eagle_copy(0.0), SamplingParams(temperature=1.0, top_p=0.9)),
 }
 
 

@@ -22,7 +22,11 @@ from ..tokenizer import Tokenizer
 from ..verification.tree import StaticTree, parse_tree_paths, static_tree
 from .speculative import Speculative
 
-METHODS = ("prompt-lookup", "ngram", "hybrid", "draft", "staged", "eagle")
+# eagle-copy: the copy alone from this reliability up (a match of 4+ tokens by the copy prior);
+# tuned on the tuning slice (BENCHMARKS.md).
+COPY_ALONE = 0.7
+METHODS = ("prompt-lookup", "ngram", "hybrid", "draft", "staged", "eagle", "eagle-copy")
+EAGLE_METHODS = ("eagle", "eagle-copy")  # the trained head's own dynamic tree (eagle-copy: mixed with prompt lookup)
 BUNDLED_NGRAM = Path(__file__).resolve().parent.parent / "artifacts" / "smollm2-135m-instruct.trigram.pt"
 # Methods whose drafter has a probability per drafted token, which --draft-confidence reads.
 SCORED_CHAIN_METHODS = ("ngram", "hybrid", "draft")
@@ -48,6 +52,8 @@ class SpecOptions:
     # and 3 on the tuning slice, BENCHMARKS.md).
     min_copy_match: int = 1
     drafter: str | None = None  # a trained drafter file (eagle); default: the bundled one
+    # eagle-copy: draft prompt lookup's copy alone, skipping the head, when it is at least this reliable.
+    copy_alone: float = COPY_ALONE
 
     @classmethod
     def from_dict(cls, options: dict) -> "SpecOptions":
@@ -62,12 +68,16 @@ class SpecOptions:
             raise ValueError(f"unknown speculative method {self.method!r} (choose from none, {', '.join(METHODS)})")
         if self.tree is not None and not self.tree.strip():
             raise ValueError('an empty tree: write --tree auto or rank paths like "0;1;0,0" (or leave it out for a chain)')
-        if self.method == "eagle" and self.tree is not None:
-            raise ValueError("eagle drafts its own dynamic tree: leave the tree option out "
+        if self.method in EAGLE_METHODS and self.tree is not None:
+            raise ValueError(f"{self.method} drafts its own dynamic tree: leave the tree option out "
                              "(tree_budget, tree_width and tree_min_prob shape it)")
-        if self.drafter is not None and self.method != "eagle":
-            raise ValueError(f"a drafter file applies to the eagle method, not {self.method}")
-        dynamic = self.method == "eagle" or (self.tree is not None and self.tree.strip() == "auto")
+        if self.drafter is not None and self.method not in EAGLE_METHODS:
+            raise ValueError(f"a drafter file applies to the eagle methods, not {self.method}")
+        if not 0 <= self.copy_alone <= 1:
+            raise ValueError(f"copy_alone must be in [0, 1], got {self.copy_alone}")
+        if self.copy_alone != COPY_ALONE and self.method != "eagle-copy":
+            raise ValueError(f"copy_alone applies to the eagle-copy method, not {self.method}")
+        dynamic = self.method in EAGLE_METHODS or (self.tree is not None and self.tree.strip() == "auto")
         for name, value in (("tree_min_prob", self.tree_min_prob), ("confidence_threshold", self.confidence_threshold)):
             if not 0 <= value <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {value}")
@@ -145,7 +155,7 @@ def _given_or_bundled(path: str | None, bundled: Path, missing: str) -> str | Pa
 def build_speculative(artifacts: Artifacts, options: dict) -> Speculative:
     opts = SpecOptions.from_dict(options)
     opts.check()
-    if opts.method == "eagle":
+    if opts.method in EAGLE_METHODS:
         return _eagle(artifacts, opts, given=set(options))
     make_proposer = _proposer_factory(artifacts, opts)
     tree: StaticTree | str | None = None
@@ -164,8 +174,18 @@ def _eagle(artifacts: Artifacts, opts: SpecOptions, given: set[str]) -> Speculat
     width = opts.tree_width if opts.tree_width else settings.width
     budget = opts.tree_budget if "tree_budget" in given else settings.budget
     min_prob = opts.tree_min_prob if "tree_min_prob" in given else settings.min_prob
-    return Speculative(lambda: EagleDrafter(eagle, depth, width, budget, min_prob), depth, tree_budget=budget,
-                       tree_width=width, adaptive=False, name="eagle")
+    if opts.method == "eagle":
+        return Speculative(lambda: EagleDrafter(eagle, depth, width, budget, min_prob), depth, tree_budget=budget,
+                           tree_width=width, adaptive=False, name="eagle")
+    # Copies may run deeper than the head drafts (the head still stops at `depth`).
+    copy_length = max(depth, opts.num_draft_tokens)
+
+    def make_proposer() -> EagleDrafter:
+        return EagleDrafter(eagle, depth, width, budget, min_prob, PromptLookup(num_draft_tokens=copy_length),
+                            opts.copy_alone)
+
+    return Speculative(make_proposer, copy_length, tree_budget=budget, tree_width=width, adaptive=False,
+                       name="eagle-copy")
 
 
 def _proposer_factory(artifacts: Artifacts, opts: SpecOptions) -> Callable[[], Proposer]:

@@ -47,3 +47,5 @@ register(StrategySpec("staged", True, _speculative("staged", draft_model="self:6
                       "self:6 draft model, itself sped up by prompt lookup"))
 register(StrategySpec("eagle", True, _speculative("eagle"),
                       "trained EAGLE-style feature head (bundled), dynamic tree over a reduced vocabulary"))
+register(StrategySpec("eagle-copy", True, _speculative("eagle-copy"),
+                      "the EAGLE tree with prompt lookup's copy mixed in; the copy alone where it is reliable"))

@@ -14,6 +14,7 @@ verification stays exact.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from ..model.llama import DecoderLayer, Transformer
 from ..sampling import Sampler
 from ..verification.draft import Draft
 from .base import Proposer
+from .prompt_lookup import PromptLookup
 
 FORMAT = "specee-eagle"
 FORMAT_VERSION = 1
@@ -140,14 +142,22 @@ class _Node:
 
 class EagleDrafter(Proposer):
     """Drafts a tree per step (EAGLE-2's dynamic tree): expand the `width` best nodes of each level
-    by path probability, one head pass per level, then keep the `budget` best nodes overall."""
+    by path probability, one head pass per level, then keep the `budget` best nodes overall.
+
+    With `lookup` (the eagle-copy method), prompt lookup's copy joins the tree as one more path,
+    each copied token as likely as the copy's measured reliability, and where the copy is at
+    least `copy_alone` reliable the step drafts the copy alone and skips the head (staged
+    drafting: the cheap drafter stands in for the learned one where it is as good)."""
 
     wants_features = True
 
-    def __init__(self, eagle: EagleModel, depth: int, width: int, budget: int, min_prob: float) -> None:
+    def __init__(self, eagle: EagleModel, depth: int, width: int, budget: int, min_prob: float,
+                 lookup: PromptLookup | None = None, copy_alone: float = 1.0) -> None:
         self.eagle = eagle
         self.depth, self.width, self.budget = depth, width, budget
         self.min_log_prob = float("-inf") if min_prob <= 0 else float(torch.tensor(min_prob).log())
+        self.lookup = lookup
+        self.copy_alone = copy_alone
         self.cache: KVCache | None = None
         self.fed = 0  # the head's cache holds positions 1..fed (position 0 has no previous state)
         self.pending: list[torch.Tensor] = []  # target states of positions fed.. not yet given to the head
@@ -157,6 +167,12 @@ class EagleDrafter(Proposer):
         self.cache = new_head_cache(self.eagle.target, INITIAL_CACHE_SLOTS)
         self.fed = 0
         self.pending = []
+        if self.lookup is not None:
+            self.lookup.reset(prompt)
+
+    def update(self, context: list[int], num_accepted: int) -> None:
+        if self.lookup is not None:
+            self.lookup.update(context, num_accepted)
 
     def observe(self, features: torch.Tensor) -> None:
         """The target's last hidden states of the next committed positions, in order."""
@@ -174,6 +190,9 @@ class EagleDrafter(Proposer):
         return self.eagle.head(target.embed(ids), features.to(target.dtype), target.angles(positions), self.cache, mask)
 
     def propose(self, context: list[int], max_tokens: int) -> Draft:
+        reliability, copied = self._copy(context, max_tokens)
+        if copied and reliability >= self.copy_alone:
+            return Draft.chain(copied)  # the head catches up on these states at its next step
         device = self.eagle.target.device
         self.cache.truncate(self.fed)  # forget the last step's draft nodes
         # Positions fed+1 .. len(context)-1 pair each committed token with the state before it.
@@ -201,10 +220,22 @@ class EagleDrafter(Proposer):
             for node, row in zip(growing, out):
                 node.estimate = row[None]
             frontier = self._children(out, frontier, [n.score for n in growing], depth + 1, nodes)
+        if copied:
+            _add_path(nodes, copied, math.log(reliability))
         keep = sorted(range(len(nodes)), key=lambda i: (-nodes[i].score, i))[: self.budget]
         keep.sort()  # creation order is topological: parents were made before their children
         index = {node: k for k, node in enumerate(keep)}
         return Draft([nodes[i].token for i in keep], [index[nodes[i].parent] if nodes[i].parent >= 0 else -1 for i in keep])
+
+    def _copy(self, context: list[int], max_tokens: int) -> tuple[float, list[int]]:
+        """(the copy's reliability, the copied tokens); (0, []) without a lookup or a match."""
+        if self.lookup is None:
+            return 0.0, []
+        n, follows = self.lookup.match(context)
+        if not n:
+            return 0.0, []
+        reliability = self.lookup.reliability.rate(self.lookup.match_length(context, follows, n))
+        return reliability, self.lookup.chain(context, follows, max_tokens).tokens
 
     def _children(self, estimates: torch.Tensor, parents: list[int], scores: list[float], depth: int,
                   nodes: list[_Node]) -> list[int]:
@@ -228,3 +259,18 @@ class EagleDrafter(Proposer):
                     mask[row, slot[node]] = True
                 node = nodes[node].parent
         return mask
+
+
+def _add_path(nodes: list[_Node], tokens: list[int], token_log_prob: float) -> None:
+    """Merge a chain from the root into the tree: a node the tree already has keeps the better
+    of its two scores; the rest are added (after their parents, so the order stays topological)."""
+    parent, score = -1, 0.0
+    for depth, token in enumerate(tokens, start=1):
+        score += token_log_prob
+        same = next((i for i, n in enumerate(nodes) if n.parent == parent and n.token == token), None)
+        if same is None:
+            nodes.append(_Node(token, parent, depth, score))
+            same = len(nodes) - 1
+        else:
+            nodes[same].score = max(nodes[same].score, score)
+        parent = same

@@ -19,6 +19,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +32,9 @@ from ..model.llama import Transformer
 from ..model.loading import cache_root
 from .corpus import SHAREGPT_LICENCE, benchmark_keys, sharegpt_conversations, sharegpt_path, without_benchmarks
 from .ngram import file_sequences
+
+
+EVAL_DEPTH = 4  # held-out agreement is reported for draft depths 1..EVAL_DEPTH
 
 
 @dataclass
@@ -46,6 +50,8 @@ class EagleTrainConfig:
     vocab_coverage: float = 0.99
     held_out: float = 0.02  # share of chunks kept for the accuracy check
     checkpoint_every: int = 100  # steps
+    unroll: int = 1  # draft levels per training step (>1: EAGLE-3's training-time test)
+    unroll_decay: float = 0.8  # weight of level k: decay^(k-1)
     seed: int = 0
 
 
@@ -120,7 +126,9 @@ def features_file(engine: Engine, info: dict, chunk: int) -> Path:
 
 def train_eagle(engine: Engine, out: Path, corpus_files: list[str] = (), use_sharegpt: bool = True,
                 config: EagleTrainConfig | None = None, resume: bool = False,
-                settings: EagleSettings | None = None) -> EagleArtifact:
+                settings: EagleSettings | None = None, init: EagleArtifact | None = None) -> EagleArtifact:
+    """Collect, choose the vocabulary, train and save. `init`: go on training that head (a second
+    stage, e.g. with `unroll`), keeping its vocabulary and, unless given, its drafting settings."""
     cfg = config or EagleTrainConfig()
     began = time.perf_counter()
     model = engine.model
@@ -133,16 +141,24 @@ def train_eagle(engine: Engine, out: Path, corpus_files: list[str] = (), use_sha
         stored.parent.mkdir(parents=True, exist_ok=True)
         torch.save(vars(data), stored)
     collect_s = time.perf_counter() - began
-    vocab, vocab_info = choose_vocabulary(data.top_counts, cfg.vocab_coverage)
+    if init is None:
+        vocab, vocab_info = choose_vocabulary(data.top_counts, cfg.vocab_coverage)
+    else:
+        vocab, vocab_info = init.vocab, init.info.get("vocabulary", {"size": len(init.vocab), "coverage": float("nan")})
     print(f"{info['tokens']} tokens in {len(chunks)} chunks, states ready in {collect_s / 60:.1f} min; reduced "
           f"vocabulary {vocab_info['size']} tokens ({vocab_info['coverage']:.1%} of the target's top choices)",
           file=sys.stderr)
 
     checkpoint = out.with_suffix(".ckpt")
-    head, fitted = fit_head(model, data, vocab, cfg, checkpoint, resume)
+    head, fitted = fit_head(model, data, vocab, cfg, checkpoint, resume, init.head_state if init else None)
     info.update(model=str(engine.source.name) if engine.source else "", collect_minutes=round(collect_s / 60, 1),
                 vocabulary=vocab_info, config=asdict(cfg), **fitted)
-    artifact = EagleArtifact(head.state_dict(), vocab, weights_fingerprint(model), settings or EagleSettings(), info)
+    if init is not None:  # the earlier stage's figures, so the artifact tells the whole training cost
+        info["first_stage"] = {k: v for k, v in init.info.items() if k != "first_stage"}
+        info["total_minutes"] = round(sum(stage.get("collect_minutes", 0) + stage.get("train_minutes", 0)
+                                          for stage in (init.info, info)), 1)
+    settings = settings or (init.settings if init else EagleSettings())
+    artifact = EagleArtifact(head.state_dict(), vocab, weights_fingerprint(model), settings, info)
     out.parent.mkdir(parents=True, exist_ok=True)
     artifact.save(out)
     checkpoint.unlink(missing_ok=True)
@@ -153,13 +169,16 @@ def train_eagle(engine: Engine, out: Path, corpus_files: list[str] = (), use_sha
 
 
 def fit_head(model: Transformer, data: Collected, vocab: torch.Tensor, cfg: EagleTrainConfig,
-             checkpoint: Path | None = None, resume: bool = False) -> tuple[EagleHead, dict]:
-    """Train a fresh head on collected states; returns it and the training figures."""
+             checkpoint: Path | None = None, resume: bool = False, init: dict | None = None) -> tuple[EagleHead, dict]:
+    """Train a head on collected states (a fresh one, or from the weights `init`); returns it and
+    the training figures."""
     torch.manual_seed(cfg.seed)
     # States are large (RMS ~33 on the default model, some dimensions ~250): the regression is
     # taken on states divided by their RMS, so it does not drown the token loss.
     scale = float(torch.cat([s[:64] for s in data.states]).float().pow(2).mean().sqrt())
     head = EagleHead(model.config).to(model.device)
+    if init is not None:
+        head.load_state_dict({k: v.float() for k, v in init.items()})
     scorer = model.head_rows(vocab.to(model.device)).detach().float()  # [N, hidden]
     order = list(range(len(data.ids)))
     random.Random(cfg.seed).shuffle(order)
@@ -175,20 +194,9 @@ def fit_head(model: Transformer, data: Collected, vocab: torch.Tensor, cfg: Eagl
         step = saved["step"]
         print(f"resumed from {checkpoint} at step {step}", file=sys.stderr)
 
-    def loss_of(index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def loss_of(index: int, passes: int) -> tuple[torch.Tensor, list[float]]:
         ids, states = data.ids[index].to(model.device), data.states[index].to(model.device).float()
-        T = len(ids)
-        cache = new_head_cache(model, T)
-        estimate = head(model.embed(ids[1:]).detach().float(), states[:-1],
-                        model.angles(torch.arange(1, T, device=model.device)), cache)
-        wanted = states[1:]
-        with torch.no_grad():
-            target_probs = F.linear(model.norm(wanted).float(), scorer).softmax(-1)
-        log_q = F.linear(model.norm(estimate), scorer).log_softmax(-1)
-        regression = F.smooth_l1_loss(estimate / scale, wanted / scale)
-        cross_entropy = -(target_probs * log_q).sum(-1).mean()
-        agree = (log_q.argmax(-1) == target_probs.argmax(-1)).float().mean()
-        return regression + cfg.cls_weight * cross_entropy, agree
+        return unrolled_loss(head, model, ids, states, scorer, scale, passes, cfg.cls_weight, cfg.unroll_decay)
 
     model.requires_grad_(False)
     train_began = time.perf_counter()
@@ -205,7 +213,7 @@ def fit_head(model: Transformer, data: Collected, vocab: torch.Tensor, cfg: Eagl
         progress = min(1.0, max(step / total_steps, (time.perf_counter() - train_began) / (cfg.minutes * 60)))
         for group in optimizer.param_groups:
             group["lr"] = cfg.lr * min(1.0, (step + 1) / cfg.warmup_steps) * 0.5 * (1 + math.cos(math.pi * progress))
-        loss, _ = loss_of(index)
+        loss, _ = loss_of(index, cfg.unroll)
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.clip)
@@ -219,11 +227,73 @@ def fit_head(model: Transformer, data: Collected, vocab: torch.Tensor, cfg: Eagl
             torch.save({"head": head.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, checkpoint)
     bar.close()
     with torch.no_grad():
-        agreement = sum(float(loss_of(i)[1]) for i in held_out) / len(held_out)
+        by_pass = [loss_of(i, EVAL_DEPTH)[1] for i in held_out]
+        agreement = [sum(row[k] for row in by_pass) / len(by_pass) for k in range(len(by_pass[0]))]
     train_s = time.perf_counter() - train_began
     return head, dict(
         steps=step, epochs=round(step / len(train_set), 2), train_minutes=round(train_s / 60, 1),
         first_loss=round(sum(losses[:10]) / len(losses[:10]), 4) if losses else None,
         final_loss=round(sum(losses[-50:]) / len(losses[-50:]), 4) if losses else None,
-        held_out_top1_agreement=round(agreement, 4),
+        held_out_top1_agreement=round(agreement[0], 4),
+        held_out_top1_agreement_by_depth=[round(a, 4) for a in agreement],
     )
+
+
+class GrowingKeys:
+    """A KV cache for training: appends out of place, so every pass's keys stay differentiable."""
+
+    def __init__(self) -> None:
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        k, v = k.transpose(0, 1), v.transpose(0, 1)  # [kv_heads, T, head_dim]
+        self.keys = k if self.keys is None else torch.cat((self.keys, k), dim=1)
+        self.values = v if self.values is None else torch.cat((self.values, v), dim=1)
+        return self.keys, self.values
+
+
+def unrolled_estimates(head: EagleHead, model: Transformer, ids: torch.Tensor, states: torch.Tensor,
+                       passes: int) -> Iterator[tuple[int, torch.Tensor]]:
+    """The head drafting `passes` levels deep over one chunk (EAGLE-3's training-time test):
+    yields (k, estimates of the target's states at positions k..T-1) for k = 1..passes.
+
+    Pass 1 is teacher-forced: position i reads the target's state at i - 1. Pass k reads the
+    head's own pass-(k-1) estimate at i - 1, as a draft node k - 1 levels below the root does,
+    and attends to what that node sees when drafting: pass-1 keys up to position i - k + 1 (the
+    committed context) and one key of each pass 2..k on its path (its draft ancestors and itself)."""
+    T = len(ids)
+    cache = GrowingKeys()
+    key_position, key_pass = [], []
+    features = states[:-1]
+    for k in range(1, min(passes, T - 1) + 1):
+        positions = torch.arange(k, T, device=ids.device)
+        key_position.append(positions)
+        key_pass.append(torch.full_like(positions, k))
+        mask = None
+        if k > 1:
+            kp, kk = torch.cat(key_position), torch.cat(key_pass)
+            i = positions[:, None]
+            mask = ((kk == 1) & (kp <= i - k + 1)) | ((kk > 1) & (kp == i - k + kk))
+        estimate = head(model.embed(ids[k:]).detach().to(features.dtype), features, model.angles(positions), cache, mask)
+        yield k, estimate
+        features = estimate[:-1]  # the estimate at i is what a child node at i + 1 reads
+
+
+def unrolled_loss(head: EagleHead, model: Transformer, ids: torch.Tensor, states: torch.Tensor, scorer: torch.Tensor,
+                  scale: float, passes: int, cls_weight: float, decay: float) -> tuple[torch.Tensor, list[float]]:
+    """EAGLE's loss at every draft level of `unrolled_estimates`, level k weighted decay^(k-1);
+    also each level's top-1 agreement with the target."""
+    total, weights, agreements = 0.0, 0.0, []
+    for k, estimate in unrolled_estimates(head, model, ids, states, passes):
+        wanted = states[k:]
+        with torch.no_grad():
+            target_probs = F.linear(model.norm(wanted).float(), scorer).softmax(-1)
+        log_q = F.linear(model.norm(estimate), scorer).log_softmax(-1)
+        regression = F.smooth_l1_loss(estimate / scale, wanted / scale)
+        cross_entropy = -(target_probs * log_q).sum(-1).mean()
+        weight = decay ** (k - 1)
+        total = total + weight * (regression + cls_weight * cross_entropy)
+        weights += weight
+        agreements.append(float((log_q.argmax(-1) == target_probs.argmax(-1)).float().mean()))
+    return total / weights, agreements
