@@ -70,7 +70,8 @@ def _add_sampling_options(p: argparse.ArgumentParser) -> None:
                    help="chains (ngram, hybrid, draft): the last token drafted is the first whose drafter "
                         "top probability is below this")
     p.add_argument("--tree-min-prob", type=float,
-                   help="--tree auto: stop growing where the best path's probability is below this")
+                   help="--tree auto and eagle: stop growing where the best path's probability is below this "
+                        "(eagle: its artifact's, 0.5 for the bundled head)")
     p.add_argument("--tree-node-cost", type=float,
                    help="--tree auto: one more node's cost as a fraction of a one-token pass; growth stops "
                         "when a node would lower the expected tokens per pass cost (default 0: budget only)")
