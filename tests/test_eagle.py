@@ -8,7 +8,7 @@ from helpers import tiny_model
 from specee.decoding.autoregressive import Autoregressive
 from specee.decoding.base import DecodeState
 from specee.decoding.speculative import Speculative
-from specee.drafters.eagle import EagleArtifact, EagleDrafter, EagleHead, EagleModel, _add_path, _Node
+from specee.drafters.eagle import EagleArtifact, EagleDrafter, EagleHead, EagleModel, merge_path, DraftNode
 from specee.drafters.prompt_lookup import PromptLookup
 from specee.model.fingerprint import weights_fingerprint
 from specee.sampling import Sampler, SamplingParams
@@ -118,11 +118,11 @@ def test_greedy_eagle_copy_equals_dense(model, trained, monkeypatch, copy_alone)
 
 
 def test_a_copied_path_merges_into_the_tree():
-    nodes = [_Node(10, -1, 1, -0.1), _Node(11, -1, 1, -2.0), _Node(20, 0, 2, -1.5)]
-    _add_path(nodes, [10, 21, 30], -0.5)
+    nodes = [DraftNode(10, -1, 1, -0.1), DraftNode(11, -1, 1, -2.0), DraftNode(20, 0, 2, -1.5)]
+    merge_path(nodes, [10, 21, 30], -0.5)
     assert [(n.token, n.parent, n.depth) for n in nodes[3:]] == [(21, 0, 2), (30, 3, 3)]
     assert nodes[0].score == -0.1 and nodes[3].score == -1.0 and nodes[4].score == -1.5
-    _add_path(nodes, [11], -0.5)  # a node the tree has: the better score, no new node
+    merge_path(nodes, [11], -0.5)  # a node the tree has: the better score, no new node
     assert len(nodes) == 5 and nodes[1].score == -0.5
 
 

@@ -132,7 +132,7 @@ class EagleModel:
 
 
 @dataclass
-class _Node:
+class DraftNode:
     token: int
     parent: int  # -1: a child of the root
     depth: int
@@ -204,7 +204,7 @@ class EagleDrafter(Proposer):
                               None)
         self.fed = len(context) - 1
         root_position = len(context) - 1
-        nodes: list[_Node] = []
+        nodes: list[DraftNode] = []
         frontier = self._children(estimates[-1:], [-1], [0.0], 1, nodes)
         expanded: list[int] = []  # node ids in the head cache's order after the committed part
         for depth in range(1, min(self.depth, max_tokens)):
@@ -221,7 +221,7 @@ class EagleDrafter(Proposer):
                 node.estimate = row[None]
             frontier = self._children(out, frontier, [n.score for n in growing], depth + 1, nodes)
         if copied:
-            _add_path(nodes, copied, math.log(reliability))
+            merge_path(nodes, copied, math.log(reliability))
         keep = sorted(range(len(nodes)), key=lambda i: (-nodes[i].score, i))[: self.budget]
         keep.sort()  # creation order is topological: parents were made before their children
         index = {node: k for k, node in enumerate(keep)}
@@ -238,18 +238,18 @@ class EagleDrafter(Proposer):
         return reliability, self.lookup.chain(context, follows, max_tokens).tokens
 
     def _children(self, estimates: torch.Tensor, parents: list[int], scores: list[float], depth: int,
-                  nodes: list[_Node]) -> list[int]:
+                  nodes: list[DraftNode]) -> list[int]:
         top = self.eagle.log_probs(estimates).topk(self.width, dim=-1)
         tokens = self.eagle.vocab[top.indices].tolist()
         made = []
         for parent, score, row_tokens, row_logp in zip(parents, scores, tokens, top.values.tolist()):
             for token, logp in zip(row_tokens, row_logp):
                 made.append(len(nodes))
-                nodes.append(_Node(token, parent, depth, score + logp))
+                nodes.append(DraftNode(token, parent, depth, score + logp))
         return made
 
     @staticmethod
-    def _tree_mask(new: list[int], expanded: list[int], nodes: list[_Node]) -> torch.Tensor:
+    def _tree_mask(new: list[int], expanded: list[int], nodes: list[DraftNode]) -> torch.Tensor:
         """[len(new), len(expanded)]: each new node sees its expanded ancestors and itself."""
         mask = torch.zeros(len(new), len(expanded), dtype=torch.bool)
         slot = {node: k for k, node in enumerate(expanded)}
@@ -261,7 +261,7 @@ class EagleDrafter(Proposer):
         return mask
 
 
-def _add_path(nodes: list[_Node], tokens: list[int], token_log_prob: float) -> None:
+def merge_path(nodes: list[DraftNode], tokens: list[int], token_log_prob: float) -> None:
     """Merge a chain from the root into the tree: a node the tree already has keeps the better
     of its two scores; the rest are added (after their parents, so the order stays topological)."""
     parent, score = -1, 0.0
@@ -269,7 +269,7 @@ def _add_path(nodes: list[_Node], tokens: list[int], token_log_prob: float) -> N
         score += token_log_prob
         same = next((i for i, n in enumerate(nodes) if n.parent == parent and n.token == token), None)
         if same is None:
-            nodes.append(_Node(token, parent, depth, score))
+            nodes.append(DraftNode(token, parent, depth, score))
             same = len(nodes) - 1
         else:
             nodes[same].score = max(nodes[same].score, score)
