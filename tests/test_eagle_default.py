@@ -26,11 +26,18 @@ def test_greedy_eagle_equals_dense_stopping_at_eos(default_engine, method):
 @pytest.mark.parametrize("flags,message", [
     (["--drafter", "/no/such/head.pt"], "does not exist"),
     (["--tree", "auto"], "eagle drafts its own dynamic tree"),
+    (["--copy-alone", "0.5"], "copy_alone applies to the eagle-copy method"),
 ])
 def test_bad_eagle_flags_exit_2_with_a_message(capsys, flags, message):
     code = main(["generate", "hello", "--max-tokens", "4", "--spec-method", "eagle", *flags])
     out, err = capsys.readouterr()
     assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_copy_alone_out_of_range_is_refused(capsys):
+    code = main(["generate", "hello", "--max-tokens", "4", "--spec-method", "eagle-copy", "--copy-alone", "2"])
+    err = capsys.readouterr().err
+    assert code == 2 and "copy_alone must be in [0, 1]" in err and "Traceback" not in err
 
 
 def test_drafter_flag_with_another_method_is_refused(capsys):
