@@ -52,8 +52,9 @@ class SpecOptions:
     # and 3 on the tuning slice, BENCHMARKS.md).
     min_copy_match: int = 1
     drafter: str | None = None  # a trained drafter file (eagle); default: the bundled one
-    # eagle-copy: draft prompt lookup's copy alone, skipping the head, when it is at least this reliable.
-    copy_alone: float = COPY_ALONE
+    # eagle-copy: draft prompt lookup's copy alone, skipping the head, when it is at least this
+    # reliable (default COPY_ALONE).
+    copy_alone: float | None = None
 
     @classmethod
     def from_dict(cls, options: dict) -> "SpecOptions":
@@ -73,10 +74,11 @@ class SpecOptions:
                              "(tree_budget, tree_width and tree_min_prob shape it)")
         if self.drafter is not None and self.method not in EAGLE_METHODS:
             raise ValueError(f"a drafter file applies to the eagle methods, not {self.method}")
-        if not 0 <= self.copy_alone <= 1:
-            raise ValueError(f"copy_alone must be in [0, 1], got {self.copy_alone}")
-        if self.copy_alone != COPY_ALONE and self.method != "eagle-copy":
-            raise ValueError(f"copy_alone applies to the eagle-copy method, not {self.method}")
+        if self.copy_alone is not None:
+            if self.method != "eagle-copy":
+                raise ValueError(f"copy_alone applies to the eagle-copy method, not {self.method}")
+            if not 0 <= self.copy_alone <= 1:
+                raise ValueError(f"copy_alone must be in [0, 1], got {self.copy_alone}")
         dynamic = self.method in EAGLE_METHODS or (self.tree is not None and self.tree.strip() == "auto")
         for name, value in (("tree_min_prob", self.tree_min_prob), ("confidence_threshold", self.confidence_threshold)):
             if not 0 <= value <= 1:
@@ -179,10 +181,11 @@ def _eagle(artifacts: Artifacts, opts: SpecOptions, given: set[str]) -> Speculat
                            tree_width=width, adaptive=False, name="eagle")
     # Copies may run deeper than the head drafts (the head still stops at `depth`).
     copy_length = max(depth, opts.num_draft_tokens)
+    copy_alone = COPY_ALONE if opts.copy_alone is None else opts.copy_alone
 
     def make_proposer() -> EagleDrafter:
         return EagleDrafter(eagle, depth, width, budget, min_prob, PromptLookup(num_draft_tokens=copy_length),
-                            opts.copy_alone)
+                            copy_alone)
 
     return Speculative(make_proposer, copy_length, tree_budget=budget, tree_width=width, adaptive=False,
                        name="eagle-copy")

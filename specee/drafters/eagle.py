@@ -190,7 +190,7 @@ class EagleDrafter(Proposer):
         return self.eagle.head(target.embed(ids), features.to(target.dtype), target.angles(positions), self.cache, mask)
 
     def propose(self, context: list[int], max_tokens: int) -> Draft:
-        reliability, copied = self._copy(context, max_tokens)
+        reliability, copied = self.lookup.reliable_chain(context, max_tokens) if self.lookup else (0.0, [])
         if copied and reliability >= self.copy_alone:
             return Draft.chain(copied)  # the head catches up on these states at its next step
         device = self.eagle.target.device
@@ -226,16 +226,6 @@ class EagleDrafter(Proposer):
         keep.sort()  # creation order is topological: parents were made before their children
         index = {node: k for k, node in enumerate(keep)}
         return Draft([nodes[i].token for i in keep], [index[nodes[i].parent] if nodes[i].parent >= 0 else -1 for i in keep])
-
-    def _copy(self, context: list[int], max_tokens: int) -> tuple[float, list[int]]:
-        """(the copy's reliability, the copied tokens); (0, []) without a lookup or a match."""
-        if self.lookup is None:
-            return 0.0, []
-        n, follows = self.lookup.match(context)
-        if not n:
-            return 0.0, []
-        reliability = self.lookup.reliability.rate(self.lookup.match_length(context, follows, n))
-        return reliability, self.lookup.chain(context, follows, max_tokens).tokens
 
     def _children(self, estimates: torch.Tensor, parents: list[int], scores: list[float], depth: int,
                   nodes: list[DraftNode]) -> list[int]:

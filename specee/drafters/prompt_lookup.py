@@ -78,8 +78,17 @@ class PromptLookup(Proposer):
         n, follows = self.match(context)
         if not n:
             return 0.0, []
-        reliability = self.reliability.rate(self.match_length(context, follows, n))
-        return reliability, ranked_continuations(context, follows, k)
+        return self._rate(context, follows, n), ranked_continuations(context, follows, k)
+
+    def reliable_chain(self, context: list[int], max_tokens: int) -> tuple[float, list[int]]:
+        """(how likely copying is right here, the chain `propose` would draft); (0, []) without a match."""
+        n, follows = self.match(context)
+        if not n:
+            return 0.0, []
+        return self._rate(context, follows, n), self.chain(context, follows, max_tokens).tokens
+
+    def _rate(self, context: list[int], follows: list[int], n: int) -> float:
+        return self.reliability.rate(self.match_length(context, follows, n))
 
     def candidates(self, context: list[int], k: int) -> list[tuple[int, float]]:
         """The copied continuations, each with its share times the copy's reliability."""
