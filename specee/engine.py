@@ -94,7 +94,7 @@ class Engine:
     def stream(self, prompt: str | Messages | list[int], spec_method: str | None = None, **options) -> "Generation":
         """Options: max_tokens, temperature, top_k, top_p, seed, stop, ignore_eos, chat, and either a
         ready `strategy` or speculative decoding settings: spec_method (none, prompt-lookup, ngram,
-        hybrid, draft, staged, eagle, eagle-copy) with any of num_draft_tokens, tree ("auto" or rank
+        hybrid, draft, staged, eagle, eagle-copy, kangaroo) with any of num_draft_tokens, tree ("auto" or rank
         paths "0;1;0,0"), tree_budget, tree_width, tree_min_prob, draft_model (a path or "self:L"),
         ngram_model, drafter, copy_alone, confidence_threshold, adaptive."""
         spec = {k: options.pop(k) for k in list(options) if k not in GENERATION_OPTIONS}
@@ -118,12 +118,18 @@ class Engine:
         limit = prompt_tokens + max_tokens + CACHE_SLACK
         return self.model.new_cache(limit, capacity=prompt_tokens + min(max_tokens, INITIAL_OUTPUT_SLOTS) + CACHE_SLACK)
 
-    def prefill(self, ids: list[int], cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run the prompt through the model; returns the logits after its last token [1, vocab]
-        and the last layer's states of every prompt token [len(ids), hidden] (feature drafters)."""
-        device = self.model.device
-        h = self.model.hidden(torch.tensor(ids, device=device), torch.arange(len(ids), device=device), cache)
-        return self.model.logits(self.model.norm(h[-1:])), h
+    def prefill(self, ids: list[int], cache: KVCache, shallow_layers: int | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Run the prompt through the model; returns the logits after its last token [1, vocab],
+        the last layer's states of every prompt token [len(ids), hidden] (feature drafters) and,
+        when `shallow_layers` is given, the states after that many layers (self-drafters that
+        share the target's shallow layers), taken on the way."""
+        model, device = self.model, self.model.device
+        positions = torch.arange(len(ids), device=device)
+        split = shallow_layers or 0
+        shallow = model.hidden(torch.tensor(ids, device=device), positions, cache, layers=range(split))
+        h = model.run_layers(shallow, positions, cache, layers=range(split, model.config.num_hidden_layers))
+        return model.logits(model.norm(h[-1:])), h, shallow if shallow_layers else None
 
 
 class Generation:
@@ -178,11 +184,11 @@ class Generation:
         with torch.inference_mode():
             cache = engine.new_cache(len(self.prompt_ids), self.max_tokens)
             start = time.perf_counter()
-            logits, hidden = engine.prefill(self.prompt_ids, cache)
+            logits, hidden, shallow = engine.prefill(self.prompt_ids, cache, getattr(self.strategy, "shallow_layers", None))
             stats.weight_bytes += model.weight_bytes
             stats.prefill_s = time.perf_counter() - start
         state = DecodeState(model, cache, list(self.prompt_ids), logits, Sampler(self.params, model.device), stats,
-                            hidden)
+                            hidden, shallow)
         steps = self.strategy.decode(state)
         start = time.perf_counter()
         try:

@@ -24,12 +24,17 @@ class DecodeState:
     sampler: Sampler
     stats: GenerationStats
     hidden: torch.Tensor | None = None  # [prompt, hidden] the last layer's states (before the final norm)
+    # [prompt, hidden] the states after the strategy's `shallow_layers` first layers, when it has them
+    shallow: torch.Tensor | None = None
 
 
 class Strategy(Protocol):
     """A decoding strategy: yields lists of newly committed token ids until closed. Each list is
     the accepted draft tokens (none for dense decoding) followed by exactly one token the target
-    chose itself; the engine reads token provenance from this convention."""
+    chose itself; the engine reads token provenance from this convention.
+
+    A strategy whose drafter shares the target's first layers may also have `shallow_layers`
+    (an int): prefill then hands it the prompt's states after them (DecodeState.shallow)."""
 
     name: str
     lossless: bool

@@ -3,6 +3,8 @@
 Each step runs the target over [root] + draft nodes (a chain, or a tree with a tree attention
 mask), accepts the longest path the target agrees with (greedy) or would have sampled (rejection
 sampling), adds the target's own next token after it, and rewinds the KV cache to that path.
+A drafter that shares the target's first layers (Kangaroo) has already run them for the root and
+the draft, in the target's cache, so the verification pass starts above them.
 """
 from __future__ import annotations
 
@@ -57,6 +59,7 @@ class Speculative:
         name: str = "speculative",
         tree_min_prob: float = 0.0,
         node_cost: float = 0.0,
+        shallow_layers: int | None = None,
     ) -> None:
         if not 1 <= num_draft_tokens <= MAX_DRAFT_NODES:
             raise ValueError(f"num_draft_tokens must be in 1..{MAX_DRAFT_NODES}, got {num_draft_tokens}")
@@ -78,6 +81,9 @@ class Speculative:
         self.name = name
         self.tree_min_prob = tree_min_prob  # stop growing a dynamic tree below this path probability
         self.node_cost = node_cost  # one more tree input, as a fraction of a one-token pass
+        # A self-drafter that runs the target's first `shallow_layers` layers itself (Kangaroo):
+        # verification runs only the layers above them on the drafter's states.
+        self.shallow_layers = shallow_layers
 
     def draft(self, proposer: Proposer, context: list[int], length: int) -> Draft:
         if self.tree is None:
@@ -98,21 +104,30 @@ class Speculative:
         proposer.reset(tokens, sampler)
         if proposer.wants_features:
             proposer.observe(state.hidden)
+        if self.shallow_layers:
+            proposer.share_target(cache, state.shallow)
+            deep = range(self.shallow_layers, model.config.num_hidden_layers)
+            deep_bytes = model.layers_bytes(deep) + model.head_bytes
         length = DraftLength(self.num_draft_tokens, self.num_draft_tokens, self.adaptive)
         root = int(sampler.pick(state.logits)[0])
         tokens.append(root)
         yield [root]
         while True:
+            prefix = cache.length  # the cache holds everything before the root (until the drafter runs)
             began = time.perf_counter()
             draft = self.draft(proposer, tokens, length.current)
             drafted = time.perf_counter()
             layout = TreeLayout.of(draft)
             is_chain = draft.is_chain
-            prefix = cache.length  # the cache holds everything before the root
-            ids = torch.tensor([tokens[-1], *draft.tokens], device=model.device)  # [n + 1]
             positions = layout.positions(prefix).to(model.device)
             mask = None if is_chain else layout.attention_mask().to(model.device)
-            hidden = model.hidden(ids, positions, cache, mask)  # [n + 1, hidden]: the forward, in its pieces
+            if draft.shallow is None:
+                ids = torch.tensor([tokens[-1], *draft.tokens], device=model.device)  # [n + 1]
+                hidden = model.hidden(ids, positions, cache, mask)  # [n + 1, hidden]: the forward, in its pieces
+                pass_bytes = model.weight_bytes
+            else:  # the drafter ran the shallow layers for these inputs, in this cache
+                hidden = model.run_layers(draft.shallow, positions, cache, mask, deep)
+                pass_bytes = deep_bytes
             logits = model.logits(model.norm(hidden))  # [n + 1, vocab]
             verified = time.perf_counter()
             if sampler.greedy:
@@ -132,7 +147,7 @@ class Speculative:
             stats.draft_s += drafted - began
             stats.verify_s += verified - drafted
             stats.draft_nodes += len(draft)
-            stats.weight_bytes += model.weight_bytes + proposer.take_bytes_read()
+            stats.weight_bytes += pass_bytes + proposer.take_bytes_read()
             length.update(proposed, len(accepted))
             proposer.update(tokens, len(accepted))
             yield new

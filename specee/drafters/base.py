@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from ..model.cache import KVCache
 from ..sampling import Sampler
 from ..verification.draft import Draft
 
@@ -35,6 +36,12 @@ class Proposer:
     def observe(self, features: torch.Tensor) -> None:
         """The target's last-layer hidden states ([n, hidden]) of the next n committed positions:
         first the whole prompt, then after each pass the root and the accepted tokens."""
+
+    def share_target(self, cache: KVCache, prompt_states: torch.Tensor) -> None:
+        """For a self-drafter that runs the target's first layers (the strategy's `shallow_layers`):
+        the target's cache, which it extends for those layers as it drafts, and the prompt's states
+        after them. Verification then runs only the layers above (Draft.shallow)."""
+        raise NotImplementedError(f"{type(self).__name__} does not share the target's layers")
 
     def update(self, context: list[int], num_accepted: int) -> None:
         """Told after verification: `context` now ends with the accepted tokens."""

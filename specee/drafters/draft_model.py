@@ -37,8 +37,7 @@ class DraftModel(Proposer):
         # The target's vocabulary size: a draft whose embedding is padded (or shorter) scores
         # exactly the target's token ids.
         self.vocab_size = vocab_size or model.config.vocab_size
-        all_layer_bytes = model.weight_bytes - model.head_bytes
-        self.pass_bytes = model.head_bytes + all_layer_bytes * self.num_layers // total
+        self.pass_bytes = model.head_bytes + model.layers_bytes(self.layers)
         self.bytes_read = 0
         self.cache: KVCache | None = None
         self.cached: list[int] = []  # the tokens whose K/V the draft cache holds, in order

@@ -184,12 +184,17 @@ class Transformer(nn.Module):
         """Weight bytes one pass streams in, as stored (quantized matrices count their codes and
         scales): every matrix and norm, the full output head, and one embedding row (negligible,
         so left out)."""
-        matrices = [m for layer in self.layers for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
-                                                         layer.mlp.gate_up_proj, layer.mlp.down_proj)]
-        norms = [norm for layer in self.layers for norm in (layer.input_layernorm, layer.post_attention_layernorm)]
+        return self.layers_bytes(range(len(self.layers))) + self.head_bytes
+
+    def layers_bytes(self, layers: range) -> int:
+        """Weight bytes of the decoder layers `layers` (matrices and norms, as stored)."""
+        chosen = [self.layers[i] for i in layers]
+        matrices = [m for layer in chosen for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
+                                                    layer.mlp.gate_up_proj, layer.mlp.down_proj)]
+        norms = [norm for layer in chosen for norm in (layer.input_layernorm, layer.post_attention_layernorm)]
         element_size = self.norm.weight.element_size()
         return (sum(matrix_bytes(m, element_size) for m in matrices)
-                + sum(n.weight.numel() for n in norms) * element_size + self.head_bytes)
+                + sum(n.weight.numel() for n in norms) * element_size)
 
     @property
     def head_bytes(self) -> int:
@@ -206,10 +211,20 @@ class Transformer(nn.Module):
         layers: range | None = None,
     ) -> torch.Tensor:
         """Embed `ids` and run them through `layers` (all by default); returns [T, hidden]."""
-        h = self.embed(ids)
+        return self.run_layers(self.embed(ids), positions, cache, mask, layers)
+
+    def run_layers(
+        self,
+        h: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KVCache,
+        mask: torch.Tensor | None = None,
+        layers: range | None = None,
+    ) -> torch.Tensor:
+        """Run states [T, hidden] (embeddings, or the output of earlier layers) through `layers`."""
         angles = self.angles(positions)
         c = self.config
-        bias = AttentionBias(mask, len(ids), c.num_attention_heads // c.num_key_value_heads)
+        bias = AttentionBias(mask, h.shape[0], c.num_attention_heads // c.num_key_value_heads)
         for i in layers if layers is not None else range(len(self.layers)):
             h = self.layers[i](h, angles, cache, bias)
         return h

@@ -23,6 +23,9 @@ class Draft:
     # True when siblings were drawn independently from q (so verification may use q); False when
     # they are distinct deterministic picks (top-k), which verification treats as one-hot drafts.
     sampled: bool = False
+    # Double early exit: the states of [root] + nodes after the target's first layers, which the
+    # drafter already ran in the target's own cache, so verification starts above them.
+    shallow: torch.Tensor | None = None  # [n + 1, hidden]
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -32,8 +35,9 @@ class Draft:
         return all(parent == i - 1 for i, parent in enumerate(self.parents))
 
     @staticmethod
-    def chain(tokens: list[int], q: torch.Tensor | None = None, sampled: bool = False) -> "Draft":
-        return Draft(list(tokens), list(range(-1, len(tokens) - 1)), q, sampled)
+    def chain(tokens: list[int], q: torch.Tensor | None = None, sampled: bool = False,
+              shallow: torch.Tensor | None = None) -> "Draft":
+        return Draft(list(tokens), list(range(-1, len(tokens) - 1)), q, sampled, shallow)
 
     @staticmethod
     def empty() -> "Draft":
