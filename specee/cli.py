@@ -54,21 +54,23 @@ def _add_sampling_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-sequence (benchmarks)")
     p.add_argument("--spec-method", default="none",
-                   help="none, prompt-lookup, ngram, hybrid, draft, staged, eagle or eagle-copy (all lossless)")
-    p.add_argument("--num-draft-tokens", type=_positive_int, help="draft tokens per step (default 8, adapted)")
+                   help="none, prompt-lookup, ngram, hybrid, draft, staged, eagle, eagle-copy or kangaroo (all lossless)")
+    p.add_argument("--num-draft-tokens", type=_positive_int,
+                   help="draft tokens per step (default 8, adapted; kangaroo: gamma, its artifact's)")
     p.add_argument("--tree", help='verify a tree: "auto" (best-first under --tree-budget) or rank paths "0;1;0,0"')
     p.add_argument("--tree-budget", type=_positive_int, help="draft nodes per tree (default 4)")
     p.add_argument("--draft-model", help="draft model path, or self:L for the target's first L layers")
     p.add_argument("--ngram-model", help="n-gram table from `specee train ngram` (default: the bundled one)")
-    p.add_argument("--drafter", help="trained drafter from `specee train eagle` (default: the bundled one)")
+    p.add_argument("--drafter", help="trained drafter from `specee train eagle` or `specee train kangaroo` "
+                                     "(default: the bundled one)")
     p.add_argument("--copy-alone", type=float,
                    help="eagle-copy: draft prompt lookup's copy alone (no head pass) when it is at least this "
                         "reliable (default 0.7; 1 = always mix)")
     p.add_argument("--tree-width", type=_positive_int,
                    help="--tree auto and eagle: candidates per expanded node (default 4; eagle: its artifact's)")
     p.add_argument("--draft-confidence", type=float,
-                   help="chains (ngram, hybrid, draft): the last token drafted is the first whose drafter "
-                        "top probability is below this")
+                   help="chains (ngram, hybrid, draft, kangaroo): the last token drafted is the first whose "
+                        "drafter top probability is below this (kangaroo: eta, its artifact's)")
     p.add_argument("--tree-min-prob", type=float,
                    help="--tree auto and eagle: stop growing where the best path's probability is below this "
                         "(eagle: its artifact's, 0.5 for the bundled head)")
@@ -144,23 +146,24 @@ def build_parser() -> argparse.ArgumentParser:
     ngram.add_argument("--order", type=_positive_int, default=3)
     ngram.add_argument("--out", required=True, help="output file")
     eagle = train_sub.add_parser("eagle", help="an EAGLE-style feature head for --spec-method eagle")
-    _add_model_options(eagle)
-    eagle.add_argument("--out", required=True, help="output file")
-    eagle.add_argument("--corpus", action="append", default=[], help="text or Spec-Bench .jsonl file (repeatable)")
-    eagle.add_argument("--no-sharegpt", action="store_true", help="leave out the ShareGPT conversations")
-    eagle.add_argument("--tokens", type=_positive_int, default=400_000, help="corpus tokens (default 400000)")
-    eagle.add_argument("--minutes", type=float, default=30.0, help="training time after collection (default 30)")
-    eagle.add_argument("--epochs", type=_positive_int, default=10, help="most passes over the corpus (default 10)")
-    eagle.add_argument("--resume", action="store_true", help="continue from OUT's checkpoint (.ckpt)")
+    _add_drafter_training_options(eagle, minutes=30.0)
     eagle.add_argument("--init", help="go on training this head (a second stage; keeps its vocabulary and settings)")
     eagle.add_argument("--unroll", type=_positive_int, default=1,
                        help="draft levels per training step, the head reading its own estimates (default 1)")
-    eagle.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 0.001)")
-    eagle.add_argument("--seed", type=int, default=0)
     for name, kind, text in (("depth", _positive_int, "deepest draft node"), ("width", _positive_int,
                              "candidates per expanded node"), ("budget", _positive_int, "draft nodes verified per pass"),
                              ("min-prob", float, "stop growing below this path probability")):
         eagle.add_argument(f"--{name}", type=kind, help=f"drafting default stored in the artifact: {text}")
+    kangaroo = train_sub.add_parser("kangaroo", help="a Kangaroo adapter on the target's first layers for "
+                                    "--spec-method kangaroo")
+    _add_drafter_training_options(kangaroo, minutes=20.0)
+    kangaroo.add_argument("--layers", type=_positive_int, default=2,
+                          help="l: the target's first layers the drafter shares (default 2)")
+    kangaroo.add_argument("--eta", type=float, default=0.6,
+                          help="drafting default stored in the artifact: stop after a token whose top-1 probability "
+                               "is below this (default 0.6)")
+    kangaroo.add_argument("--gamma", type=_positive_int, default=6,
+                          help="drafting default stored in the artifact: most draft tokens per step (default 6)")
     prior = train_sub.add_parser("copy-prior", help="measure prompt lookup's copy hit rate by match length "
                                  "(the prior of drafters/copy_reliability.py)")
     _add_model_options(prior)
@@ -169,6 +172,28 @@ def build_parser() -> argparse.ArgumentParser:
     prior.add_argument("--limit", type=_positive_int, default=5, help="prompts per category")
     prior.add_argument("--max-tokens", type=_positive_int, default=128, help="longest answer")
     return parser
+
+
+def _add_drafter_training_options(p: argparse.ArgumentParser, minutes: float) -> None:
+    _add_model_options(p)
+    p.add_argument("--out", required=True, help="output file")
+    p.add_argument("--corpus", action="append", default=[], help="text or Spec-Bench .jsonl file (repeatable)")
+    p.add_argument("--no-sharegpt", action="store_true", help="leave out the ShareGPT conversations")
+    p.add_argument("--tokens", type=_positive_int, default=400_000, help="corpus tokens (default 400000)")
+    p.add_argument("--minutes", type=float, default=minutes, help=f"training time after collection (default {minutes:g})")
+    p.add_argument("--epochs", type=_positive_int, default=10, help="most passes over the corpus (default 10)")
+    p.add_argument("--resume", action="store_true", help="continue from OUT's checkpoint (.ckpt)")
+    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 0.001)")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _check_drafter_training_options(args) -> None:
+    if not args.minutes > 0:
+        raise UsageError(f"--minutes must be > 0, got {args.minutes}")
+    if args.no_sharegpt and not args.corpus:
+        raise UsageError("--no-sharegpt needs --corpus FILE: there would be nothing to train on")
+    if not args.lr > 0:
+        raise UsageError(f"--lr must be > 0, got {args.lr}")
 
 
 def cmd_train(args) -> int:
@@ -182,6 +207,8 @@ def cmd_train(args) -> int:
         return 0
     if args.artifact == "eagle":
         return _train_eagle(args)
+    if args.artifact == "kangaroo":
+        return _train_kangaroo(args)
     from .train.ngram import train_ngram
 
     train_ngram(
@@ -197,14 +224,9 @@ def _train_eagle(args) -> int:
     from .drafters.eagle import EagleArtifact, EagleSettings
     from .train.eagle import EagleTrainConfig, train_eagle
 
-    if not args.minutes > 0:
-        raise UsageError(f"--minutes must be > 0, got {args.minutes}")
+    _check_drafter_training_options(args)
     if args.min_prob is not None and not 0 <= args.min_prob <= 1:
         raise UsageError(f"--min-prob must be in [0, 1], got {args.min_prob}")
-    if args.no_sharegpt and not args.corpus:
-        raise UsageError("--no-sharegpt needs --corpus FILE: there would be nothing to train on")
-    if not args.lr > 0:
-        raise UsageError(f"--lr must be > 0, got {args.lr}")
     engine = _load(args)
     init = EagleArtifact.load(args.init, engine.model) if args.init else None
     defaults = init.settings if init else EagleSettings()
@@ -213,6 +235,26 @@ def _train_eagle(args) -> int:
     config = EagleTrainConfig(tokens=args.tokens, minutes=args.minutes, epochs=args.epochs, seed=args.seed,
                               unroll=args.unroll, lr=args.lr)
     train_eagle(engine, Path(args.out), args.corpus, not args.no_sharegpt, config, args.resume, settings, init)
+    return 0
+
+
+def _train_kangaroo(args) -> int:
+    from pathlib import Path
+
+    from .drafters.kangaroo import KangarooSettings
+    from .train.kangaroo import KangarooTrainConfig, train_kangaroo
+
+    _check_drafter_training_options(args)
+    if not 0 <= args.eta <= 1:
+        raise UsageError(f"--eta must be in [0, 1], got {args.eta}")
+    engine = _load(args)
+    total = engine.model.config.num_hidden_layers
+    if args.layers >= total:
+        raise UsageError(f"--layers must be in 1..{total - 1} for this model, got {args.layers}")
+    config = KangarooTrainConfig(tokens=args.tokens, minutes=args.minutes, epochs=args.epochs, seed=args.seed,
+                                 lr=args.lr)
+    train_kangaroo(engine, Path(args.out), KangarooSettings(args.layers, args.eta, args.gamma), args.corpus,
+                   not args.no_sharegpt, config, args.resume)
     return 0
 
 

@@ -13,7 +13,8 @@ from specee.drafters.prompt_lookup import PromptLookup
 from specee.model.fingerprint import weights_fingerprint
 from specee.sampling import Sampler, SamplingParams
 from specee.stats import GenerationStats
-from specee.train.eagle import EagleTrainConfig, choose_vocabulary, collect, fit_head, unrolled_estimates
+from specee.train.collect import choose_vocabulary, collect
+from specee.train.eagle import EagleTrainConfig, fit_head, unrolled_estimates
 
 VOCAB = 97
 PROMPTS = [[3, 14, 15, 92, 65, 35], [1, 2, 3, 4, 1, 2, 3, 4, 1, 2], [50, 60, 70], [7] * 12]
@@ -153,7 +154,7 @@ def test_unrolled_training_sees_what_drafting_sees(model):
     artifact = random_artifact(model, seed=5)
     eagle = EagleModel(model, artifact)
     head = EagleHead(model.config)
-    head.load_state_dict(artifact.head_state)
+    head.load_state_dict(artifact.weights)
     depth, prompt, root = 4, PROMPTS[0], 5
     with torch.inference_mode():
         states = model.hidden(torch.tensor(prompt), torch.arange(len(prompt)), model.new_cache(len(prompt)))
@@ -200,7 +201,7 @@ def test_a_saved_artifact_reloads_to_identical_drafts(model, trained, tmp_path):
     reloaded = EagleArtifact.load(path, model)
     assert torch.equal(reloaded.vocab, artifact.vocab)
     drafts = []
-    for a in (EagleArtifact(reloaded.head_state, artifact.vocab, artifact.fingerprint), reloaded):
+    for a in (EagleArtifact(reloaded.weights, artifact.vocab, artifact.fingerprint), reloaded):
         drafter = EagleDrafter(EagleModel(model, a), 4, 3, 6, 0.0)
         prompt = PROMPTS[0]
         with torch.inference_mode():

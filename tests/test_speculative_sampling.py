@@ -16,6 +16,7 @@ from specee.decoding.base import DecodeState
 from specee.decoding.speculative import Speculative
 from specee.drafters.draft_model import DraftModel
 from specee.drafters.eagle import EagleArtifact, EagleDrafter, EagleHead, EagleModel
+from specee.drafters.kangaroo import Adapter, KangarooArtifact, KangarooDrafter, KangarooModel, KangarooSettings
 from specee.model.fingerprint import weights_fingerprint
 from specee.drafters.prompt_lookup import PromptLookup
 from specee.sampling import Sampler, SamplingParams, processed_probs
@@ -52,12 +53,15 @@ def sample_joint(model, make_strategy, params) -> torch.Tensor:
     forced = torch.full((1, VOCAB), -1e9)
     forced[0, ROOT] = 0.0
     strategy = make_strategy(model)
+    split = getattr(strategy, "shallow_layers", None) or 0  # prefill as the engine does for Kangaroo
     with torch.no_grad():
         for seed in range(SAMPLES):
             cache = model.new_cache(64)
-            hidden = model.hidden(torch.tensor(PROMPT), torch.arange(len(PROMPT)), cache)
+            positions = torch.arange(len(PROMPT))
+            shallow = model.hidden(torch.tensor(PROMPT), positions, cache, layers=range(split))
+            hidden = model.run_layers(shallow, positions, cache, layers=range(split, model.config.num_hidden_layers))
             sampler = Sampler(SamplingParams(params.temperature, params.top_k, params.top_p, seed=seed))
-            state = DecodeState(model, cache, list(PROMPT), forced, sampler, GenerationStats(), hidden)
+            state = DecodeState(model, cache, list(PROMPT), forced, sampler, GenerationStats(), hidden, shallow)
             out = []
             for new in strategy.decode(state):
                 out += new
@@ -114,6 +118,17 @@ def eagle_copy(copy_alone: float):
     return make
 
 
+def kangaroo_chain(model):
+    """An untrained Kangaroo adapter on the first layer, over a reduced vocabulary (tokens 0-7 of
+    12), stopping after a token whose top-1 probability is below 0.3: chains drawn from the
+    adapter's processed distribution, of varying length, verified from layer 1 up."""
+    torch.manual_seed(0)
+    artifact = KangarooArtifact(Adapter(model.config).state_dict(), torch.arange(8), weights_fingerprint(model),
+                                KangarooSettings(1, 0.3, 3))
+    kangaroo = KangarooModel(model, artifact)
+    return Speculative(lambda: KangarooDrafter(kangaroo, 0.3, 3), 3, adaptive=False, shallow_layers=1)
+
+
 CASES = {
     "chain, temperature": (chain_from_shallow_layers, SamplingParams(temperature=0.9)),
     "chain, top-k": (chain_from_shallow_layers, SamplingParams(temperature=1.2, top_k=4)),
@@ -124,6 +139,8 @@ CASES = {
     "eagle tree, reduced vocabulary, temperature": (eagle_tree, SamplingParams(temperature=0.9)),
     "eagle tree mixed with the copy, temperature": (eagle_copy(1.0), SamplingParams(temperature=0.9)),
     "copy alone in eagle-copy, top-p": (eagle_copy(0.0), SamplingParams(temperature=1.0, top_p=0.9)),
+    "kangaroo chain, reduced vocabulary, temperature": (kangaroo_chain, SamplingParams(temperature=0.9)),
+    "kangaroo chain, top-k": (kangaroo_chain, SamplingParams(temperature=1.1, top_k=5)),
 }
 
 

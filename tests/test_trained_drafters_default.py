@@ -1,6 +1,6 @@
-"""The bundled EAGLE head on the default model (fp32): greedy output identical to dense decoding,
-stopping at EOS, on prompts that copy and prompts that do not; clear errors for bad drafter
-flags; a training run from the command line."""
+"""The bundled trained drafters (EAGLE head, Kangaroo adapter) on the default model (fp32): greedy
+output identical to dense decoding, stopping at EOS, on prompts that copy and prompts that do
+not; clear errors for bad drafter flags; training runs from the command line."""
 import pytest
 import torch
 
@@ -10,8 +10,8 @@ from test_speculative_lossless import MAX_TOKENS, PROMPTS
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("method", ["eagle", "eagle-copy"])
-def test_greedy_eagle_equals_dense_stopping_at_eos(default_engine, method):
+@pytest.mark.parametrize("method", ["eagle", "eagle-copy", "kangaroo"])
+def test_greedy_trained_drafters_equal_dense_stopping_at_eos(default_engine, method):
     proposed = accepted = 0
     for prompt in PROMPTS:
         dense = default_engine.generate(prompt, max_tokens=MAX_TOKENS)
@@ -42,7 +42,7 @@ def test_copy_alone_out_of_range_is_refused(capsys):
 
 def test_drafter_flag_with_another_method_is_refused(capsys):
     code = main(["generate", "hello", "--spec-method", "ngram", "--drafter", "x.pt"])
-    assert code == 2 and "applies to the eagle methods" in capsys.readouterr().err
+    assert code == 2 and "applies to the eagle and kangaroo methods" in capsys.readouterr().err
 
 
 def test_train_eagle_from_the_command_line(tmp_path, default_engine, monkeypatch):
@@ -67,3 +67,47 @@ def test_train_eagle_from_the_command_line(tmp_path, default_engine, monkeypatch
     assert staged.settings.budget == 5 and torch.equal(staged.vocab, artifact.vocab)
     assert staged.info["config"]["unroll"] == 2 and staged.info["first_stage"]["steps"] == artifact.info["steps"]
     assert len(staged.info["held_out_top1_agreement_by_depth"]) == 4
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--tree", "auto"], "kangaroo drafts chains"),
+    (["--drafter", "/no/such/adapter.pt"], "does not exist"),
+    (["--draft-confidence", "1.5"], "confidence_threshold must be in [0, 1]"),
+])
+def test_bad_kangaroo_flags_exit_2_with_a_message(capsys, flags, message):
+    code = main(["generate", "hello", "--max-tokens", "4", "--spec-method", "kangaroo", *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_an_eagle_head_is_not_a_kangaroo_drafter(capsys):
+    from specee.drafters.eagle import BUNDLED
+
+    code = main(["generate", "hello", "--max-tokens", "4", "--spec-method", "kangaroo", "--drafter", str(BUNDLED)])
+    assert code == 2 and "is not a specee Kangaroo drafter" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags,message", [(["--layers", "30"], "--layers must be in 1..29"),
+                                           (["--eta", "2"], "--eta must be in [0, 1]")])
+def test_bad_kangaroo_training_flags_exit_2(capsys, tmp_path, flags, message):
+    code = main(["train", "kangaroo", "--out", str(tmp_path / "a.pt"), *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_train_kangaroo_from_the_command_line(tmp_path, default_engine, monkeypatch):
+    """A short run on a small text file: an artifact that loads, drafts exactly, and records its settings."""
+    monkeypatch.setenv("SPECEE_CACHE", str(tmp_path / "cache"))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(f"Question {i}: what is {i} plus {i}? Answer: {2 * i}." for i in range(200)))
+    out = tmp_path / "adapter.pt"
+    assert main(["train", "kangaroo", "--out", str(out), "--corpus", str(corpus), "--no-sharegpt", "--minutes", "0.3",
+                 "--epochs", "2", "--layers", "3", "--eta", "0.4", "--gamma", "5"]) == 0
+    from specee.drafters.kangaroo import KangarooArtifact, KangarooSettings
+
+    artifact = KangarooArtifact.load(out, default_engine.model)
+    assert artifact.settings == KangarooSettings(3, 0.4, 5)
+    assert artifact.info["files"] == [str(corpus)] and artifact.info["steps"] > 0
+    result = default_engine.generate("What is 3 plus 3?", max_tokens=12, spec_method="kangaroo", drafter=str(out))
+    assert result.token_ids == default_engine.generate("What is 3 plus 3?", max_tokens=12).token_ids
+    assert result.stats.draft_tokens_proposed > 0

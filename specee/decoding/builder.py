@@ -14,6 +14,8 @@ from ..drafters.draft_model import DraftModel, StagedDraft
 from ..drafters.eagle import BUNDLED as BUNDLED_EAGLE
 from ..drafters.eagle import EagleArtifact, EagleDrafter, EagleModel
 from ..drafters.hybrid import Hybrid
+from ..drafters.kangaroo import BUNDLED as BUNDLED_KANGAROO
+from ..drafters.kangaroo import KangarooArtifact, KangarooDrafter, KangarooModel
 from ..drafters.ngram import NgramModel, NgramProposer
 from ..drafters.prompt_lookup import PromptLookup
 from ..loader import dtype_name, load_parts
@@ -25,11 +27,12 @@ from .speculative import Speculative
 # eagle-copy: the copy alone from this reliability up (a match of 4+ tokens by the copy prior);
 # tuned on the tuning slice (BENCHMARKS.md).
 COPY_ALONE = 0.7
-METHODS = ("prompt-lookup", "ngram", "hybrid", "draft", "staged", "eagle", "eagle-copy")
+METHODS = ("prompt-lookup", "ngram", "hybrid", "draft", "staged", "eagle", "eagle-copy", "kangaroo")
 EAGLE_METHODS = ("eagle", "eagle-copy")  # the trained head's own dynamic tree (eagle-copy: mixed with prompt lookup)
+TRAINED_METHODS = (*EAGLE_METHODS, "kangaroo")  # a drafter file from `specee train`
 BUNDLED_NGRAM = Path(__file__).resolve().parent.parent / "artifacts" / "smollm2-135m-instruct.trigram.pt"
 # Methods whose drafter has a probability per drafted token, which --draft-confidence reads.
-SCORED_CHAIN_METHODS = ("ngram", "hybrid", "draft")
+SCORED_CHAIN_METHODS = ("ngram", "hybrid", "draft", "kangaroo")
 
 
 @dataclass
@@ -51,7 +54,7 @@ class SpecOptions:
     # Hybrid chains: copy only after a match at least this long, else draft from the table (1 beat 2
     # and 3 on the tuning slice, BENCHMARKS.md).
     min_copy_match: int = 1
-    drafter: str | None = None  # a trained drafter file (eagle); default: the bundled one
+    drafter: str | None = None  # a trained drafter file (eagle, kangaroo); default: the bundled one
     # eagle-copy: draft prompt lookup's copy alone, skipping the head, when it is at least this
     # reliable (default COPY_ALONE).
     copy_alone: float | None = None
@@ -72,8 +75,8 @@ class SpecOptions:
         if self.method in EAGLE_METHODS and self.tree is not None:
             raise ValueError(f"{self.method} drafts its own dynamic tree: leave the tree option out "
                              "(tree_budget, tree_width and tree_min_prob shape it)")
-        if self.drafter is not None and self.method not in EAGLE_METHODS:
-            raise ValueError(f"a drafter file applies to the eagle methods, not {self.method}")
+        if self.drafter is not None and self.method not in TRAINED_METHODS:
+            raise ValueError(f"a drafter file applies to the eagle and kangaroo methods, not {self.method}")
         if self.copy_alone is not None:
             if self.method != "eagle-copy":
                 raise ValueError(f"copy_alone applies to the eagle-copy method, not {self.method}")
@@ -108,7 +111,7 @@ class Artifacts:
         self.tokenizer = tokenizer
         self._tables: dict[str, NgramModel] = {}
         self._drafts: dict[str, Transformer] = {}
-        self._eagles: dict[str, EagleModel] = {}
+        self._trained: dict[tuple[str, str], EagleModel | KangarooModel] = {}
 
     def ngram(self, path: str | None) -> NgramModel:
         path = _given_or_bundled(path, BUNDLED_NGRAM, "the ngram method needs --ngram-model FILE (train one with "
@@ -137,12 +140,18 @@ class Artifacts:
         return self._drafts[spec], None
 
     def eagle(self, path: str | None) -> EagleModel:
-        path = _given_or_bundled(path, BUNDLED_EAGLE, "the eagle method needs --drafter FILE (train one with "
-                                                      "`specee train eagle`)")
-        key = str(path)
-        if key not in self._eagles:
-            self._eagles[key] = EagleModel(self.model, EagleArtifact.load(path, self.model))
-        return self._eagles[key]
+        return self._trained_drafter("eagle", path, BUNDLED_EAGLE, EagleArtifact, EagleModel)
+
+    def kangaroo(self, path: str | None) -> KangarooModel:
+        return self._trained_drafter("kangaroo", path, BUNDLED_KANGAROO, KangarooArtifact, KangarooModel)
+
+    def _trained_drafter(self, kind: str, path: str | None, bundled: Path, artifact, loaded):
+        path = _given_or_bundled(path, bundled, f"the {kind} method needs --drafter FILE (train one with "
+                                                f"`specee train {kind}`)")
+        key = (kind, str(path))
+        if key not in self._trained:
+            self._trained[key] = loaded(self.model, artifact.load(path, self.model))
+        return self._trained[key]
 
 
 def _given_or_bundled(path: str | None, bundled: Path, missing: str) -> str | Path:
@@ -159,6 +168,8 @@ def build_speculative(artifacts: Artifacts, options: dict) -> Speculative:
     opts.check()
     if opts.method in EAGLE_METHODS:
         return _eagle(artifacts, opts, given=set(options))
+    if opts.method == "kangaroo":
+        return _kangaroo(artifacts, opts, given=set(options))
     make_proposer = _proposer_factory(artifacts, opts)
     tree: StaticTree | str | None = None
     if opts.tree is not None:
@@ -189,6 +200,18 @@ def _eagle(artifacts: Artifacts, opts: SpecOptions, given: set[str]) -> Speculat
 
     return Speculative(make_proposer, copy_length, tree_budget=budget, tree_width=width, adaptive=False,
                        name="eagle-copy")
+
+
+def _kangaroo(artifacts: Artifacts, opts: SpecOptions, given: set[str]) -> Speculative:
+    """Chains through the shared shallow layers; eta and gamma from the artifact unless given."""
+    if opts.tree is not None:
+        raise ValueError("kangaroo drafts chains: leave the tree option out")
+    kangaroo = artifacts.kangaroo(opts.drafter)
+    settings = kangaroo.settings
+    gamma = opts.num_draft_tokens if "num_draft_tokens" in given else settings.gamma
+    eta = opts.confidence_threshold if "confidence_threshold" in given else settings.eta
+    return Speculative(lambda: KangarooDrafter(kangaroo, eta, gamma), gamma, adaptive=False, name="kangaroo",
+                       shallow_layers=settings.layers)
 
 
 def _proposer_factory(artifacts: Artifacts, opts: SpecOptions) -> Callable[[], Proposer]:

@@ -49,3 +49,5 @@ register(StrategySpec("eagle", True, _speculative("eagle"),
                       "trained EAGLE-style feature head (bundled), dynamic tree over a reduced vocabulary"))
 register(StrategySpec("eagle-copy", True, _speculative("eagle-copy"),
                       "the EAGLE tree with prompt lookup's copy mixed in; the copy alone where it is reliable"))
+register(StrategySpec("kangaroo", True, _speculative("kangaroo"),
+                      "trained Kangaroo adapter (bundled) on the target's shared shallow layers, chains"))

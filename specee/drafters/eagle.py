@@ -8,31 +8,28 @@ turn that into the draft distribution of token i + 1. Drafting feeds the head it
 so it runs ahead of the target. The target's hidden states come for free from the verification
 pass the strategy already runs.
 
-Reduced vocabulary: the head scores only the N tokens the model emits most often (the output head
-costs as much as eight of the model's 30 layers). A token outside them is never drafted, so
-verification stays exact.
+The head scores a reduced vocabulary (trained.py).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 from torch import nn
 
 from ..model.cache import KVCache
 from ..model.config import LlamaConfig
-from ..model.cpu_packing import PackedLinear, pack_linears, packing_available
-from ..model.fingerprint import weights_fingerprint
+from ..model.cpu_packing import pack_linears
 from ..model.llama import DecoderLayer, Transformer
 from ..sampling import Sampler
 from ..verification.draft import Draft
 from .base import Proposer
 from .prompt_lookup import PromptLookup
+from .trained import TrainedArtifact, drafter_cache, reduced_scorer
 
-FORMAT = "specee-eagle"
-FORMAT_VERSION = 1
 BUNDLED = Path(__file__).resolve().parent.parent / "artifacts" / "smollm2-135m-instruct.eagle.pt"
 INITIAL_CACHE_SLOTS = 512
 
@@ -49,13 +46,6 @@ class EagleHead(nn.Module):
         return self.layer(self.fc(torch.cat((embeds, features), dim=-1)), angles, cache, mask)
 
 
-def new_head_cache(model: Transformer, capacity: int) -> KVCache:
-    c = model.config
-    dtype = torch.float32 if model.device.type == "cpu" else model.dtype
-    return KVCache(1, c.num_key_value_heads, c.head_dim, c.max_position_embeddings, dtype, model.device,
-                   capacity=min(capacity, c.max_position_embeddings))
-
-
 @dataclass
 class EagleSettings:
     """Drafting settings chosen by measurement and stored in the artifact (defaults for the method)."""
@@ -67,42 +57,14 @@ class EagleSettings:
 
 
 @dataclass
-class EagleArtifact:
-    """A trained head for one model: its weights, the reduced vocabulary, and how it was made."""
+class EagleArtifact(TrainedArtifact):
+    """A trained head for one model (`weights`: the EagleHead's state)."""
 
-    head_state: dict
-    vocab: torch.Tensor  # [N] token ids the head scores, most frequent first
-    fingerprint: str
-    settings: EagleSettings = field(default_factory=EagleSettings)
-    info: dict = field(default_factory=dict)  # corpus, licence, training figures
-
-    def save(self, path: str | Path) -> None:
-        torch.save({
-            "format": FORMAT, "version": FORMAT_VERSION, "fingerprint": self.fingerprint,
-            "head": {k: v.detach().to("cpu", torch.float16) for k, v in self.head_state.items()},
-            "vocab": self.vocab.to(torch.int32), "settings": vars(self.settings), "info": self.info,
-        }, path)
-
-    @staticmethod
-    def load(path: str | Path, model: Transformer) -> "EagleArtifact":
-        """The head trained for `model`; a file for another model (or not a head) is a ValueError."""
-        path = Path(path)
-        if not path.is_file():
-            raise ValueError(f"EAGLE drafter {str(path)!r} does not exist")
-        try:
-            saved = torch.load(path, weights_only=True)
-        except Exception as e:
-            raise ValueError(f"{path} is not a specee EAGLE drafter ({type(e).__name__})") from None
-        if not isinstance(saved, dict) or saved.get("format") != FORMAT:
-            raise ValueError(f"{path} is not a specee EAGLE drafter")
-        if saved["version"] != FORMAT_VERSION:
-            raise ValueError(f"{path} has EAGLE format version {saved['version']}, this specee reads {FORMAT_VERSION}")
-        fingerprint = weights_fingerprint(model)
-        if saved["fingerprint"] != fingerprint:
-            raise ValueError(f"{path} was trained for another model (fingerprint {saved['fingerprint']!r}, this "
-                             f"model's is {fingerprint!r}): train one with `specee train eagle --out FILE`")
-        return EagleArtifact(saved["head"], saved["vocab"].long(), saved["fingerprint"],
-                             EagleSettings(**saved["settings"]), saved["info"])
+    FORMAT: ClassVar[str] = "specee-eagle"
+    VERSION: ClassVar[int] = 1
+    SETTINGS: ClassVar[type] = EagleSettings
+    KIND: ClassVar[str] = "EAGLE drafter"
+    TRAIN: ClassVar[str] = "specee train eagle"
 
 
 class EagleModel:
@@ -113,17 +75,14 @@ class EagleModel:
         self.artifact = artifact
         self.settings = artifact.settings
         head = EagleHead(target.config)
-        head.load_state_dict({k: v.float() for k, v in artifact.head_state.items()})
+        head.load_state_dict({k: v.float() for k, v in artifact.weights.items()})
         head = head.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
-        self.vocab = artifact.vocab.to(target.device)
-        scorer = nn.Linear(target.config.hidden_size, len(self.vocab), bias=False, device=target.device)
-        scorer.weight = nn.Parameter(target.head_rows(self.vocab).detach().clone(), requires_grad=False)
         if target.device.type == "cpu":
             pack_linears(head, keep_weights=())
-            scorer = PackedLinear(scorer) if packing_available() else scorer
-        self.head, self.scorer = head, scorer
+        self.vocab = artifact.vocab.to(target.device)
+        self.head, self.scorer = head, reduced_scorer(target, self.vocab)
         element_size = target.norm.weight.element_size()
-        self.pass_bytes = (sum(p.numel() for p in artifact.head_state.values())
+        self.pass_bytes = (sum(p.numel() for p in artifact.weights.values())
                            + self.vocab.numel() * target.config.hidden_size) * element_size
 
     def log_probs(self, estimates: torch.Tensor) -> torch.Tensor:
@@ -164,7 +123,7 @@ class EagleDrafter(Proposer):
         self.bytes_read = 0
 
     def reset(self, prompt: list[int], sampler: Sampler | None) -> None:
-        self.cache = new_head_cache(self.eagle.target, INITIAL_CACHE_SLOTS)
+        self.cache = drafter_cache(self.eagle.target, INITIAL_CACHE_SLOTS)
         self.fed = 0
         self.pending = []
         if self.lookup is not None:

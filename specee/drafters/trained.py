@@ -1,0 +1,86 @@
+"""What trained self-drafters (the EAGLE head, the Kangaroo adapter) share: the artifact file that
+ties weights to one target model, the scorer over a reduced vocabulary, and a small KV cache.
+
+Reduced vocabulary: a drafter scores only the N tokens the model emits most often (the output
+head costs as much as eight of the default model's 30 layers). A token outside them is never
+drafted, so verification stays exact.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from ..model.cache import KVCache
+from ..model.cpu_packing import PackedLinear, packing_available
+from ..model.fingerprint import weights_fingerprint
+from ..model.llama import Transformer
+
+
+@dataclass
+class TrainedArtifact:
+    """A trained drafter for one model: its weights, the reduced vocabulary, its drafting settings
+    (chosen by measurement) and how it was made. Subclasses name the format and the settings."""
+
+    FORMAT: ClassVar[str]
+    VERSION: ClassVar[int]
+    SETTINGS: ClassVar[type]
+    KIND: ClassVar[str]  # how errors name it, e.g. "EAGLE drafter"
+    TRAIN: ClassVar[str]  # the command that makes one
+
+    weights: dict
+    vocab: torch.Tensor  # [N] token ids the drafter scores, most frequent first
+    fingerprint: str
+    settings: Any = None
+    info: dict = field(default_factory=dict)  # corpus, licence, training figures
+
+    def __post_init__(self) -> None:
+        if self.settings is None:
+            self.settings = self.SETTINGS()
+
+    def save(self, path: str | Path) -> None:
+        torch.save({
+            "format": self.FORMAT, "version": self.VERSION, "fingerprint": self.fingerprint,
+            # "head": the drafter's own trained weights (the key predates the adapter)
+            "head": {k: v.detach().to("cpu", torch.float16) for k, v in self.weights.items()},
+            "vocab": self.vocab.to(torch.int32), "settings": vars(self.settings), "info": self.info,
+        }, path)
+
+    @classmethod
+    def load(cls, path: str | Path, model: Transformer):
+        """The drafter trained for `model`; a file for another model (or of another kind) is a ValueError."""
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"{cls.KIND} {str(path)!r} does not exist")
+        try:
+            saved = torch.load(path, weights_only=True)
+        except Exception as e:
+            raise ValueError(f"{path} is not a specee {cls.KIND} ({type(e).__name__})") from None
+        if not isinstance(saved, dict) or saved.get("format") != cls.FORMAT:
+            raise ValueError(f"{path} is not a specee {cls.KIND}")
+        if saved["version"] != cls.VERSION:
+            raise ValueError(f"{path} has {cls.KIND} format version {saved['version']}, this specee reads {cls.VERSION}")
+        fingerprint = weights_fingerprint(model)
+        if saved["fingerprint"] != fingerprint:
+            raise ValueError(f"{path} was trained for another model (fingerprint {saved['fingerprint']!r}, this "
+                             f"model's is {fingerprint!r}): train one with `{cls.TRAIN} --out FILE`")
+        return cls(saved["head"], saved["vocab"].long(), saved["fingerprint"], cls.SETTINGS(**saved["settings"]),
+                   saved["info"])
+
+
+def reduced_scorer(target: Transformer, vocab: torch.Tensor) -> nn.Module:
+    """A linear layer giving the target's (pre-softmax) logits of the tokens `vocab` only."""
+    scorer = nn.Linear(target.config.hidden_size, len(vocab), bias=False, device=target.device)
+    scorer.weight = nn.Parameter(target.head_rows(vocab.to(target.device)).detach().clone(), requires_grad=False)
+    return PackedLinear(scorer) if target.device.type == "cpu" and packing_available() else scorer
+
+
+def drafter_cache(model: Transformer, capacity: int, layers: int = 1) -> KVCache:
+    """A KV cache for a drafter's own layers, shaped like the target's."""
+    c = model.config
+    dtype = torch.float32 if model.device.type == "cpu" else model.dtype
+    return KVCache(layers, c.num_key_value_heads, c.head_dim, c.max_position_embeddings, dtype, model.device,
+                   capacity=min(capacity, c.max_position_embeddings))
