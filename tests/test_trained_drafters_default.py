@@ -23,14 +23,17 @@ def test_greedy_trained_drafters_equal_dense_stopping_at_eos(default_engine, met
     assert 0 < accepted < proposed
 
 
-@pytest.mark.parametrize("flags,message", [
-    (["--drafter", "/no/such/head.pt"], "does not exist"),
-    (["--tree", "auto"], "eagle drafts its own dynamic tree"),
-    (["--copy-alone", "0.5"], "copy_alone applies to the eagle-copy method"),
+@pytest.mark.parametrize("method,flags,message", [
+    ("eagle", ["--drafter", "/no/such/head.pt"], "does not exist"),
+    ("eagle", ["--tree", "auto"], "eagle drafts its own dynamic tree"),
+    ("eagle", ["--copy-alone", "0.5"], "copy_alone applies to the eagle-copy method"),
+    ("kangaroo", ["--tree", "auto"], "kangaroo drafts chains"),
+    ("kangaroo", ["--drafter", "/no/such/adapter.pt"], "does not exist"),
+    ("kangaroo", ["--draft-confidence", "1.5"], "confidence_threshold must be in [0, 1]"),
 ])
-def test_bad_eagle_flags_exit_2_with_a_message(capsys, flags, message):
-    code = main(["generate", "hello", "--max-tokens", "4", "--spec-method", "eagle", *flags])
-    out, err = capsys.readouterr()
+def test_bad_trained_drafter_flags_exit_2_with_a_message(capsys, method, flags, message):
+    code = main(["generate", "hello", "--max-tokens", "4", "--spec-method", method, *flags])
+    err = capsys.readouterr().err
     assert code == 2 and message in err and "Traceback" not in err
 
 
@@ -67,17 +70,6 @@ def test_train_eagle_from_the_command_line(tmp_path, default_engine, monkeypatch
     assert staged.settings.budget == 5 and torch.equal(staged.vocab, artifact.vocab)
     assert staged.info["config"]["unroll"] == 2 and staged.info["first_stage"]["steps"] == artifact.info["steps"]
     assert len(staged.info["held_out_top1_agreement_by_depth"]) == 4
-
-
-@pytest.mark.parametrize("flags,message", [
-    (["--tree", "auto"], "kangaroo drafts chains"),
-    (["--drafter", "/no/such/adapter.pt"], "does not exist"),
-    (["--draft-confidence", "1.5"], "confidence_threshold must be in [0, 1]"),
-])
-def test_bad_kangaroo_flags_exit_2_with_a_message(capsys, flags, message):
-    code = main(["generate", "hello", "--max-tokens", "4", "--spec-method", "kangaroo", *flags])
-    err = capsys.readouterr().err
-    assert code == 2 and message in err and "Traceback" not in err
 
 
 def test_an_eagle_head_is_not_a_kangaroo_drafter(capsys):
