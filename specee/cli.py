@@ -77,6 +77,17 @@ def _add_sampling_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tree-node-cost", type=float,
                    help="--tree auto: one more node's cost as a fraction of a one-token pass; growth stops "
                         "when a node would lower the expected tokens per pass cost (default 0: budget only)")
+    p.add_argument("--exit", default="none",
+                   help="early exit (lossy; with --spec-method none): none, specee (trained per-layer predictors) "
+                        "or rule (the draft-token rule, no training) (default none)")
+    p.add_argument("--exit-predictors", help="predictors from `specee train exits` (default: the bundled ones)")
+    p.add_argument("--exit-threshold", type=float,
+                   help="--exit specee: exit where a predictor's output is above this (default: the predictors' own; "
+                        "above 1 never exits)")
+    p.add_argument("--exit-kv", choices=("exact", "approx"),
+                   help="skipped layers' KV: exact (caught up in the next pass, default) or approx (from the exit state)")
+    p.add_argument("--exit-rule", help="--exit rule: P1,P2[,W]: exit when the top candidate reaches P1 or the draft "
+                                       "token P2 (W: weight of the drafter's own probability) (default 0.8,0.5)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -164,6 +175,25 @@ def build_parser() -> argparse.ArgumentParser:
                                "is below this (default 0.6)")
     kangaroo.add_argument("--gamma", type=_positive_int, default=6,
                           help="drafting default stored in the artifact: most draft tokens per step (default 6)")
+    exits = train_sub.add_parser("exits", help="per-layer early-exit predictors for --exit specee")
+    _add_model_options(exits)
+    exits.add_argument("--out", required=True, help="output file")
+    exits.add_argument("--corpus", action="append", default=[], help="text or Spec-Bench .jsonl file (repeatable)")
+    exits.add_argument("--no-sharegpt", action="store_true", help="leave out the ShareGPT conversations")
+    exits.add_argument("--tokens", type=_positive_int, default=60_000,
+                       help="corpus tokens (default 60000; every layer's full head runs on each)")
+    exits.add_argument("--minutes", type=float, default=5.0, help="predictor training time after collection (default 5)")
+    exits.add_argument("--epochs", type=_positive_int, default=30, help="most passes over the data (default 30)")
+    exits.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 0.001)")
+    exits.add_argument("--candidates", type=_positive_int, default=4, help="K: the drafter's guesses per token (default 4)")
+    exits.add_argument("--fidelity", type=float, default=0.99,
+                       help="the stored threshold is the lowest whose held-out exit fidelity reaches this (default 0.99)")
+    exits.add_argument("--coverage", type=float, default=0.9,
+                       help="offline layers: the most used, taking this share of held-out exits (default 0.9)")
+    exits.add_argument("--balance-classes", action="store_true",
+                       help="weight each layer's positives by its negatives/positives ratio (default: calibrated "
+                            "outputs, the threshold handles the imbalance)")
+    exits.add_argument("--seed", type=int, default=0)
     prior = train_sub.add_parser("copy-prior", help="measure prompt lookup's copy hit rate by match length "
                                  "(the prior of drafters/copy_reliability.py)")
     _add_model_options(prior)
@@ -209,6 +239,8 @@ def cmd_train(args) -> int:
         return _train_eagle(args)
     if args.artifact == "kangaroo":
         return _train_kangaroo(args)
+    if args.artifact == "exits":
+        return _train_exits(args)
     from .train.ngram import train_ngram
 
     train_ngram(
@@ -255,6 +287,30 @@ def _train_kangaroo(args) -> int:
                                  lr=args.lr)
     train_kangaroo(engine, Path(args.out), KangarooSettings(args.layers, args.eta, args.gamma), args.corpus,
                    not args.no_sharegpt, config, args.resume)
+    return 0
+
+
+def _train_exits(args) -> int:
+    from pathlib import Path
+
+    from .decoding.exit_builder import exit_candidates
+    from .train.exits import ExitTrainConfig, train_exits
+
+    if not args.minutes > 0:
+        raise UsageError(f"--minutes must be > 0, got {args.minutes}")
+    if args.no_sharegpt and not args.corpus:
+        raise UsageError("--no-sharegpt needs --corpus FILE: there would be nothing to train on")
+    if not args.lr > 0:
+        raise UsageError(f"--lr must be > 0, got {args.lr}")
+    for name in ("fidelity", "coverage"):
+        if not 0 < getattr(args, name) <= 1:
+            raise UsageError(f"--{name} must be in (0, 1], got {getattr(args, name)}")
+    engine = _load(args)
+    config = ExitTrainConfig(tokens=args.tokens, minutes=args.minutes, epochs=args.epochs, lr=args.lr,
+                             fidelity=args.fidelity, coverage=args.coverage, seed=args.seed,
+                             balance_classes=args.balance_classes)
+    train_exits(engine, Path(args.out), exit_candidates(engine.artifacts, args.candidates), args.corpus,
+                not args.no_sharegpt, config)
     return 0
 
 
@@ -309,7 +365,8 @@ def _sampling_kwargs(args) -> dict:
         num_draft_tokens=args.num_draft_tokens, tree=args.tree, tree_budget=args.tree_budget,
         draft_model=args.draft_model, ngram_model=args.ngram_model, confidence_threshold=args.draft_confidence,
         tree_node_cost=args.tree_node_cost, tree_min_prob=args.tree_min_prob, tree_width=args.tree_width,
-        drafter=args.drafter, copy_alone=args.copy_alone,
+        drafter=args.drafter, copy_alone=args.copy_alone, exit=args.exit, exit_predictors=args.exit_predictors,
+        exit_threshold=args.exit_threshold, exit_kv=args.exit_kv, exit_rule=args.exit_rule,
     )
 
 
@@ -323,6 +380,15 @@ def _validate_sampling(args) -> None:
         raise UsageError(f"unknown --spec-method {args.spec_method!r} (choose from none, {', '.join(METHODS)})")
     if args.max_tokens <= 0:
         raise UsageError(f"--max-tokens must be a positive integer, got {args.max_tokens}")
+    if args.exit not in ("none", "specee", "rule"):
+        raise UsageError(f"unknown --exit {args.exit!r} (choose from none, specee, rule)")
+    if args.exit != "none" and args.spec_method != "none":
+        raise UsageError("--exit runs with --spec-method none for now: exits inside speculative verification "
+                         "are not built yet")
+    given = [f"--{name.replace('_', '-')}" for name in ("exit_predictors", "exit_threshold", "exit_kv", "exit_rule")
+             if getattr(args, name) is not None]
+    if given and args.exit == "none":
+        raise UsageError(f"{', '.join(given)} need --exit specee or --exit rule")
     if args.tree_node_cost is not None and args.tree_node_cost < 0:
         raise UsageError(f"--tree-node-cost must be >= 0, got {args.tree_node_cost}")
     try:

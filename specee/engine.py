@@ -12,6 +12,7 @@ import torch
 from .decoding.autoregressive import Autoregressive
 from .decoding.base import DecodeState, Strategy
 from .decoding.builder import Artifacts, build_speculative
+from .decoding.exit_builder import build_early_exit
 from .decoding.speculative import MAX_DRAFT_NODES
 from .loader import load_parts
 from .model.cache import KVCache
@@ -96,21 +97,34 @@ class Engine:
         ready `strategy` or speculative decoding settings: spec_method (none, prompt-lookup, ngram,
         hybrid, draft, staged, eagle, eagle-copy, kangaroo) with any of num_draft_tokens, tree ("auto" or rank
         paths "0;1;0,0"), tree_budget, tree_width, tree_min_prob, draft_model (a path or "self:L"),
-        ngram_model, drafter, copy_alone, confidence_threshold, adaptive."""
+        ngram_model, drafter, copy_alone, confidence_threshold, adaptive; or early exit (lossy): exit
+        ("specee" or "rule") with exit_predictors, exit_threshold, exit_kv, exit_rule."""
         spec = {k: options.pop(k) for k in list(options) if k not in GENERATION_OPTIONS}
         spec = {k: v for k, v in spec.items() if v is not None}
-        if spec_method not in (None, "none"):
-            options["strategy"] = self.strategy(spec_method, **spec)
+        exit_kind = spec.pop("exit", "none")
+        if spec_method not in (None, "none") or exit_kind != "none":
+            options["strategy"] = self.strategy(spec_method, exit=exit_kind, **spec)
         elif spec:
-            raise ValueError(f"options {sorted(spec)} need a spec_method (or are unknown)")
+            raise ValueError(f"options {sorted(spec)} need a spec_method or an exit (or are unknown)")
         return Generation(self, prompt, **options)
 
-    def strategy(self, spec_method: str | None = None, **spec_options) -> Strategy:
-        """The decoding strategy for these options. Tables and draft models load once per engine;
-        the strategy itself holds no per-request state, so it may be reused and shared."""
+    def strategy(self, spec_method: str | None = None, exit: str | None = None, **options) -> Strategy:
+        """The decoding strategy for these options. Tables, draft models and predictors load once
+        per engine; the strategy itself holds no per-request state, so it may be reused and shared.
+
+        Early exit: exit ("none", "specee", "rule") with exit_predictors, exit_threshold, exit_kv
+        ("exact", "approx") and exit_rule ("P1,P2[,W]")."""
+        options = {k: v for k, v in options.items() if v is not None}
+        exit_options = {k.removeprefix("exit_"): options.pop(k) for k in list(options) if k.startswith("exit_")}
+        if exit not in (None, "none"):
+            if spec_method not in (None, "none"):
+                raise ValueError(f"early exit runs in plain decoding for now: exits inside speculative verification "
+                                 f"are not built yet (drop spec_method {spec_method!r} or the exit)")
+            return build_early_exit(self.artifacts, {"kind": exit, **exit_options})
+        if exit_options:
+            raise ValueError(f"options {sorted('exit_' + k for k in exit_options)} need an exit (specee or rule)")
         if spec_method in (None, "none"):
             return Autoregressive()
-        options = {k: v for k, v in spec_options.items() if v is not None}
         return build_speculative(self.artifacts, {"method": spec_method, **options})
 
     def new_cache(self, prompt_tokens: int, max_tokens: int) -> KVCache:

@@ -22,6 +22,12 @@ class GenerationStats:
     draft_s: float = 0.0  # time spent drafting (inside decode_s)
     verify_s: float = 0.0  # time spent in the target's verification passes (inside decode_s)
     draft_nodes: int = 0  # draft tokens sent to verification (every tree node)
+    # Early exit: time in exit features, predictors and full-head checks (inside decode_s), how
+    # many predictor decisions ran, how many fired a full-head check and how many checks agreed.
+    predictor_s: float = 0.0
+    predictors_run: int = 0
+    exit_checks: int = 0
+    exit_checks_agreed: int = 0
 
     @property
     def tokens_per_s(self) -> float:
@@ -61,6 +67,32 @@ class GenerationStats:
     def bytes_per_token(self) -> float:
         return self.weight_bytes / self.generated_tokens if self.generated_tokens else 0.0
 
+    @property
+    def avg_forward_layers(self) -> float | None:
+        """Layers run per pass with early exit (None without)."""
+        return sum(self.exit_layers) / len(self.exit_layers) if self.exit_layers else None
+
+    @property
+    def exit_histogram(self) -> dict[int, int]:
+        """How many passes ran each number of layers."""
+        counts: dict[int, int] = {}
+        for layers in self.exit_layers:
+            counts[layers] = counts.get(layers, 0) + 1
+        return dict(sorted(counts.items()))
+
+    @property
+    def predictor_share(self) -> float:
+        return self.predictor_s / self.decode_s if self.decode_s > 0 else 0.0
+
+    @property
+    def predictors_per_token(self) -> float:
+        return self.predictors_run / len(self.exit_layers) if self.exit_layers else 0.0
+
+    @property
+    def check_agreement(self) -> float | None:
+        """Share of full-head checks whose argmax was a candidate (None: no check ran)."""
+        return self.exit_checks_agreed / self.exit_checks if self.exit_checks else None
+
     def record_pass(self, proposed: int, accepted: int) -> None:
         """One verification pass: `proposed` draft tokens along the checked path(s), `accepted`
         of them kept; the pass adds accepted + 1 tokens (the bonus)."""
@@ -87,5 +119,10 @@ class GenerationStats:
             drafting_share=self.drafting_share,
             draft_cost_per_token=self.draft_cost_per_token,
             bytes_per_token=self.bytes_per_token,
+            avg_forward_layers=self.avg_forward_layers,
+            exit_histogram=self.exit_histogram,
+            predictor_share=self.predictor_share,
+            predictors_per_token=self.predictors_per_token,
+            check_agreement=self.check_agreement,
         )
         return d

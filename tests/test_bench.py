@@ -13,6 +13,7 @@ from specee.eval.bench import BenchConfig, run_bench
 from specee.eval.report import RECORD_FIELDS
 from specee.model.loading import default_model_path
 from specee.sampling import SamplingParams
+from specee.stats import GenerationStats
 
 
 class OffByOne(Autoregressive):
@@ -30,12 +31,14 @@ def tiny_engine(default_engine):
 
 
 class ShallowLossy(Autoregressive):
-    """A lossy mode for the test: decodes densely but scores text with the first layer only."""
+    """A lossy mode for the test: decodes densely but scores text with the first layer only,
+    exiting there on every other token."""
 
-    def reference_logits(self, model, ids):
+    def teacher_forced(self, model, ids, prefix):
         cache = model.new_cache(len(ids))
         h = model.hidden(torch.tensor(ids), torch.arange(len(ids)), cache, layers=range(1))
-        return model.logits(model.norm(h))
+        stats = GenerationStats(exit_layers=[1 if i % 2 else 2 for i in range(prefix, len(ids) - 1)])
+        return model.logits(model.norm(h))[prefix:-1], stats
 
 
 @pytest.fixture
@@ -118,6 +121,12 @@ def test_lossy_modes_report_their_own_perplexity(tiny_engine, lossy_mode, tmp_pa
     assert modes["prompt-lookup"]["perplexity"] is None  # lossless: dense's, not shown as its own
     assert modes["shallow"]["perplexity"] > 1
     assert modes["shallow"]["perplexity"] != pytest.approx(modes["dense"]["perplexity"], rel=1e-3)
+    quality = modes["shallow"]["quality"]
+    # Scored on the same tokens as dense; about half of them exited (layer 1 of 2).
+    assert quality["ppl_text_dense"] == pytest.approx(modes["dense"]["perplexity"])
+    assert quality["ppl_text"] == pytest.approx(modes["shallow"]["perplexity"])
+    assert 0 < quality["exited_tokens"] < quality["scored_tokens"] and 0 <= quality["fidelity"] <= 1
+    assert quality["ppl_continuation"] > 1 and quality["ppl_continuation_dense"] > 1
 
 
 class EndsAfterThree(Autoregressive):
@@ -201,7 +210,7 @@ def test_perplexity_feeds_the_models_own_device(default_engine):
     """The reference text goes to the device the model lives on (a CUDA model got CPU tensors)."""
     from types import SimpleNamespace
 
-    from specee.eval.bench import perplexity
+    from specee.eval.teacher_forcing import quality
 
     seen = []
 
@@ -217,7 +226,7 @@ def test_perplexity_feeds_the_models_own_device(default_engine):
 
     engine = SimpleNamespace(model=ModelOnMeta(), tokenizer=SimpleNamespace(encode=lambda text: [1, 2, 3]),
                              context_length=100)
-    assert perplexity(engine, ["any text"]) == pytest.approx(5.0)
+    assert quality(engine, [([1, 2, 3], 1)])["ppl_dense"] == pytest.approx(5.0)
     assert seen == [("meta", "meta")]
 
 

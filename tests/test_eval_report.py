@@ -40,16 +40,33 @@ def toy_records():
             records.append(record("spec", pid, category, 1.0 / spec_speed, accept_lengths=[1, 3, 4, 2], correct=n == 0))
             records.append(record("early-exit", pid, category, 0.5 if n == 0 else 1.5, new_tokens=20 if n == 0 else 60,
                                   avg_layers=12.0 if n == 0 else 8.0, exit_layers=[8, 12, 16, 12],
-                                  matches_dense=None, correct=False))
+                                  matches_dense=None, correct=False, before_divergence=0.25 if n == 0 else 0.75,
+                                  exiting={"passes": 4, "predictors_run": 8 + 4 * n, "exit_checks": 4,
+                                           "exit_checks_agreed": 3 - 2 * n, "predictor_s": 0.05,
+                                           "decode_s": 0.5 if n == 0 else 1.5}))
     return records
 
 
 def test_record_has_the_documented_fields():
     expected = {"mode", "lossless", "prompt_id", "category", "dataset", "prompt_tokens", "new_tokens", "prefill_s",
                 "decode_s", "wall_s", "tokens_per_s", "run_order", "accept_lengths", "exit_layers", "avg_layers",
-                "bytes_per_token", "token_ids", "matches_dense", "first_divergence", "correct", "skipped", "drafting"}
+                "bytes_per_token", "token_ids", "matches_dense", "first_divergence", "correct", "skipped", "drafting",
+                "exiting", "before_divergence"}
     assert set(RECORD_FIELDS) == expected
     assert set(record("dense", "p", "qa", 1.0)) == expected
+
+
+def test_early_exit_stats_pool_over_prompts():
+    summary = summarize(toy_records())
+    early = summary["modes"]["early-exit"]
+    # Per category: prompt 0 ran 8 predictors and 3 of 4 checks agreed, prompt 1 ran 12 and 1 of 4.
+    assert early["predictors_per_token"] == pytest.approx(20 / 8)
+    assert early["check_agreement"] == pytest.approx(4 / 8)
+    assert early["predictor_share"] == pytest.approx(0.1 / 2.0)
+    assert early["before_divergence"] == pytest.approx(0.5)
+    assert summary["modes"]["dense"]["predictors_per_token"] is None
+    table = format_table(summary)
+    assert "early exit (pooled over prompts" in table and "predictors/token" in table
 
 
 def test_summary_metrics():

@@ -111,7 +111,7 @@ class Artifacts:
         self.tokenizer = tokenizer
         self._tables: dict[str, NgramModel] = {}
         self._drafts: dict[str, Transformer] = {}
-        self._trained: dict[tuple[str, str], EagleModel | KangarooModel] = {}
+        self._trained: dict[tuple[str, str], object] = {}
 
     def ngram(self, path: str | None) -> NgramModel:
         path = _given_or_bundled(path, BUNDLED_NGRAM, "the ngram method needs --ngram-model FILE (train one with "
@@ -148,9 +148,13 @@ class Artifacts:
     def _trained_drafter(self, kind: str, path: str | None, bundled: Path, artifact, loaded):
         path = _given_or_bundled(path, bundled, f"the {kind} method needs --drafter FILE (train one with "
                                                 f"`specee train {kind}`)")
+        return self.trained(kind, path, lambda p: loaded(self.model, artifact.load(p, self.model)))
+
+    def trained(self, kind: str, path, load):
+        """What `load(path)` gives, loaded once per (kind, path)."""
         key = (kind, str(path))
         if key not in self._trained:
-            self._trained[key] = loaded(self.model, artifact.load(path, self.model))
+            self._trained[key] = load(path)
         return self._trained[key]
 
 

@@ -51,3 +51,18 @@ register(StrategySpec("eagle-copy", True, _speculative("eagle-copy"),
                       "the EAGLE tree with prompt lookup's copy mixed in; the copy alone where it is reliable"))
 register(StrategySpec("kangaroo", True, _speculative("kangaroo"),
                       "trained Kangaroo adapter (bundled) on the target's shared shallow layers, chains"))
+
+
+def _exit(kind: str, **defaults):
+    def build(engine, options: dict) -> Strategy:
+        return engine.strategy(None, exit=kind, **(defaults | options))
+
+    return build
+
+
+register(StrategySpec("exit-specee", False, _exit("specee"),
+                      "early exit by the bundled per-layer predictors on prompt-lookup/trigram candidates, exact KV"))
+register(StrategySpec("exit-specee-approx", False, _exit("specee", exit_kv="approx"),
+                      "exit-specee with the skipped layers' KV computed from the exit state"))
+register(StrategySpec("exit-rule", False, _exit("rule"),
+                      "early exit by the draft-token rule (top candidate >= 0.8 or draft token >= 0.5), exact KV"))

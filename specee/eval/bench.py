@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import math
 import resource
 import sys
 import time
@@ -18,6 +17,7 @@ from .datasets import DatasetMissing, Prompt, load_dataset
 from .humaneval_exec import check_humaneval, extract_code
 from .modes import build_modes, default_mode_names
 from .quality import first_divergence, gsm8k_correct, mmlu_choice
+from .teacher_forcing import quality, scored
 from .report import BenchRecord, decode_rate, format_table, machine_info, summarize, write_outputs
 
 SUITES = {
@@ -114,32 +114,6 @@ def answer_text(engine: Engine, token_ids: list[int]) -> str:
     return engine.tokenizer.decode(token_ids[:end])
 
 
-def perplexity(engine: Engine, texts: list[str], strategy=None) -> float | None:
-    """Perplexity of reference texts under the target model, or under a lossy strategy's own
-    logits (its `reference_logits(model, ids) -> [T, vocab]`); None for modes that have none."""
-    model = engine.model
-    if strategy is None:
-        def logits_of(ids):
-            ids = torch.tensor(ids, device=model.device)
-            return model(ids, torch.arange(len(ids), device=model.device), model.new_cache(len(ids)))
-    elif hasattr(strategy, "reference_logits"):
-        def logits_of(ids):
-            return strategy.reference_logits(engine.model, ids)
-    else:
-        return None
-    total_nll, count = 0.0, 0
-    with torch.inference_mode():
-        for text in texts:
-            ids = engine.tokenizer.encode(text)[: engine.context_length]
-            if len(ids) < 2:
-                continue
-            logits = logits_of(ids)  # [T, vocab]
-            targets = torch.tensor(ids[1:], device=logits.device)
-            nll = torch.nn.functional.cross_entropy(logits[:-1].float(), targets, reduction="sum")
-            total_nll, count = total_nll + nll.item(), count + len(ids) - 1
-    return math.exp(total_nll / count) if count else None
-
-
 def read_bandwidth_gb_s(megabytes: int = 512) -> float:
     """The machine's memory read bandwidth, measured like our decode: bytes streamed / seconds."""
     buffer = torch.ones(megabytes * 2**20 // 4)
@@ -192,9 +166,46 @@ def run_prompt(engine: Engine, modes: list, index: int, dataset: str, prompt: Pr
             matches_dense=(run.token_ids == dense_ids) if comparable else None,
             first_divergence=first_divergence(run.token_ids, dense_ids) if comparable else None,
             correct=judge(prompt, answer_text(engine, run.token_ids)),
-            drafting=run.drafting,
+            drafting=run.drafting, exiting=run.exiting,
+            before_divergence=before_divergence(run.token_ids, dense_ids) if comparable else None,
         )))
     return records
+
+
+def before_divergence(tokens: list[int], dense: list[int]) -> float | None:
+    """The share of dense's tokens a run reproduced before it first differed (1.0: identical)."""
+    if not dense:
+        return None
+    diverged = first_divergence(tokens, dense)
+    return 1.0 if diverged is None else min(diverged, len(dense)) / len(dense)
+
+
+def lossy_quality(engine: Engine, modes: list, prompts: list, records: list[dict], summary: dict) -> None:
+    """Teacher-forced quality (teacher_forcing.py) of every lossy mode of ours, over the prompts'
+    own text and over dense's greedy continuations; the dense figures are on the same tokens."""
+    lossy = [m for m in modes if not m.lossless and hasattr(getattr(m, "strategy", None), "teacher_forced")]
+    for mode in modes:  # a lossless mode has dense's distribution: no perplexity of its own to show
+        summary["modes"][mode.name]["perplexity"] = None
+    dense = {(r["dataset"], r["prompt_id"]): r for r in records if r["mode"] == "dense" and r["new_tokens"] >= 2}
+    texts, continuations = [], []
+    for dataset, prompt in prompts:
+        texts.append(scored(engine.tokenizer.encode(prompt.turns[0])))
+        if (dataset, prompt.id) in dense:
+            prompt_ids = engine.encode(prompt.turns[0])
+            continuations.append(scored(prompt_ids + dense[(dataset, prompt.id)]["token_ids"], len(prompt_ids)))
+    for mode in tqdm(lossy, desc="quality (teacher forcing)", unit="mode", file=sys.stderr):
+        on_text, on_continuations = quality(engine, texts, mode.strategy), quality(engine, continuations, mode.strategy)
+        exited = on_text.get("exited", 0) + on_continuations.get("exited", 0)
+        faithful = on_text.get("faithful", 0) + on_continuations.get("faithful", 0)
+        summary["modes"][mode.name]["perplexity"] = on_text.get("ppl")
+        summary["modes"][mode.name]["quality"] = {
+            "fidelity": faithful / exited if exited else None, "exited_tokens": exited,
+            "scored_tokens": on_text.get("tokens", 0) + on_continuations.get("tokens", 0),
+            "ppl_text": on_text.get("ppl"), "ppl_text_dense": on_text.get("ppl_dense"),
+            "ppl_continuation": on_continuations.get("ppl"), "ppl_continuation_dense": on_continuations.get("ppl_dense"),
+        }
+    if "dense" in summary["modes"]:
+        summary["modes"]["dense"]["perplexity"] = quality(engine, texts).get("ppl_dense")
 
 
 def run_bench(engine: Engine, config: BenchConfig, explicit_datasets: bool = False) -> dict:
@@ -213,14 +224,7 @@ def run_bench(engine: Engine, config: BenchConfig, explicit_datasets: bool = Fal
     for index, (dataset, prompt) in enumerate(tqdm(prompts, desc="prompts", unit="prompt", file=sys.stderr)):
         records += run_prompt(engine, modes, index, dataset, prompt, config, params)
     summary = summarize(records, stopping=config.stopping)
-    texts = [p.turns[0] for _, p in prompts]
-    for mode in modes:
-        # A lossless mode has the dense model's distribution: no perplexity of its own to show.
-        strategy = getattr(mode, "strategy", None)
-        lossy = strategy is not None and not mode.lossless
-        summary["modes"][mode.name]["perplexity"] = perplexity(engine, texts, strategy) if lossy else None
-    if "dense" in summary["modes"]:
-        summary["modes"]["dense"]["perplexity"] = perplexity(engine, texts)
+    lossy_quality(engine, modes, prompts, records, summary)
     meta = machine_info() | {
         "command": config.command, "threads": config.threads, "model": str(engine.source),
         "dtype": str(engine.model.dtype).removeprefix("torch."), "quantization": engine.quantization,

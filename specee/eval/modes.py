@@ -27,6 +27,7 @@ class Run:
     bytes_per_token: float | None = None
     avg_layers: float | None = None
     drafting: dict | None = None  # see drafting_counts
+    exiting: dict | None = None  # see exit_counts
 
 
 class BenchMode(Protocol):
@@ -51,10 +52,9 @@ class EngineMode:
             temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=params.seed,
         )
         s = result.stats
-        layers = s.exit_layers
         return Run(
-            result.token_ids, s.prefill_s, s.decode_s, list(s.accept_lengths), list(layers),
-            s.bytes_per_token, sum(layers) / len(layers) if layers else None, drafting_counts(s),
+            result.token_ids, s.prefill_s, s.decode_s, list(s.accept_lengths), list(s.exit_layers),
+            s.bytes_per_token, s.avg_forward_layers, drafting_counts(s), exit_counts(s),
         )
 
 
@@ -64,6 +64,14 @@ def drafting_counts(s) -> dict | None:
         return None
     return {"position_proposed": list(s.position_proposed), "position_accepted": list(s.position_accepted),
             "draft_s": s.draft_s, "verify_s": s.verify_s, "draft_nodes": s.draft_nodes, "passes": s.target_passes}
+
+
+def exit_counts(s) -> dict | None:
+    """What the early-exit table pools over prompts (predictors, full-head checks); None without exits."""
+    if not s.exit_layers:
+        return None
+    return {"passes": len(s.exit_layers), "predictors_run": s.predictors_run, "exit_checks": s.exit_checks,
+            "exit_checks_agreed": s.exit_checks_agreed, "predictor_s": s.predictor_s, "decode_s": s.decode_s}
 
 
 def parse_mode(text: str) -> tuple[str, dict]:

@@ -46,6 +46,9 @@ class BenchRecord:
     correct: bool | None = None
     skipped: str | None = None  # why the prompt was not run; None when it was
     drafting: dict | None = None  # speculative modes: counts for CTAR and drafting cost (modes.drafting_counts)
+    exiting: dict | None = None  # early-exit modes: predictor and full-head check counts (modes.exit_counts)
+    # Greedy modes other than dense: the share of dense's tokens this run matched before it diverged.
+    before_divergence: float | None = None
 
 
 RECORD_FIELDS = tuple(f.name for f in fields(BenchRecord))
@@ -120,7 +123,8 @@ def category_stats(group: list[dict], runs: dict[tuple, dict], reference_mode: s
         "accuracy_n": len(judged),
         "agreement": mean(agreed),  # share of outputs token-identical to dense (any mode)
         "lossless_ok": all(compared) if compared else None,  # None: lossy mode or nothing compared
-    } | drafting_stats(done)
+        "before_divergence": mean([r["before_divergence"] for r in done if r.get("before_divergence") is not None]),
+    } | drafting_stats(done) | exit_stats(done)
 
 
 CTAR_WIDTHS = range(1, 7)
@@ -143,6 +147,19 @@ def drafting_stats(done: list[dict]) -> dict:
     decode_s = sum(r["decode_s"] for r in done if r.get("drafting"))
     return {"ctar": ctar, "drafting_share": draft_s / decode_s if decode_s else None,
             "draft_cost": (draft_s / nodes) / (verify_s / passes) if nodes and verify_s else None}
+
+
+def exit_stats(done: list[dict]) -> dict:
+    """Pooled over prompts: predictors run per token, the share of decode time in exit features,
+    predictors and full-head checks, and the share of checks whose argmax was a candidate."""
+    counts = [r["exiting"] for r in done if r.get("exiting")]
+    if not counts:
+        return {"predictors_per_token": None, "predictor_share": None, "check_agreement": None}
+    passes, checks = sum(c["passes"] for c in counts), sum(c["exit_checks"] for c in counts)
+    decode_s = sum(c["decode_s"] for c in counts)
+    return {"predictors_per_token": sum(c["predictors_run"] for c in counts) / passes if passes else None,
+            "predictor_share": sum(c["predictor_s"] for c in counts) / decode_s if decode_s else None,
+            "check_agreement": sum(c["exit_checks_agreed"] for c in counts) / checks if checks else None}
 
 
 def overall_stats(categories: dict[str, dict], done: list[dict]) -> dict:
@@ -252,6 +269,27 @@ def drafting_rows(summary: dict) -> list[list[str]]:
             for mode, s in summary["modes"].items() if s.get("ctar")]
 
 
+EXIT_COLUMNS = ("mode", "layers", "predictors/token", "predictor share", "check agreed", "fidelity (TF)",
+                "ppl text (dense)", "ppl continuation (dense)", "tokens before divergence")
+
+
+def exit_rows(summary: dict) -> list[list[str]]:
+    """Early-exit modes: layers run, predictor cost, and what exits cost in quality (quality.py)."""
+    rows = []
+    for mode, s in summary["modes"].items():
+        if s.get("predictors_per_token") is None:
+            continue
+        q = s.get("quality") or {}
+
+        def vs_dense(key: str) -> str:
+            return f"{fmt(q.get(key))} ({fmt(q.get(key + '_dense'))})"
+
+        rows.append([mode, fmt(s["avg_layers"], ".1f"), fmt(s["predictors_per_token"], ".1f"),
+                     fmt(s["predictor_share"]), fmt(s["check_agreement"]), fmt(q.get("fidelity"), ".4f"),
+                     vs_dense("ppl_text"), vs_dense("ppl_continuation"), fmt(s["before_divergence"])])
+    return rows
+
+
 def category_rows(summary: dict) -> tuple[list[str], list[list[str]]]:
     """Speedup vs dense (geometric mean over the category's prompts, min-max), one row per
     category and one column per mode; the last row is the geometric mean over categories."""
@@ -297,6 +335,8 @@ def format_table(summary: dict) -> str:
     drafting = drafting_rows(summary)
     parts = [*run_lines(summary), fixed_width(list(MODE_COLUMNS), mode_rows(summary)),
              *(["\ndrafters (pooled over prompts)", fixed_width(list(DRAFTING_COLUMNS), drafting)] if drafting else []),
+             *(["\nearly exit (pooled over prompts; TF: teacher forcing)", fixed_width(list(EXIT_COLUMNS), exits)]
+               if (exits := exit_rows(summary)) else []),
              f"\nspeedup vs {summary['reference_mode']} by category (decode tokens/s ratio)",
              fixed_width(*category_rows(summary))]
     return "\n".join(parts + failure_lines(summary))
@@ -309,6 +349,9 @@ def summary_markdown(summary: dict, meta: dict) -> str:
     drafting = drafting_rows(summary)
     if drafting:
         parts += ["## Drafters (pooled over prompts)", markdown(list(DRAFTING_COLUMNS), drafting)]
+    exits = exit_rows(summary)
+    if exits:
+        parts += ["## Early exit (pooled over prompts; TF: teacher forcing)", markdown(list(EXIT_COLUMNS), exits)]
     if meta.get("peak_rss_mb"):
         parts.append(f"Process peak RSS over the whole run: {meta['peak_rss_mb']:.0f} MB.")
     failures = failure_lines(summary)

@@ -1,0 +1,8 @@
+"""Speculative early exit (SpecEE): the drafter's K candidate tokens shrink the exit decision at a
+layer to K numbers, so a tiny per-layer predictor (or a fixed rule) can stop a pass early.
+
+- features.py: what a layer's state says about the candidates (3K numbers).
+- predictors.py: one small MLP per layer, and the artifact that ships them for one model.
+- scheduler.py: which layers' predictors run (offline ranking plus recent exits).
+- policy.py: the exit decision a strategy asks for, layer by layer (learned or the rule).
+"""

@@ -58,6 +58,14 @@ class Attention(nn.Module):
         out = out[0].view(nkv, group, T, hd).permute(2, 0, 1, 3).reshape(T, nh * hd)
         return self.o_proj(out.to(x.dtype))
 
+    def write_kv(self, x: torch.Tensor, angles: RopeAngles, cache: KVCache) -> None:
+        """Append the keys and values of inputs x [T, hidden] without attending."""
+        T = x.shape[0]
+        nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
+        kv = self.qkv_proj(x)[:, nh * hd :]
+        k = apply_rope(kv[:, : nkv * hd].view(T, nkv, hd), angles)
+        cache.append(self.layer_index, k, kv[:, nkv * hd :].view(T, nkv, hd))
+
 
 class AttentionBias:
     """The additive attention bias of one pass ([group * T, S]: 0 where visible, -inf where not),
@@ -127,6 +135,10 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:
         h = h + self.self_attn(self.input_layernorm(h), angles, cache, mask)
         return h + self.mlp(self.post_attention_layernorm(h))
+
+    def write_kv(self, h: torch.Tensor, angles: RopeAngles, cache: KVCache) -> None:
+        """Append the K/V this layer would compute if `h` were its input, without running it."""
+        self.self_attn.write_kv(self.input_layernorm(h), angles, cache)
 
 
 class Transformer(nn.Module):

@@ -1,0 +1,221 @@
+"""Early exit (SpecEE) in plain autoregressive decoding: one pass per token, stopped after the
+first layer whose exit policy fires and whose full-head check agrees (the full-vocabulary argmax
+there is one of the candidates; that argmax is the token). Lossy: its cost is measured by the
+benchmark (exit fidelity, perplexity, divergence from dense), never assumed.
+
+Candidates: the drafter's top K guesses for the next token, filled up with the tokens the model
+emits most often when the drafter has fewer.
+
+KV of the layers an exit skipped:
+- exact: the exited token's state waits; the next pass that reaches its first missing layer
+  takes it along in one batch (LayerSkip), so the cache ends up as full passes would have
+  written it for the tokens actually emitted.
+- approx: the skipped layers' keys and values are computed from the exit state at once.
+
+Per scheduled layer the decision reads one number back from the device (the predictor's output);
+on the CPU that costs nothing, on a GPU it is one synchronisation per scheduled layer.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterator, Protocol
+
+import torch
+
+from ..drafters.base import Proposer
+from ..exits.features import candidate_logits, exit_features
+from ..model.cache import KVCache
+from ..model.llama import AttentionBias, Transformer
+from ..model.rope import RopeAngles
+from ..stats import GenerationStats
+from .base import DecodeState
+
+KV_MODES = ("exact", "approx")
+
+
+class ExitPolicy(Protocol):
+    def active(self) -> list[bool]: ...  # [layers - 1]: whose decision runs for the next token
+    def wants_exit(self, layer: int, features: torch.Tensor, probs: torch.Tensor, drafter_prob: float) -> bool: ...
+    def exited(self, layer: int) -> None: ...
+
+
+class ExitPass:
+    """Feeds one generation's tokens through the model one by one, stopping passes early."""
+
+    def __init__(self, model: Transformer, cache: KVCache, policy: ExitPolicy, kv: str, stats: GenerationStats,
+                 on_features: Callable[[int, torch.Tensor], None] | None = None) -> None:
+        if kv not in KV_MODES:
+            raise ValueError(f"exit KV mode must be one of {', '.join(KV_MODES)}, got {kv!r}")
+        self.model, self.cache, self.policy, self.kv, self.stats = model, cache, policy, kv, stats
+        self.num_layers = model.config.num_hidden_layers
+        self.group = model.config.num_attention_heads // model.config.num_key_value_heads
+        # Exact KV: positions whose deeper layers have not run, ascending; the first layer each
+        # misses (non-increasing with position) and its input state there.
+        self.pending_positions: list[int] = []
+        self.pending_levels: list[int] = []
+        self.pending_states: torch.Tensor | None = None
+        self.on_features = on_features  # tests: sees (layer, features) of every decision
+        self.layer_bytes = [model.layers_bytes(range(i + 1)) for i in range(self.num_layers)]
+
+    def step(self, token: int, candidates: torch.Tensor, drafter_prob: float = 0.0) -> tuple[torch.Tensor, int]:
+        """Feed `token` at the next position; returns (logits for the token after it [1, vocab],
+        layers run). `candidates` [K]: token ids the exit decision is about."""
+        model, cache, stats, policy = self.model, self.cache, self.stats, self.policy
+        position = cache.lengths[0]
+        pending = len(self.pending_positions)
+        base = self.pending_positions[0] if pending else position
+        all_angles = model.angles(torch.arange(base, position + 1, device=model.device))
+        batch = model.embed(torch.tensor([token], device=model.device))  # rows: pending that joined, then token
+        start = pending  # index of the first pending position in the batch
+        active = policy.active()
+        rows = model.head_rows(candidates)  # [K, hidden]
+        candidate_ids = set(candidates.tolist())
+        below = candidate_logits(model, batch, rows).softmax(-1) if active[0] else None
+        bias, bias_rows = None, 0
+        last = self.num_layers - 1
+        for i in range(self.num_layers):
+            joined = start
+            while joined > 0 and self.pending_levels[joined - 1] <= i:
+                joined -= 1
+            if joined < start:
+                batch = torch.cat((self.pending_states[joined:start], batch))
+                start = joined
+            first = self.pending_positions[start] if start < pending else position
+            if cache.lengths[i] != first:
+                raise RuntimeError(f"layer {i} holds {cache.lengths[i]} positions, the pass writes from {first}")
+            if batch.shape[0] != bias_rows:
+                bias, bias_rows = AttentionBias(None, batch.shape[0], self.group), batch.shape[0]
+            angles = RopeAngles(all_angles.cos[first - base:], all_angles.sin[first - base:])
+            batch = model.layers[i](batch, angles, cache, bias)
+            if i == last or not (active[i] or (i + 1 < last and active[i + 1])):
+                continue
+            began = time.perf_counter()
+            logits = candidate_logits(model, batch[-1:], rows)
+            if not active[i]:
+                below = logits.softmax(-1)  # the next layer's decision needs this one's
+                stats.predictor_s += time.perf_counter() - began
+                continue
+            features, below = exit_features(logits, below)
+            stats.predictors_run += 1
+            if self.on_features is not None:
+                self.on_features(i, features)
+            exit_logits = None
+            if policy.wants_exit(i, features, below, drafter_prob):
+                full = model.logits(model.norm(batch[-1:]))
+                stats.exit_checks += 1
+                stats.weight_bytes += model.head_bytes
+                if int(full.argmax(-1)) in candidate_ids:
+                    stats.exit_checks_agreed += 1
+                    exit_logits = full
+            stats.predictor_s += time.perf_counter() - began
+            if exit_logits is not None:
+                self._skip(i, batch, start, first, position, angles)
+                policy.exited(i)
+                stats.weight_bytes += self.layer_bytes[i]  # the check already counted the head
+                return exit_logits, i + 1
+        self.pending_positions, self.pending_levels, self.pending_states = [], [], None
+        stats.weight_bytes += self.layer_bytes[last] + model.head_bytes
+        return model.logits(model.norm(batch[-1:])), self.num_layers
+
+    def _skip(self, layer: int, batch: torch.Tensor, start: int, first: int, position: int, angles: RopeAngles) -> None:
+        """After an exit at `layer`: the batch's positions wait for the layers above (exact), or
+        the layers above get keys and values from the exit state (approx)."""
+        if self.kv == "approx":
+            for j in range(layer + 1, self.num_layers):
+                self.model.layers[j].write_kv(batch[-1:], angles, self.cache)
+            return
+        kept = self.pending_states[:start] if start else None
+        self.pending_states = batch if kept is None else torch.cat((kept, batch))
+        self.pending_positions = self.pending_positions[:start] + list(range(first, position + 1))
+        self.pending_levels = self.pending_levels[:start] + [layer + 1] * batch.shape[0]
+
+
+class Candidates:
+    """Where the exit decision's K candidates come from: a drafter's top K guesses for the next
+    token, filled up with `fallback` tokens (the model's most common) when it has fewer."""
+
+    def __init__(self, make_proposer: Callable[[], Proposer], fallback: list[int], k: int = 4) -> None:
+        if k < 1:
+            raise ValueError(f"exit candidates must be >= 1, got {k}")
+        if len(set(fallback)) < k:
+            raise ValueError(f"{k} candidates need at least {k} distinct fallback tokens")
+        self.make_proposer = make_proposer
+        self.fallback = list(fallback)
+        self.k = k
+
+    def pick(self, proposer: Proposer, context: list[int], device) -> tuple[torch.Tensor, float]:
+        """(the K candidate ids for the token after `context`, the drafter's probability of its first)."""
+        guesses = proposer.candidates(context, self.k)
+        ids = [token for token, _ in guesses]
+        for token in self.fallback:
+            if len(ids) >= self.k:
+                break
+            if token not in ids:
+                ids.append(token)
+        return torch.tensor(ids, device=device), guesses[0][1] if guesses else 0.0
+
+    def table(self, ids: list[int], device) -> torch.Tensor:
+        """[T, K]: the candidates for the token after each position of `ids` (teacher forcing)."""
+        proposer = self.make_proposer()
+        proposer.reset(ids[:1], None)
+        rows = []
+        for t in range(len(ids)):
+            if t:
+                proposer.update(ids[: t + 1], 0)
+            rows.append(self.pick(proposer, ids[: t + 1], device)[0])
+        return torch.stack(rows)
+
+
+class EarlyExit:
+    """Autoregressive decoding with early exits; a recipe like Speculative (fresh drafter and
+    policy per generation)."""
+
+    lossless = False
+
+    def __init__(self, candidates: Candidates, make_policy: Callable[[], ExitPolicy], kv: str = "exact",
+                 name: str = "exit") -> None:
+        if kv not in KV_MODES:
+            raise ValueError(f"exit KV must be one of {', '.join(KV_MODES)}, got {kv!r}")
+        self.candidates = candidates
+        self.make_policy = make_policy
+        self.kv = kv
+        self.name = name
+
+    def decode(self, state: DecodeState) -> Iterator[list[int]]:
+        model, tokens, stats = state.model, state.tokens, state.stats
+        proposer = self.candidates.make_proposer()
+        proposer.reset(tokens, state.sampler)
+        runner = ExitPass(model, state.cache, self.make_policy(), self.kv, stats)
+        logits = state.logits
+        while True:
+            token = int(state.sampler.pick(logits)[0])
+            tokens.append(token)
+            yield [token]
+            proposer.update(tokens, 0)
+            candidates, drafter_prob = self.candidates.pick(proposer, tokens, model.device)
+            logits, layers = runner.step(token, candidates, drafter_prob)
+            stats.target_passes += 1
+            stats.exit_layers.append(layers)
+
+    def teacher_forced(self, model: Transformer, ids: list[int], prefix: int) -> tuple[torch.Tensor, GenerationStats]:
+        """Score `ids` as decoding with exits would have had it emitted them: ids[:prefix] are
+        prefilled by full passes (a prompt), then ids[prefix:-1] are fed one by one with exits.
+        Returns the logits predicting ids[prefix + 1:] ([len(ids) - 1 - prefix, vocab]) and the
+        run's stats (exit layers)."""
+        if not 1 <= prefix < len(ids):
+            raise ValueError(f"teacher forcing needs 1 <= prefix < {len(ids)}, got {prefix}")
+        stats = GenerationStats()
+        proposer = self.candidates.make_proposer()
+        proposer.reset(ids[:prefix], None)
+        out = []
+        with torch.inference_mode():
+            cache = model.new_cache(len(ids))
+            model(torch.tensor(ids[:prefix], device=model.device), torch.arange(prefix, device=model.device), cache)
+            runner = ExitPass(model, cache, self.make_policy(), self.kv, stats)
+            for t in range(prefix, len(ids) - 1):
+                proposer.update(ids[: t + 1], 0)
+                candidates, drafter_prob = self.candidates.pick(proposer, ids[: t + 1], model.device)
+                logits, layers = runner.step(ids[t], candidates, drafter_prob)
+                stats.exit_layers.append(layers)
+                out.append(logits)
+        return torch.cat(out), stats

@@ -1,0 +1,103 @@
+"""Turn early-exit options (CLI flags or API keywords) into an early-exit strategy.
+
+Candidates come from the free drafter (prompt lookup, else the bundled trigram table): a trained
+drafter would cost a pass of its own per token, more than exits can save on this model.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from ..drafters.hybrid import Hybrid
+from ..drafters.ngram import NgramProposer
+from ..drafters.prompt_lookup import PromptLookup
+from ..exits.policy import LearnedExit, RuleExit, RuleSettings
+from ..exits.predictors import BUNDLED, ExitArtifact, ExitPredictors
+from .builder import Artifacts, _given_or_bundled
+from .early_exit import KV_MODES, Candidates, EarlyExit
+
+EXIT_KINDS = ("specee", "rule")
+RULE_CANDIDATES = 4
+
+
+@dataclass
+class ExitOptions:
+    kind: str
+    predictors: str | None = None  # a file from `specee train exits`; default: the bundled one
+    threshold: float | None = None  # default: the artifact's
+    kv: str = "exact"
+    rule: str | None = None  # "P1,P2[,W]" for the rule
+
+    def check(self) -> None:
+        if self.kind not in EXIT_KINDS:
+            raise ValueError(f"unknown exit {self.kind!r} (choose from none, {', '.join(EXIT_KINDS)})")
+        if self.kv not in KV_MODES:
+            raise ValueError(f"exit KV must be one of {', '.join(KV_MODES)}, got {self.kv!r}")
+        if self.kind == "rule" and (self.predictors is not None or self.threshold is not None):
+            raise ValueError("the exit rule has no predictors or threshold: set it with the rule option (P1,P2[,W])")
+        if self.kind == "specee" and self.rule is not None:
+            raise ValueError("the rule option applies to the rule exit, not specee")
+        if self.threshold is not None and not 0 <= self.threshold:
+            raise ValueError(f"exit threshold must be >= 0 (above 1: never exit), got {self.threshold}")
+
+    def rule_settings(self) -> RuleSettings:
+        if self.rule is None:
+            return RuleSettings()
+        try:
+            values = [float(v) for v in str(self.rule).split(",")]
+        except ValueError:
+            values = []
+        if len(values) not in (2, 3):
+            raise ValueError(f"exit rule {self.rule!r}: write P1,P2 or P1,P2,W (e.g. 0.8,0.5)")
+        settings = RuleSettings(*values)
+        settings.check()
+        return settings
+
+
+def exit_predictors(artifacts: Artifacts, path: str | None) -> tuple[ExitArtifact, ExitPredictors]:
+    """The artifact and its predictors on the model's device, loaded once per engine."""
+    path = _given_or_bundled(path, BUNDLED, "--exit specee needs --exit-predictors FILE (train one with "
+                                            "`specee train exits`)")
+
+    def load(p):
+        artifact = ExitArtifact.load(p, artifacts.model)
+        return artifact, artifact.predictors(artifacts.model.device)
+
+    return artifacts.trained("exits", path, load)
+
+
+def build_early_exit(artifacts: Artifacts, options: dict) -> EarlyExit:
+    known = {f.name for f in fields(ExitOptions)}
+    unknown = set(options) - known
+    if unknown:
+        raise ValueError(f"unknown exit options {sorted('exit_' + k for k in unknown)}")
+    opts = ExitOptions(**options)
+    opts.check()
+    model = artifacts.model
+    num_layers = model.config.num_hidden_layers - 1  # layers with a decision (the last needs none)
+    if opts.kind == "specee":
+        artifact, predictors = exit_predictors(artifacts, opts.predictors)
+        if predictors.num_layers != num_layers:
+            raise ValueError(f"the exit predictors cover {predictors.num_layers} layers, the model has {num_layers + 1}")
+        settings = artifact.settings
+        threshold = settings.threshold if opts.threshold is None else opts.threshold
+        candidates = settings.candidates
+
+        def make_policy():
+            return LearnedExit(predictors, settings, threshold)
+    else:
+        rule = opts.rule_settings()
+        candidates = RULE_CANDIDATES
+
+        def make_policy():
+            return RuleExit(rule, num_layers)
+
+    return EarlyExit(exit_candidates(artifacts, candidates), make_policy, opts.kv,
+                     name=f"exit-{opts.kind}" + ("-approx" if opts.kv == "approx" else ""))
+
+
+def exit_candidates(artifacts: Artifacts, k: int) -> Candidates:
+    """Prompt lookup's and the bundled trigram table's guesses, filled up with the table's most
+    common tokens (decoding and `specee train exits` alike)."""
+    table = artifacts.ngram(None)
+    fallback = [token for token, _ in table.top_k([], k)]
+    return Candidates(lambda: Hybrid(PromptLookup(), NgramProposer(table)), fallback, k)

@@ -1,0 +1,63 @@
+"""What a lossy mode costs in quality, measured by teacher forcing on fixed text: exit fidelity
+(the share of exited tokens equal to the full model's argmax at that position) and perplexity
+against dense, over held-out reference text and over dense greedy continuations.
+
+Each text is scored on its last QUALITY_TOKENS tokens; what comes before is prefilled by full
+passes (as a prompt is), so the lossy mode runs one pass per scored token, as it decodes.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..engine import Engine
+
+QUALITY_TOKENS = 64
+
+
+def dense_logits(engine: Engine, ids: list[int]) -> torch.Tensor:
+    model = engine.model
+    with torch.inference_mode():
+        return model(torch.tensor(ids, device=model.device), torch.arange(len(ids), device=model.device),
+                     model.new_cache(len(ids)))
+
+
+def scored(ids: list[int], prefix: int | None = None) -> tuple[list[int], int]:
+    """(the text cut to at most QUALITY_TOKENS scored tokens after `prefix`, the prefix): with no
+    prefix, the last QUALITY_TOKENS tokens are scored."""
+    if prefix is None:
+        return ids, max(1, len(ids) - 1 - QUALITY_TOKENS)
+    return ids[: prefix + 1 + QUALITY_TOKENS], prefix
+
+
+def nll(logits: torch.Tensor, targets: list[int]) -> float:
+    return torch.nn.functional.cross_entropy(logits.float(), torch.tensor(targets, device=logits.device),
+                                             reduction="sum").item()
+
+
+def quality(engine: Engine, texts: list[tuple[list[int], int]], strategy=None) -> dict:
+    """Perplexity over `texts` ((ids, prefix) pairs from `scored`) under dense and, for a lossy
+    strategy with `teacher_forced`, under it, with how many tokens exited early and how many of
+    those gave the full model's argmax."""
+    totals = {"dense": 0.0, "lossy": 0.0}
+    count, exited, faithful = 0, 0, 0
+    for ids, prefix in texts:
+        if len(ids) - 1 - prefix < 1:
+            continue
+        targets = ids[prefix + 1:]
+        dense = dense_logits(engine, ids)[prefix:-1]
+        totals["dense"] += nll(dense, targets)
+        count += len(targets)
+        if strategy is not None:
+            lossy, stats = strategy.teacher_forced(engine.model, ids, prefix)
+            totals["lossy"] += nll(lossy, targets)
+            exits = torch.tensor(stats.exit_layers, device=lossy.device) < engine.model.config.num_hidden_layers
+            exited += int(exits.sum())
+            faithful += int((lossy.argmax(-1) == dense.argmax(-1))[exits].sum())
+    if not count:
+        return {}
+    result = {"tokens": count, "ppl_dense": math.exp(totals["dense"] / count)}
+    if strategy is not None:
+        result.update(ppl=math.exp(totals["lossy"] / count), exited=exited, faithful=faithful)
+    return result

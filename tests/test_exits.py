@@ -1,0 +1,279 @@
+"""Early exit (SpecEE) on tiny random models: features against a slow reference, the exact and
+approximate KV of skipped layers, thresholds that never fire reproduce dense decoding, the layer
+scheduler, predictor training and artifacts."""
+import random
+
+import pytest
+import torch
+
+from helpers import tiny_model
+from specee.decoding.autoregressive import Autoregressive
+from specee.decoding.base import DecodeState
+from specee.decoding.early_exit import Candidates, EarlyExit, ExitPass
+from specee.drafters.prompt_lookup import PromptLookup
+from specee.exits.features import layer_features
+from specee.exits.policy import LearnedExit, RuleExit, RuleSettings
+from specee.exits.predictors import ExitArtifact, ExitPredictors, ExitSettings
+from specee.exits.scheduler import LayerScheduler
+from specee.model.fingerprint import weights_fingerprint
+from specee.sampling import Sampler, SamplingParams
+from specee.stats import GenerationStats
+from specee.train.exits import ExitTrainConfig, collect_exit_data, fit_predictors, replay_exits
+
+VOCAB = 97
+LAYERS = 6
+PROMPTS = [[3, 14, 15, 92, 65, 35, 3, 14], [1, 2, 3, 4, 1, 2, 3, 4, 1, 2], [50, 60, 70], [7] * 12]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model(seed=1, num_hidden_layers=LAYERS)
+
+
+class ExitAt:
+    """A policy that asks to exit after a seeded random choice of layers (the full-head check
+    still decides), so exits land at many depths."""
+
+    def __init__(self, seed: int, rate: float = 0.4) -> None:
+        self.random = random.Random(seed)
+        self.rate = rate
+
+    def active(self):
+        return [True] * (LAYERS - 1)
+
+    def wants_exit(self, layer, features, probs, drafter_prob):
+        return self.random.random() < self.rate
+
+    def exited(self, layer):
+        pass
+
+
+def candidates(k=4, everything=False):
+    """Prompt lookup's guesses; with `everything`, the whole vocabulary (every check passes)."""
+    k = VOCAB if everything else k
+    return Candidates(lambda: PromptLookup(), list(range(VOCAB)), k)
+
+
+def decode(model, strategy, prompt, steps=40, params=SamplingParams()):
+    with torch.inference_mode():
+        cache = model.new_cache(len(prompt) + steps + 10)
+        logits = model(torch.tensor(prompt), torch.arange(len(prompt)), cache)[-1:]
+        state = DecodeState(model, cache, list(prompt), logits, Sampler(params), GenerationStats())
+        out = []
+        for new in strategy.decode(state):
+            out += new
+            if len(out) >= steps:
+                break
+    return out, state.stats, cache
+
+
+def random_artifact(model, seed=0, settings=None):
+    torch.manual_seed(seed)
+    predictors = ExitPredictors(LAYERS - 1, 12)
+    return ExitArtifact(predictors.state_dict(), torch.arange(4), weights_fingerprint(model),
+                        settings or ExitSettings(layers=[2, 3]))
+
+
+def test_features_equal_a_slow_reference(model):
+    """The features decoding computes for a token after each layer equal those from the full
+    head's logits of the candidates, layer by layer, in a separate full pass."""
+    prompt = PROMPTS[0]
+    seen = {}
+    token, rows = 5, torch.tensor([3, 14, 40, 77])
+    with torch.inference_mode():
+        cache = model.new_cache(32)
+        model(torch.tensor(prompt), torch.arange(len(prompt)), cache)
+        policy = RuleExit(RuleSettings(2.0, 2.0, first_layer=0), LAYERS - 1)  # decides everywhere, never exits
+        ExitPass(model, cache, policy, "exact", GenerationStats(), lambda i, f: seen.__setitem__(i, f)).step(token, rows)
+        # Slow reference: every state of a full pass, the full head, the candidates' columns.
+        ref_cache = model.new_cache(32)
+        model(torch.tensor(prompt), torch.arange(len(prompt)), ref_cache)
+        h = model.embed(torch.tensor([token]))
+        states = [h]
+        for i in range(LAYERS):
+            h = model.run_layers(h, torch.tensor([len(prompt)]), ref_cache, layers=range(i, i + 1))
+            states.append(h)
+        reference = []
+        for i in range(1, LAYERS):
+            logits = model.logits(model.norm(states[i]))[0, rows]
+            below = model.logits(model.norm(states[i - 1]))[0, rows].softmax(-1)
+            probs = logits.softmax(-1)
+            reference.append(torch.cat((logits, probs, probs - below)))
+        batched = layer_features(model, states, model.head_rows(rows)[None])[0]  # training's batched path
+    assert sorted(seen) == list(range(LAYERS - 1))
+    for i in range(LAYERS - 1):
+        torch.testing.assert_close(seen[i][0], reference[i], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(batched[i], reference[i], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kv", ["exact", "approx"])
+def test_thresholds_that_never_fire_reproduce_dense(model, kv):
+    artifact = random_artifact(model, settings=ExitSettings(layers=list(range(LAYERS - 1))))
+    predictors = artifact.predictors()
+    never = [EarlyExit(candidates(), lambda: LearnedExit(predictors, artifact.settings, 1.01), kv),
+             EarlyExit(candidates(), lambda: RuleExit(RuleSettings(1.01, 1.01, first_layer=0), LAYERS - 1), kv)]
+    for prompt in PROMPTS:
+        dense, _, _ = decode(model, Autoregressive(), prompt)
+        for strategy in never:
+            out, stats, cache = decode(model, strategy, prompt)
+            assert out == dense
+            assert stats.exit_layers == [LAYERS] * (len(out) - 1) and stats.predictors_run > 0
+            assert len(set(cache.lengths)) == 1
+
+
+def dense_cache(model, ids):
+    cache = model.new_cache(len(ids) + 4)
+    with torch.inference_mode():
+        model(torch.tensor(ids), torch.arange(len(ids)), cache)
+    return cache
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_exact_kv_equals_full_passes_for_the_emitted_tokens(model, seed):
+    """Exits at random depths: after every step, each layer's filled part equals what full passes
+    over the same tokens write, and a layer lacks only positions the layers under it hold."""
+    strategy = EarlyExit(candidates(everything=True), lambda: ExitAt(seed), "exact")
+    prompt = PROMPTS[seed]
+    lagged = 0
+    with torch.inference_mode():
+        cache = model.new_cache(64)
+        logits = model(torch.tensor(prompt), torch.arange(len(prompt)), cache)[-1:]
+        state = DecodeState(model, cache, list(prompt), logits, Sampler(SamplingParams()), GenerationStats())
+        steps = strategy.decode(state)
+        for _ in range(25):
+            next(steps)
+            fed = state.tokens[:-1]  # the token just yielded is fed at the next step
+            assert cache.lengths[0] == len(fed)
+            assert all(a >= b for a, b in zip(cache.lengths, cache.lengths[1:]))
+            lagged += any(n < len(fed) for n in cache.lengths)
+            reference = dense_cache(model, fed)
+            for layer, n in enumerate(cache.lengths):
+                torch.testing.assert_close(cache.keys[layer, :, :n], reference.keys[layer, :, :n], rtol=1e-5, atol=1e-5)
+                torch.testing.assert_close(cache.values[layer, :, :n], reference.values[layer, :, :n], rtol=1e-5,
+                                           atol=1e-5)
+    assert lagged >= 5 and min(state.stats.exit_layers) < LAYERS
+
+
+def test_exact_kv_catches_up_so_a_full_pass_equals_dense(model):
+    """After exits, a token that runs the whole depth sees exactly the dense model's cache: its
+    logits equal a dense pass's over the same tokens, and every layer is full again."""
+    prompt, fed = PROMPTS[1], [5, 17, 5, 17, 33, 2, 9, 5, 17, 60, 61, 62]
+    stats = GenerationStats()
+    with torch.inference_mode():
+        cache = model.new_cache(64)
+        model(torch.tensor(prompt), torch.arange(len(prompt)), cache)
+        runner = ExitPass(model, cache, ExitAt(7, rate=0.5), "exact", stats)
+        for token in fed:
+            runner.step(token, torch.arange(VOCAB))
+        assert runner.pending_positions and any(n < len(prompt + fed) for n in cache.lengths)  # layers lag now
+        runner.policy = RuleExit(RuleSettings(2.0, 2.0), LAYERS - 1)  # never exits
+        logits, layers = runner.step(99 % VOCAB, torch.arange(4))
+        tokens = prompt + fed + [99 % VOCAB]
+        reference = model(torch.tensor(tokens), torch.arange(len(tokens)), model.new_cache(64))[-1:]
+    assert layers == LAYERS and set(cache.lengths) == {len(tokens)} and not runner.pending_positions
+    torch.testing.assert_close(logits, reference, rtol=1e-4, atol=1e-4)
+
+
+def test_approximate_kv_fills_every_layer_at_once(model):
+    strategy = EarlyExit(candidates(everything=True), lambda: ExitAt(3, rate=0.5), "approx")
+    prompt = PROMPTS[0]
+    out, stats, cache = decode(model, strategy, prompt, steps=20)
+    fed = prompt + out[:-1]
+    assert min(stats.exit_layers) < LAYERS
+    assert cache.lengths == [len(fed)] * LAYERS  # no holes, no drift
+    reference = dense_cache(model, fed)
+    torch.testing.assert_close(cache.keys[0, :, :len(fed)], reference.keys[0, :, :len(fed)], rtol=1e-5, atol=1e-5)
+    # Deeper layers hold approximations where tokens exited: not the full passes' values.
+    assert not torch.allclose(cache.keys[LAYERS - 1, :, :len(fed)], reference.keys[LAYERS - 1, :, :len(fed)], atol=1e-3)
+
+
+def test_an_exit_emits_the_exit_layers_argmax_and_counts_it(model):
+    """With a policy that always asks, the first decision layer whose full-head argmax is a
+    candidate ends the pass, and the stats count what ran."""
+    strategy = EarlyExit(candidates(everything=True), lambda: ExitAt(0, rate=1.0), "exact")
+    out, stats, _ = decode(model, strategy, PROMPTS[2], steps=10)
+    assert stats.exit_layers == [1] * 9  # layer 0's argmax is always among all tokens
+    assert stats.exit_checks == stats.exit_checks_agreed == stats.predictors_run == 9
+    assert stats.avg_forward_layers == 1 and stats.exit_histogram == {1: 9}
+
+
+@pytest.mark.parametrize("offline,recent,expected", [
+    ([3], [], {3}),
+    ([3], [10], {3, 8, 9, 10, 11, 12}),
+    ([], [0, 1], {0, 1, 2, 3}),
+    ([5], [13, 13], {5, 11, 12, 13}),  # clipped at the last layer with a predictor (13)
+])
+def test_scheduler_layer_sets(offline, recent, expected):
+    scheduler = LayerScheduler(offline, num_layers=14, window=5, radius=2)
+    for layer in recent:
+        scheduler.record(layer)
+    assert {i for i, on in enumerate(scheduler.active()) if on} == expected
+
+
+def test_scheduler_forgets_exits_beyond_its_window():
+    scheduler = LayerScheduler([], num_layers=20, window=2, radius=1)
+    for layer in (5, 10, 15):
+        scheduler.record(layer)
+    assert {i for i, on in enumerate(scheduler.active()) if on} == {9, 10, 11, 14, 15, 16}
+
+
+def test_trained_predictors_beat_chance_on_held_out_data(model):
+    """Predictors trained on the tiny model's own exit labels rank held-out positives above
+    negatives (AUC: 0.5 is chance)."""
+    generator = random.Random(0)
+    motifs = [[generator.randrange(VOCAB) for _ in range(5)] for _ in range(6)]
+    chunks = [[t for _ in range(12) for t in generator.choice(motifs)] for _ in range(24)]
+    data = collect_exit_data(model, candidates(), chunks)
+    rows = torch.arange(len(data.labels))
+    held = data.chunk_of >= 20
+    module, figures = fit_predictors(data, rows[~held], ExitTrainConfig(epochs=40, batch=256, minutes=1, lr=3e-3))
+    with torch.no_grad():
+        probs = torch.sigmoid(module(data.features[held]))
+    labels = data.labels[held]
+    positives, negatives = probs[labels], probs[~labels]
+    auc = (positives[:, None] > negatives[None, :]).float().mean()
+    assert figures["final_loss"] < figures["first_loss"]
+    assert auc > 0.65, auc  # measured 0.72
+    replay = replay_exits(probs, data.in_candidates[held], labels, 0.5)
+    assert 0 < replay["exit_rate"] and replay["avg_layers"] < LAYERS
+
+
+def test_replay_takes_the_first_firing_candidate_layer():
+    probs = torch.tensor([[0.9, 0.9, 0.1], [0.1, 0.2, 0.3], [0.1, 0.8, 0.9]])
+    in_candidates = torch.tensor([[False, True, True], [True, True, True], [True, True, True]])
+    labels = torch.tensor([[False, True, True], [False, False, True], [False, False, True]])
+    replay = replay_exits(probs, in_candidates, labels, 0.5)
+    # Exits: token 0 after layer 1 (layer 0 is not a candidate), token 2 after layer 1 (wrong).
+    assert replay["exit_rate"] == pytest.approx(2 / 3) and replay["fidelity"] == pytest.approx(0.5)
+    assert replay["per_layer"] == [0, 2, 0] and replay["avg_layers"] == pytest.approx((2 + 4 + 2) / 3)
+
+
+def test_artifact_round_trip_and_wrong_model_is_refused(model, tmp_path):
+    artifact = random_artifact(model, settings=ExitSettings(threshold=0.7, layers=[1, 4]))
+    path = tmp_path / "exits.pt"
+    artifact.save(path)
+    loaded = ExitArtifact.load(path, model)
+    assert loaded.settings == artifact.settings
+    features = torch.randn(3, 12)
+    torch.testing.assert_close(loaded.predictors().layer(2, features), artifact.predictors().layer(2, features),
+                               rtol=1e-2, atol=1e-3)  # stored in fp16
+    with pytest.raises(ValueError, match="trained for another model"):
+        ExitArtifact.load(path, tiny_model(seed=9, num_hidden_layers=LAYERS))
+
+
+def test_rule_settings_are_checked():
+    with pytest.raises(ValueError, match="must not exceed p1"):
+        RuleSettings(0.5, 0.8).check()
+    with pytest.raises(ValueError, match="must be in"):
+        RuleSettings(0.8, -0.1).check()
+
+
+def test_rule_lowers_the_bar_for_the_draft_token():
+    rule = RuleExit(RuleSettings(0.8, 0.5, first_layer=0), 4)
+    draft_leads = torch.tensor([[0.55, 0.25, 0.1, 0.1]])
+    other_leads = torch.tensor([[0.2, 0.6, 0.1, 0.1]])
+    assert rule.wants_exit(0, None, draft_leads, 0.0)
+    assert not rule.wants_exit(0, None, other_leads, 0.0)
+    assert rule.wants_exit(0, None, torch.tensor([[0.05, 0.85, 0.05, 0.05]]), 0.0)
+    weighted = RuleExit(RuleSettings(0.8, 0.5, draft_weight=0.5, first_layer=0), 4)
+    assert not weighted.wants_exit(0, None, draft_leads, 0.0) and weighted.wants_exit(0, None, draft_leads, 0.9)

@@ -1,0 +1,86 @@
+"""Early exit on the default model (fp32): the bundled predictors and the rule, thresholds that
+never fire reproduce dense decoding, stats in --json, clear errors for bad flags, and training
+from the command line."""
+import json
+
+import pytest
+
+from specee.cli import main
+from specee.exits.predictors import BUNDLED, ExitArtifact
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = ["Summarize: The cat sat on the mat. The cat sat on the mat because the mat was warm.",
+           "Write a Python function that returns the square of a number."]
+
+
+@pytest.mark.parametrize("options", [dict(exit="specee", exit_threshold=1.5),
+                                     dict(exit="specee", exit_threshold=1.5, exit_kv="approx"),
+                                     dict(exit="rule", exit_rule="1.01,1.01")])
+def test_exits_that_never_fire_equal_dense(default_engine, options):
+    for prompt in PROMPTS:
+        dense = default_engine.generate(prompt, max_tokens=40)
+        result = default_engine.generate(prompt, max_tokens=40, **options)
+        assert (result.text, result.token_ids, result.finish_reason) == (dense.text, dense.token_ids, dense.finish_reason)
+        assert result.stats.predictors_run > 0 and set(result.stats.exit_layers) == {30}
+
+
+def test_bundled_predictors_belong_to_the_default_model(default_engine):
+    artifact = ExitArtifact.load(BUNDLED, default_engine.model)
+    settings = artifact.settings
+    assert settings.candidates == 4 and settings.layers and all(0 <= i < 29 for i in settings.layers)
+    assert artifact.info["held_out_offline_only"]["fidelity"] >= 0.9
+
+
+@pytest.mark.parametrize("exit_flags", [["--exit", "specee"], ["--exit", "rule", "--exit-kv", "approx"]])
+def test_exit_stats_in_json(capsys, exit_flags):
+    assert main(["generate", PROMPTS[0], "--max-tokens", "24", "--ignore-eos", "--json", *exit_flags]) == 0
+    stats = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["stats"]
+    passes = stats["generated_tokens"] - 1
+    assert sum(stats["exit_histogram"].values()) == len(stats["exit_layers"]) == passes
+    assert stats["avg_forward_layers"] == pytest.approx(sum(stats["exit_layers"]) / passes)
+    assert stats["predictors_per_token"] > 0 and 0 <= stats["predictor_share"] < 1
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--exit", "warp"], "unknown --exit 'warp'"),
+    (["--exit-threshold", "0.5"], "--exit-threshold need --exit specee or --exit rule"),
+    (["--exit", "specee", "--spec-method", "hybrid"], "exits inside speculative verification"),
+    (["--exit", "rule", "--exit-rule", "0.3,0.8"], "must not exceed p1"),
+    (["--exit", "rule", "--exit-rule", "fast"], "write P1,P2 or P1,P2,W"),
+    (["--exit", "rule", "--exit-threshold", "0.5"], "the exit rule has no predictors or threshold"),
+    (["--exit", "specee", "--exit-predictors", "/no/such/file.pt"], "does not exist"),
+    (["--exit", "specee", "--exit-predictors", "KANGAROO"], "is not a specee exit predictor file"),
+])
+def test_bad_exit_flags_exit_2_with_a_message(capsys, flags, message):
+    from specee.drafters.kangaroo import BUNDLED as KANGAROO
+
+    flags = [str(KANGAROO) if f == "KANGAROO" else f for f in flags]
+    code = main(["generate", "hello", "--max-tokens", "4", *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_train_exits_from_the_command_line(tmp_path, default_engine):
+    """A short run on a small text file: an artifact that loads, decodes, and records how it was made."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(f"Question {i}: what is {i} plus {i}? Answer: {2 * i}." for i in range(40)))
+    out = tmp_path / "exits.pt"
+    assert main(["train", "exits", "--out", str(out), "--corpus", str(corpus), "--no-sharegpt", "--tokens", "600",
+                 "--minutes", "0.2", "--epochs", "3"]) == 0
+    artifact = ExitArtifact.load(out, default_engine.model)
+    assert artifact.info["files"] == [str(corpus)] and artifact.info["steps"] > 0 and artifact.info["tokens"] >= 600
+    assert len(artifact.info["positive_share_per_layer"]) == 29
+    assert 0.5 <= artifact.settings.threshold < 1
+    dense = default_engine.generate("What is 3 plus 3?", max_tokens=12)
+    never = default_engine.generate("What is 3 plus 3?", max_tokens=12, exit="specee", exit_predictors=str(out),
+                                    exit_threshold=1.5)
+    assert never.token_ids == dense.token_ids
+
+
+@pytest.mark.parametrize("flags,message", [(["--fidelity", "2"], "--fidelity must be in (0, 1]"),
+                                           (["--no-sharegpt"], "--no-sharegpt needs --corpus")])
+def test_bad_exit_training_flags_exit_2(capsys, tmp_path, flags, message):
+    code = main(["train", "exits", "--out", str(tmp_path / "a.pt"), *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err
