@@ -78,8 +78,9 @@ def _add_sampling_options(p: argparse.ArgumentParser) -> None:
                    help="--tree auto: one more node's cost as a fraction of a one-token pass; growth stops "
                         "when a node would lower the expected tokens per pass cost (default 0: budget only)")
     p.add_argument("--exit", default="none",
-                   help="early exit (lossy; with --spec-method none): none, specee (trained per-layer predictors) "
-                        "or rule (the draft-token rule, no training) (default none)")
+                   help="early exit (lossy): none, specee (trained per-layer predictors) or rule (the draft-token "
+                        "rule, no training); with a --spec-method, inside the verification of its chains (greedy) "
+                        "(default none)")
     p.add_argument("--exit-predictors", help="predictors from `specee train exits` (default: the bundled ones)")
     p.add_argument("--exit-threshold", type=float,
                    help="--exit specee: exit where a predictor's output is above this (default: the predictors' own; "
@@ -296,12 +297,7 @@ def _train_exits(args) -> int:
     from .decoding.exit_builder import exit_candidates
     from .train.exits import ExitTrainConfig, train_exits
 
-    if not args.minutes > 0:
-        raise UsageError(f"--minutes must be > 0, got {args.minutes}")
-    if args.no_sharegpt and not args.corpus:
-        raise UsageError("--no-sharegpt needs --corpus FILE: there would be nothing to train on")
-    if not args.lr > 0:
-        raise UsageError(f"--lr must be > 0, got {args.lr}")
+    _check_drafter_training_options(args)
     for name in ("fidelity", "coverage"):
         if not 0 < getattr(args, name) <= 1:
             raise UsageError(f"--{name} must be in (0, 1], got {getattr(args, name)}")
@@ -382,9 +378,8 @@ def _validate_sampling(args) -> None:
         raise UsageError(f"--max-tokens must be a positive integer, got {args.max_tokens}")
     if args.exit not in ("none", "specee", "rule"):
         raise UsageError(f"unknown --exit {args.exit!r} (choose from none, specee, rule)")
-    if args.exit != "none" and args.spec_method != "none":
-        raise UsageError("--exit runs with --spec-method none for now: exits inside speculative verification "
-                         "are not built yet")
+    if args.exit != "none" and args.spec_method != "none" and args.temperature > 0:
+        raise UsageError("--exit inside speculative verification runs greedy only: use --temperature 0")
     given = [f"--{name.replace('_', '-')}" for name in ("exit_predictors", "exit_threshold", "exit_kv", "exit_rule")
              if getattr(args, name) is not None]
     if given and args.exit == "none":

@@ -117,10 +117,10 @@ class Engine:
         options = {k: v for k, v in options.items() if v is not None}
         exit_options = {k.removeprefix("exit_"): options.pop(k) for k in list(options) if k.startswith("exit_")}
         if exit not in (None, "none"):
+            speculative = None
             if spec_method not in (None, "none"):
-                raise ValueError(f"early exit runs in plain decoding for now: exits inside speculative verification "
-                                 f"are not built yet (drop spec_method {spec_method!r} or the exit)")
-            return build_early_exit(self.artifacts, {"kind": exit, **exit_options})
+                speculative = build_speculative(self.artifacts, {"method": spec_method, **options})
+            return build_early_exit(self.artifacts, {"kind": exit, **exit_options}, speculative)
         if exit_options:
             raise ValueError(f"options {sorted('exit_' + k for k in exit_options)} need an exit (specee or rule)")
         if spec_method in (None, "none"):

@@ -10,6 +10,8 @@ from helpers import tiny_model
 from specee.decoding.autoregressive import Autoregressive
 from specee.decoding.base import DecodeState
 from specee.decoding.early_exit import Candidates, EarlyExit, ExitPass
+from specee.decoding.speculative import Speculative
+from specee.decoding.speculative_exit import SpeculativeExit
 from specee.drafters.prompt_lookup import PromptLookup
 from specee.exits.features import layer_features
 from specee.exits.policy import LearnedExit, RuleExit, RuleSettings
@@ -41,8 +43,8 @@ class ExitAt:
     def active(self):
         return [True] * (LAYERS - 1)
 
-    def wants_exit(self, layer, features, probs, drafter_prob):
-        return self.random.random() < self.rate
+    def fires(self, layer, features, probs, drafter_probs):
+        return torch.tensor([self.random.random() < self.rate for _ in range(len(features))])
 
     def exited(self, layer):
         pass
@@ -64,7 +66,7 @@ def decode(model, strategy, prompt, steps=40, params=SamplingParams()):
             out += new
             if len(out) >= steps:
                 break
-    return out, state.stats, cache
+    return out[:steps], state.stats, cache
 
 
 def random_artifact(model, seed=0, settings=None):
@@ -270,10 +272,80 @@ def test_rule_settings_are_checked():
 
 def test_rule_lowers_the_bar_for_the_draft_token():
     rule = RuleExit(RuleSettings(0.8, 0.5, first_layer=0), 4)
-    draft_leads = torch.tensor([[0.55, 0.25, 0.1, 0.1]])
-    other_leads = torch.tensor([[0.2, 0.6, 0.1, 0.1]])
-    assert rule.wants_exit(0, None, draft_leads, 0.0)
-    assert not rule.wants_exit(0, None, other_leads, 0.0)
-    assert rule.wants_exit(0, None, torch.tensor([[0.05, 0.85, 0.05, 0.05]]), 0.0)
+    rows = torch.tensor([[0.55, 0.25, 0.1, 0.1],  # the draft token leads: over p2
+                         [0.2, 0.6, 0.1, 0.1],  # another candidate leads, under p1
+                         [0.05, 0.85, 0.05, 0.05]])  # another candidate over p1
+    assert rule.fires(0, None, rows, torch.zeros(3)).tolist() == [True, False, True]
     weighted = RuleExit(RuleSettings(0.8, 0.5, draft_weight=0.5, first_layer=0), 4)
-    assert not weighted.wants_exit(0, None, draft_leads, 0.0) and weighted.wants_exit(0, None, draft_leads, 0.9)
+    assert weighted.fires(0, None, rows[:1].expand(2, 4), torch.tensor([0.0, 0.9])).tolist() == [False, True]
+
+
+def chain_exit(policy, kv="exact", everything=False):
+    return SpeculativeExit(Speculative(lambda: PromptLookup(), num_draft_tokens=4), candidates(everything=everything),
+                           policy, kv)
+
+
+def shallow_greedy(model, prompt, steps):
+    """The first token from the full model (prefill), then greedy decoding of the model cut after
+    its first layer (its norm and head on layer 0)."""
+    with torch.inference_mode():
+        cache = model.new_cache(len(prompt) + steps + 4)
+        tokens = list(prompt) + [int(model(torch.tensor(prompt), torch.arange(len(prompt)), cache)[-1].argmax())]
+        for _ in range(steps - 1):
+            h = model.hidden(torch.tensor(tokens[-1:]), torch.tensor([len(tokens) - 1]), cache, layers=range(1))
+            tokens.append(int(model.logits(model.norm(h)).argmax(-1)))
+    return tokens[len(prompt):]
+
+
+@pytest.mark.parametrize("make", [lambda: EarlyExit(candidates(everything=True), lambda: ExitAt(0, rate=1.0)),
+                                  lambda: chain_exit(lambda: ExitAt(0, rate=1.0), everything=True)],
+                         ids=["plain", "chain"])
+def test_always_exiting_after_the_first_layer_decodes_the_one_layer_model(model, make):
+    """When every row's policy fires and every token is a candidate, each pass settles after layer
+    0, and (exact KV keeps layer 0 complete) the output is greedy decoding of the model cut after
+    its first layer: the acceptance of exited chains is checked against an independent loop."""
+    for prompt in PROMPTS:
+        out, stats, _ = decode(model, make(), prompt, steps=24)
+        assert out == shallow_greedy(model, prompt, 24)
+        assert set(stats.exit_layers) == {1}
+
+
+@pytest.mark.parametrize("kv", ["exact", "approx"])
+def test_chain_exits_that_never_fire_reproduce_dense(model, kv):
+    artifact = random_artifact(model, settings=ExitSettings(layers=list(range(LAYERS - 1))))
+    predictors = artifact.predictors()
+    strategy = chain_exit(lambda: LearnedExit(predictors, artifact.settings, 1.01), kv)
+    for prompt in PROMPTS:
+        dense, _, _ = decode(model, Autoregressive(), prompt)
+        out, stats, cache = decode(model, strategy, prompt)
+        assert out == dense and set(stats.exit_layers) == {LAYERS} and stats.draft_tokens_accepted > 0
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_chain_exits_keep_the_exact_kv_of_the_accepted_path(model, seed):
+    """Chains verified with exits at random depths: after every step the cache holds exactly what
+    full passes over the committed tokens write, rejected rows are forgotten in every layer."""
+    strategy = chain_exit(lambda: ExitAt(seed, rate=0.3), everything=True)
+    prompt = PROMPTS[1]
+    lagged = 0
+    with torch.inference_mode():
+        cache = model.new_cache(96)
+        logits = model(torch.tensor(prompt), torch.arange(len(prompt)), cache)[-1:]
+        state = DecodeState(model, cache, list(prompt), logits, Sampler(SamplingParams()), GenerationStats())
+        steps = strategy.decode(state)
+        for _ in range(20):
+            next(steps)
+            fed = state.tokens[:-1]
+            assert cache.lengths[0] == len(fed) and all(a >= b for a, b in zip(cache.lengths, cache.lengths[1:]))
+            lagged += any(n < len(fed) for n in cache.lengths)
+            reference = dense_cache(model, fed)
+            for layer, n in enumerate(cache.lengths):
+                torch.testing.assert_close(cache.keys[layer, :, :n], reference.keys[layer, :, :n], rtol=1e-5, atol=1e-5)
+    assert lagged >= 3 and state.stats.draft_tokens_proposed > 0 and min(state.stats.exit_layers) < LAYERS
+
+
+def test_chain_exits_refuse_trees_shared_layers_and_sampling(model):
+    with pytest.raises(ValueError, match="take chains"):
+        SpeculativeExit(Speculative(lambda: PromptLookup(), tree="auto"), candidates(), lambda: ExitAt(0))
+    with pytest.raises(ValueError, match="greedy only"):
+        decode(model, chain_exit(lambda: ExitAt(0)), PROMPTS[0], params=SamplingParams(temperature=0.7, seed=1))

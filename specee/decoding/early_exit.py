@@ -34,8 +34,10 @@ KV_MODES = ("exact", "approx")
 
 
 class ExitPolicy(Protocol):
-    def active(self) -> list[bool]: ...  # [layers - 1]: whose decision runs for the next token
-    def wants_exit(self, layer: int, features: torch.Tensor, probs: torch.Tensor, drafter_prob: float) -> bool: ...
+    def active(self) -> list[bool]: ...  # [layers - 1]: whose decision runs for the next pass
+    # Per row: features [T, 3K], candidate softmax [T, K], the drafter's probability of each row's
+    # first candidate [T] -> whether the row's policy asks to exit [T] (bool).
+    def fires(self, layer: int, features: torch.Tensor, probs: torch.Tensor, drafter_probs: torch.Tensor) -> torch.Tensor: ...
     def exited(self, layer: int) -> None: ...
 
 
@@ -60,16 +62,43 @@ class ExitPass:
     def step(self, token: int, candidates: torch.Tensor, drafter_prob: float = 0.0) -> tuple[torch.Tensor, int]:
         """Feed `token` at the next position; returns (logits for the token after it [1, vocab],
         layers run). `candidates` [K]: token ids the exit decision is about."""
+        candidate_ids = set(candidates.tolist())
+
+        def settle(layer: int, states: torch.Tensor, fired: torch.Tensor):
+            if not fired[-1]:
+                return None
+            full = self.check(states)
+            if int(full.argmax(-1)) not in candidate_ids:
+                return None
+            self.stats.exit_checks_agreed += 1
+            return 1, full
+
+        return self.run([token], candidates[None], torch.tensor([drafter_prob]), settle)
+
+    def check(self, states: torch.Tensor) -> torch.Tensor:
+        """The full head on states [n, hidden] at an exit layer (counted as a check): [n, vocab]."""
+        self.stats.exit_checks += 1
+        self.stats.weight_bytes += self.model.head_bytes
+        return self.model.logits(self.model.norm(states))
+
+    def run(self, tokens: list[int], candidates: torch.Tensor, drafter_probs: torch.Tensor,
+            settle: Callable[[int, torch.Tensor, torch.Tensor], tuple[int, torch.Tensor] | None]
+            ) -> tuple[torch.Tensor, int]:
+        """Feed `tokens` (T, in causal order) at the next positions with candidates [T, K] per row.
+        After each scheduled layer, `settle(layer, the rows' states [T, hidden], which rows' policy
+        fired [T])` may end the pass: it returns (how many leading rows to keep, their logits) or
+        None. Returns (logits: the kept rows' on an exit, else all T rows', layers run). On an exit
+        the rows after the kept ones are forgotten."""
         model, cache, stats, policy = self.model, self.cache, self.stats, self.policy
+        T = len(tokens)
         position = cache.lengths[0]
         pending = len(self.pending_positions)
         base = self.pending_positions[0] if pending else position
-        all_angles = model.angles(torch.arange(base, position + 1, device=model.device))
-        batch = model.embed(torch.tensor([token], device=model.device))  # rows: pending that joined, then token
+        all_angles = model.angles(torch.arange(base, position + T, device=model.device))
+        batch = model.embed(torch.tensor(tokens, device=model.device))  # rows: pending that joined, then tokens
         start = pending  # index of the first pending position in the batch
         active = policy.active()
-        rows = model.head_rows(candidates)  # [K, hidden]
-        candidate_ids = set(candidates.tolist())
+        rows = model.head_rows(candidates.flatten()).view(*candidates.shape, -1)  # [T, K, hidden]
         below = candidate_logits(model, batch, rows).softmax(-1) if active[0] else None
         bias, bias_rows = None, 0
         last = self.num_layers - 1
@@ -90,7 +119,7 @@ class ExitPass:
             if i == last or not (active[i] or (i + 1 < last and active[i + 1])):
                 continue
             began = time.perf_counter()
-            logits = candidate_logits(model, batch[-1:], rows)
+            logits = candidate_logits(model, batch[-T:], rows)
             if not active[i]:
                 below = logits.softmax(-1)  # the next layer's decision needs this one's
                 stats.predictor_s += time.perf_counter() - began
@@ -99,34 +128,33 @@ class ExitPass:
             stats.predictors_run += 1
             if self.on_features is not None:
                 self.on_features(i, features)
-            exit_logits = None
-            if policy.wants_exit(i, features, below, drafter_prob):
-                full = model.logits(model.norm(batch[-1:]))
-                stats.exit_checks += 1
-                stats.weight_bytes += model.head_bytes
-                if int(full.argmax(-1)) in candidate_ids:
-                    stats.exit_checks_agreed += 1
-                    exit_logits = full
+            fired = policy.fires(i, features, below, drafter_probs)
+            settled = settle(i, batch[-T:], fired) if bool(fired.any()) else None
             stats.predictor_s += time.perf_counter() - began
-            if exit_logits is not None:
-                self._skip(i, batch, start, first, position, angles)
+            if settled is not None:
+                kept, exit_logits = settled
+                self._skip(i, batch[: batch.shape[0] - T + kept], start, first, position + kept, angles)
                 policy.exited(i)
                 stats.weight_bytes += self.layer_bytes[i]  # the check already counted the head
                 return exit_logits, i + 1
         self.pending_positions, self.pending_levels, self.pending_states = [], [], None
         stats.weight_bytes += self.layer_bytes[last] + model.head_bytes
-        return model.logits(model.norm(batch[-1:])), self.num_layers
+        return model.logits(model.norm(batch[-T:])), self.num_layers
 
-    def _skip(self, layer: int, batch: torch.Tensor, start: int, first: int, position: int, angles: RopeAngles) -> None:
-        """After an exit at `layer`: the batch's positions wait for the layers above (exact), or
+    def _skip(self, layer: int, batch: torch.Tensor, start: int, first: int, end: int, angles: RopeAngles) -> None:
+        """After an exit at `layer` keeping positions before `end`: the batch's rows (pending
+        positions from `first` on, then the kept new ones) wait for the layers above (exact), or
         the layers above get keys and values from the exit state (approx)."""
+        self.cache.truncate(end)
         if self.kv == "approx":
+            kept = end - first
+            tail = RopeAngles(angles.cos[:kept], angles.sin[:kept])
             for j in range(layer + 1, self.num_layers):
-                self.model.layers[j].write_kv(batch[-1:], angles, self.cache)
+                self.model.layers[j].write_kv(batch, tail, self.cache)
             return
         kept = self.pending_states[:start] if start else None
         self.pending_states = batch if kept is None else torch.cat((kept, batch))
-        self.pending_positions = self.pending_positions[:start] + list(range(first, position + 1))
+        self.pending_positions = self.pending_positions[:start] + list(range(first, end))
         self.pending_levels = self.pending_levels[:start] + [layer + 1] * batch.shape[0]
 
 
@@ -143,10 +171,16 @@ class Candidates:
         self.fallback = list(fallback)
         self.k = k
 
-    def pick(self, proposer: Proposer, context: list[int], device) -> tuple[torch.Tensor, float]:
-        """(the K candidate ids for the token after `context`, the drafter's probability of its first)."""
+    def pick(self, proposer: Proposer, context: list[int], device, first: int | None = None) -> tuple[torch.Tensor, float]:
+        """(the K candidate ids for the token after `context`, the drafter's probability of its
+        first). `first`: a token that leads the candidates whatever the drafter says (a draft
+        token being verified)."""
         guesses = proposer.candidates(context, self.k)
         ids = [token for token, _ in guesses]
+        if first is not None:
+            probability = next((prob for token, prob in guesses if token == first), 0.0)
+            ids = [first, *(token for token in ids if token != first)][: self.k]
+            guesses = [(first, probability)]
         for token in self.fallback:
             if len(ids) >= self.k:
                 break

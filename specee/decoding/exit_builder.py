@@ -1,4 +1,5 @@
-"""Turn early-exit options (CLI flags or API keywords) into an early-exit strategy.
+"""Turn early-exit options (CLI flags or API keywords) into an early-exit strategy: exits in plain
+decoding, or inside the verification of a speculative method's chains.
 
 Candidates come from the free drafter (prompt lookup, else the bundled trigram table): a trained
 drafter would cost a pass of its own per token, more than exits can save on this model.
@@ -14,6 +15,8 @@ from ..exits.policy import LearnedExit, RuleExit, RuleSettings
 from ..exits.predictors import BUNDLED, ExitArtifact, ExitPredictors
 from .builder import Artifacts, _given_or_bundled
 from .early_exit import KV_MODES, Candidates, EarlyExit
+from .speculative import Speculative
+from .speculative_exit import SpeculativeExit
 
 EXIT_KINDS = ("specee", "rule")
 RULE_CANDIDATES = 4
@@ -65,7 +68,9 @@ def exit_predictors(artifacts: Artifacts, path: str | None) -> tuple[ExitArtifac
     return artifacts.trained("exits", path, load)
 
 
-def build_early_exit(artifacts: Artifacts, options: dict) -> EarlyExit:
+def build_early_exit(artifacts: Artifacts, options: dict, speculative: Speculative | None = None
+                     ) -> EarlyExit | SpeculativeExit:
+    """Exits in plain decoding, or inside the verification of `speculative`'s chains."""
     known = {f.name for f in fields(ExitOptions)}
     unknown = set(options) - known
     if unknown:
@@ -91,8 +96,11 @@ def build_early_exit(artifacts: Artifacts, options: dict) -> EarlyExit:
         def make_policy():
             return RuleExit(rule, num_layers)
 
-    return EarlyExit(exit_candidates(artifacts, candidates), make_policy, opts.kv,
-                     name=f"exit-{opts.kind}" + ("-approx" if opts.kv == "approx" else ""))
+    name = f"exit-{opts.kind}" + ("-approx" if opts.kv == "approx" else "")
+    if speculative is not None:
+        return SpeculativeExit(speculative, exit_candidates(artifacts, candidates), make_policy, opts.kv,
+                               name=f"{speculative.name}+{name}")
+    return EarlyExit(exit_candidates(artifacts, candidates), make_policy, opts.kv, name=name)
 
 
 def exit_candidates(artifacts: Artifacts, k: int) -> Candidates:

@@ -53,9 +53,9 @@ register(StrategySpec("kangaroo", True, _speculative("kangaroo"),
                       "trained Kangaroo adapter (bundled) on the target's shared shallow layers, chains"))
 
 
-def _exit(kind: str, **defaults):
+def _exit(kind: str, spec_method: str | None = None, **defaults):
     def build(engine, options: dict) -> Strategy:
-        return engine.strategy(None, exit=kind, **(defaults | options))
+        return engine.strategy(spec_method, exit=kind, **(defaults | options))
 
     return build
 
@@ -66,3 +66,5 @@ register(StrategySpec("exit-specee-approx", False, _exit("specee", exit_kv="appr
                       "exit-specee with the skipped layers' KV computed from the exit state"))
 register(StrategySpec("exit-rule", False, _exit("rule"),
                       "early exit by the draft-token rule (top candidate >= 0.8 or draft token >= 0.5), exact KV"))
+register(StrategySpec("hybrid+exit-specee", False, _exit("specee", spec_method="hybrid"),
+                      "hybrid chains whose verification passes exit early (bundled predictors, exact KV)"))

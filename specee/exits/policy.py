@@ -23,8 +23,8 @@ class LearnedExit:
     def active(self) -> list[bool]:
         return self.scheduler.active()
 
-    def wants_exit(self, layer: int, features: torch.Tensor, probs: torch.Tensor, drafter_prob: float) -> bool:
-        return float(self.predictors.layer(layer, features)[-1]) > self.threshold
+    def fires(self, layer: int, features: torch.Tensor, probs: torch.Tensor, drafter_probs: torch.Tensor) -> torch.Tensor:
+        return self.predictors.layer(layer, features) > self.threshold
 
     def exited(self, layer: int) -> None:
         self.scheduler.record(layer)
@@ -60,12 +60,12 @@ class RuleExit:
     def active(self) -> list[bool]:
         return self._active
 
-    def wants_exit(self, layer: int, features: torch.Tensor, probs: torch.Tensor, drafter_prob: float) -> bool:
+    def fires(self, layer: int, features: torch.Tensor, probs: torch.Tensor, drafter_probs: torch.Tensor) -> torch.Tensor:
         s = self.settings
-        top, draft = probs[-1].max().item(), probs[-1, 0].item()
+        draft = probs[:, 0]
         if s.draft_weight:
-            draft = (1 - s.draft_weight) * draft + s.draft_weight * drafter_prob
-        return top >= s.p1 or draft >= s.p2
+            draft = (1 - s.draft_weight) * draft + s.draft_weight * drafter_probs.to(draft)
+        return (probs.max(-1).values >= s.p1) | (draft >= s.p2)
 
     def exited(self, layer: int) -> None:
         pass
