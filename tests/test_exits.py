@@ -130,20 +130,18 @@ def dense_cache(model, ids):
     return cache
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_exact_kv_equals_full_passes_for_the_emitted_tokens(model, seed):
-    """Exits at random depths: after every step, each layer's filled part equals what full passes
-    over the same tokens write, and a layer lacks only positions the layers under it hold."""
-    strategy = EarlyExit(candidates(everything=True), lambda: ExitAt(seed), "exact")
-    prompt = PROMPTS[seed]
+def checked_steps(model, strategy, prompt, steps):
+    """Decode `steps` steps; after each, every layer's filled part must equal what full passes over
+    the committed tokens write, and a layer may lack only positions the layers under it hold.
+    Returns (how many steps ended with some layer lagging, the run's stats)."""
     lagged = 0
     with torch.inference_mode():
-        cache = model.new_cache(64)
+        cache = model.new_cache(128)
         logits = model(torch.tensor(prompt), torch.arange(len(prompt)), cache)[-1:]
         state = DecodeState(model, cache, list(prompt), logits, Sampler(SamplingParams()), GenerationStats())
-        steps = strategy.decode(state)
-        for _ in range(25):
-            next(steps)
+        decoding = strategy.decode(state)
+        for _ in range(steps):
+            next(decoding)
             fed = state.tokens[:-1]  # the token just yielded is fed at the next step
             assert cache.lengths[0] == len(fed)
             assert all(a >= b for a, b in zip(cache.lengths, cache.lengths[1:]))
@@ -153,7 +151,15 @@ def test_exact_kv_equals_full_passes_for_the_emitted_tokens(model, seed):
                 torch.testing.assert_close(cache.keys[layer, :, :n], reference.keys[layer, :, :n], rtol=1e-5, atol=1e-5)
                 torch.testing.assert_close(cache.values[layer, :, :n], reference.values[layer, :, :n], rtol=1e-5,
                                            atol=1e-5)
-    assert lagged >= 5 and min(state.stats.exit_layers) < LAYERS
+    return lagged, state.stats
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_exact_kv_equals_full_passes_for_the_emitted_tokens(model, seed):
+    """Exits at random depths in plain decoding: the cache stays what full passes write."""
+    lagged, stats = checked_steps(model, EarlyExit(candidates(everything=True), lambda: ExitAt(seed), "exact"),
+                                  PROMPTS[seed], 25)
+    assert lagged >= 5 and min(stats.exit_layers) < LAYERS
 
 
 def test_exact_kv_catches_up_so_a_full_pass_equals_dense(model):
@@ -323,25 +329,10 @@ def test_chain_exits_that_never_fire_reproduce_dense(model, kv):
 
 @pytest.mark.parametrize("seed", [0, 3])
 def test_chain_exits_keep_the_exact_kv_of_the_accepted_path(model, seed):
-    """Chains verified with exits at random depths: after every step the cache holds exactly what
-    full passes over the committed tokens write, rejected rows are forgotten in every layer."""
-    strategy = chain_exit(lambda: ExitAt(seed, rate=0.3), everything=True)
-    prompt = PROMPTS[1]
-    lagged = 0
-    with torch.inference_mode():
-        cache = model.new_cache(96)
-        logits = model(torch.tensor(prompt), torch.arange(len(prompt)), cache)[-1:]
-        state = DecodeState(model, cache, list(prompt), logits, Sampler(SamplingParams()), GenerationStats())
-        steps = strategy.decode(state)
-        for _ in range(20):
-            next(steps)
-            fed = state.tokens[:-1]
-            assert cache.lengths[0] == len(fed) and all(a >= b for a, b in zip(cache.lengths, cache.lengths[1:]))
-            lagged += any(n < len(fed) for n in cache.lengths)
-            reference = dense_cache(model, fed)
-            for layer, n in enumerate(cache.lengths):
-                torch.testing.assert_close(cache.keys[layer, :, :n], reference.keys[layer, :, :n], rtol=1e-5, atol=1e-5)
-    assert lagged >= 3 and state.stats.draft_tokens_proposed > 0 and min(state.stats.exit_layers) < LAYERS
+    """Chains verified with exits at random depths: the cache stays what full passes over the
+    committed tokens write; rejected rows are forgotten in every layer."""
+    lagged, stats = checked_steps(model, chain_exit(lambda: ExitAt(seed, rate=0.3), everything=True), PROMPTS[1], 20)
+    assert lagged >= 3 and stats.draft_tokens_proposed > 0 and min(stats.exit_layers) < LAYERS
 
 
 def test_chain_exits_refuse_trees_shared_layers_and_sampling(model):
