@@ -63,3 +63,33 @@ def chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor, min_expected: 
     statistic = ((counts - expected) ** 2 / expected).sum()
     degrees = torch.tensor((len(counts) - 1) / 2, dtype=torch.float64)
     return torch.special.gammaincc(degrees, statistic / 2).item()  # chi-square survival function
+
+
+def decode(model, strategy, prompt, steps=30, params=None):
+    """The first `steps` tokens a strategy commits after `prompt` (prefilled as the engine does,
+    with the shallow states a self-drafter asks for), the run's stats and the target's cache."""
+    from specee.decoding.base import DecodeState
+    from specee.sampling import Sampler, SamplingParams
+    from specee.stats import GenerationStats
+
+    split = getattr(strategy, "shallow_layers", None) or 0
+    with torch.inference_mode():
+        cache = model.new_cache(len(prompt) + steps + 80)
+        positions = torch.arange(len(prompt))
+        shallow = model.hidden(torch.tensor(prompt), positions, cache, layers=range(split))
+        hidden = model.run_layers(shallow, positions, cache, layers=range(split, model.config.num_hidden_layers))
+        logits = model.logits(model.norm(hidden[-1:]))
+        state = DecodeState(model, cache, list(prompt), logits, Sampler(params or SamplingParams()), GenerationStats(),
+                            hidden, shallow)
+        out = []
+        for new in strategy.decode(state):
+            out += new
+            if len(out) >= steps:
+                break
+    return out[:steps], state.stats, cache
+
+
+def arithmetic_corpus(path, count: int):
+    """A small training text file: `count` blank-line-separated sums with their answers."""
+    path.write_text("\n\n".join(f"Question {i}: what is {i} plus {i}? Answer: {2 * i}." for i in range(count)))
+    return path

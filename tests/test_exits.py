@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from helpers import tiny_model
+from helpers import decode, tiny_model
 from specee.decoding.autoregressive import Autoregressive
 from specee.decoding.base import DecodeState
 from specee.decoding.early_exit import Candidates, EarlyExit, ExitPass
@@ -56,19 +56,6 @@ def candidates(k=4, everything=False):
     return Candidates(lambda: PromptLookup(), list(range(VOCAB)), k)
 
 
-def decode(model, strategy, prompt, steps=40, params=SamplingParams()):
-    with torch.inference_mode():
-        cache = model.new_cache(len(prompt) + steps + 10)
-        logits = model(torch.tensor(prompt), torch.arange(len(prompt)), cache)[-1:]
-        state = DecodeState(model, cache, list(prompt), logits, Sampler(params), GenerationStats())
-        out = []
-        for new in strategy.decode(state):
-            out += new
-            if len(out) >= steps:
-                break
-    return out[:steps], state.stats, cache
-
-
 def random_artifact(model, seed=0, settings=None):
     torch.manual_seed(seed)
     predictors = ExitPredictors(LAYERS - 1, 12)
@@ -115,9 +102,9 @@ def test_thresholds_that_never_fire_reproduce_dense(model, kv):
     never = [EarlyExit(candidates(), lambda: LearnedExit(predictors, artifact.settings, 1.01), kv),
              EarlyExit(candidates(), lambda: RuleExit(RuleSettings(1.01, 1.01, first_layer=0), LAYERS - 1), kv)]
     for prompt in PROMPTS:
-        dense, _, _ = decode(model, Autoregressive(), prompt)
+        dense, _, _ = decode(model, Autoregressive(), prompt, steps=40)
         for strategy in never:
-            out, stats, cache = decode(model, strategy, prompt)
+            out, stats, cache = decode(model, strategy, prompt, steps=40)
             assert out == dense
             assert stats.exit_layers == [LAYERS] * (len(out) - 1) and stats.predictors_run > 0
             assert len(set(cache.lengths)) == 1
@@ -322,8 +309,8 @@ def test_chain_exits_that_never_fire_reproduce_dense(model, kv):
     predictors = artifact.predictors()
     strategy = chain_exit(lambda: LearnedExit(predictors, artifact.settings, 1.01), kv)
     for prompt in PROMPTS:
-        dense, _, _ = decode(model, Autoregressive(), prompt)
-        out, stats, cache = decode(model, strategy, prompt)
+        dense, _, _ = decode(model, Autoregressive(), prompt, steps=40)
+        out, stats, cache = decode(model, strategy, prompt, steps=40)
         assert out == dense and set(stats.exit_layers) == {LAYERS} and stats.draft_tokens_accepted > 0
 
 

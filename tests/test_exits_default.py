@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from helpers import arithmetic_corpus
 from specee.cli import main
 from specee.exits.predictors import BUNDLED, ExitArtifact
 
@@ -68,8 +69,7 @@ def test_bad_exit_flags_exit_2_with_a_message(capsys, flags, message):
 
 def test_train_exits_from_the_command_line(tmp_path, default_engine):
     """A short run on a small text file: an artifact that loads, decodes, and records how it was made."""
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n\n".join(f"Question {i}: what is {i} plus {i}? Answer: {2 * i}." for i in range(40)))
+    corpus = arithmetic_corpus(tmp_path / "corpus.txt", 40)
     out = tmp_path / "exits.pt"
     assert main(["train", "exits", "--out", str(out), "--corpus", str(corpus), "--no-sharegpt", "--tokens", "600",
                  "--minutes", "0.2", "--epochs", "3"]) == 0

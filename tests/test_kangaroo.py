@@ -3,15 +3,12 @@ and the adapter's own cache, the reduced vocabulary, artifacts and training."""
 import pytest
 import torch
 
-from helpers import tiny_model
+from helpers import decode, tiny_model
 from specee.decoding.autoregressive import Autoregressive
-from specee.decoding.base import DecodeState
 from specee.decoding.speculative import Speculative
 from specee.drafters.kangaroo import Adapter, KangarooArtifact, KangarooDrafter, KangarooModel, KangarooSettings
 from specee.drafters.trained import drafter_cache
 from specee.model.fingerprint import weights_fingerprint
-from specee.sampling import Sampler, SamplingParams
-from specee.stats import GenerationStats
 from specee.train.collect import choose_vocabulary, collect
 from specee.train.kangaroo import KangarooTrainConfig, fit_adapter
 
@@ -37,25 +34,6 @@ def kangaroo_strategy(model, artifact, eta=0.0, gamma=4):
     kangaroo = KangarooModel(model, artifact)
     return Speculative(lambda: KangarooDrafter(kangaroo, eta, gamma), gamma, adaptive=False, name="kangaroo",
                        shallow_layers=artifact.settings.layers)
-
-
-def decode(model, strategy, prompt, steps=30, params=SamplingParams()):
-    """The first `steps` tokens the strategy commits after `prompt` (prefilled as the engine does),
-    the run's stats and the target's cache."""
-    split = getattr(strategy, "shallow_layers", None) or 0
-    with torch.inference_mode():
-        cache = model.new_cache(len(prompt) + steps + 80)
-        positions = torch.arange(len(prompt))
-        shallow = model.hidden(torch.tensor(prompt), positions, cache, layers=range(split))
-        hidden = model.run_layers(shallow, positions, cache, layers=range(split, LAYERS))
-        logits = model.logits(model.norm(hidden[-1:]))
-        state = DecodeState(model, cache, list(prompt), logits, Sampler(params), GenerationStats(), hidden, shallow)
-        out = []
-        for new in strategy.decode(state):
-            out += new
-            if len(out) >= steps:
-                break
-    return out[:steps], state.stats, cache
 
 
 def own_continuations(model, count=24, length=60) -> list[list[int]]:

@@ -4,6 +4,7 @@ not; clear errors for bad drafter flags; training runs from the command line."""
 import pytest
 import torch
 
+from helpers import arithmetic_corpus
 from specee.cli import main
 from test_speculative_lossless import MAX_TOKENS, PROMPTS
 
@@ -51,8 +52,7 @@ def test_drafter_flag_with_another_method_is_refused(capsys):
 def test_train_eagle_from_the_command_line(tmp_path, default_engine, monkeypatch):
     """A short run on a small text file: an artifact that loads and drafts, and records how it was made."""
     monkeypatch.setenv("SPECEE_CACHE", str(tmp_path / "cache"))
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n\n".join(f"Question {i}: what is {i} plus {i}? Answer: {2 * i}." for i in range(200)))
+    corpus = arithmetic_corpus(tmp_path / "corpus.txt", 200)
     out = tmp_path / "head.pt"
     assert main(["train", "eagle", "--out", str(out), "--corpus", str(corpus), "--no-sharegpt", "--minutes", "0.3",
                  "--epochs", "2", "--budget", "5"]) == 0
@@ -90,8 +90,7 @@ def test_bad_kangaroo_training_flags_exit_2(capsys, tmp_path, flags, message):
 def test_train_kangaroo_from_the_command_line(tmp_path, default_engine, monkeypatch):
     """A short run on a small text file: an artifact that loads, drafts exactly, and records its settings."""
     monkeypatch.setenv("SPECEE_CACHE", str(tmp_path / "cache"))
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n\n".join(f"Question {i}: what is {i} plus {i}? Answer: {2 * i}." for i in range(200)))
+    corpus = arithmetic_corpus(tmp_path / "corpus.txt", 200)
     out = tmp_path / "adapter.pt"
     assert main(["train", "kangaroo", "--out", str(out), "--corpus", str(corpus), "--no-sharegpt", "--minutes", "0.3",
                  "--epochs", "2", "--layers", "3", "--eta", "0.4", "--gamma", "5"]) == 0

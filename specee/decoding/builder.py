@@ -114,7 +114,7 @@ class Artifacts:
         self._trained: dict[tuple[str, str], object] = {}
 
     def ngram(self, path: str | None) -> NgramModel:
-        path = _given_or_bundled(path, BUNDLED_NGRAM, "the ngram method needs --ngram-model FILE (train one with "
+        path = given_or_bundled(path, BUNDLED_NGRAM, "the ngram method needs --ngram-model FILE (train one with "
                                                       "`specee train ngram`)")
         key = str(path)
         if key not in self._tables:
@@ -146,7 +146,7 @@ class Artifacts:
         return self._trained_drafter("kangaroo", path, BUNDLED_KANGAROO, KangarooArtifact, KangarooModel)
 
     def _trained_drafter(self, kind: str, path: str | None, bundled: Path, artifact, loaded):
-        path = _given_or_bundled(path, bundled, f"the {kind} method needs --drafter FILE (train one with "
+        path = given_or_bundled(path, bundled, f"the {kind} method needs --drafter FILE (train one with "
                                                 f"`specee train {kind}`)")
         return self.trained(kind, path, lambda p: loaded(self.model, artifact.load(p, self.model)))
 
@@ -158,7 +158,7 @@ class Artifacts:
         return self._trained[key]
 
 
-def _given_or_bundled(path: str | None, bundled: Path, missing: str) -> str | Path:
+def given_or_bundled(path: str | None, bundled: Path, missing: str) -> str | Path:
     """The file the user named, else the one shipped with specee (an error when it is absent)."""
     if path is not None:
         return path

@@ -17,6 +17,7 @@ on the CPU that costs nothing, on a GPU it is one synchronisation per scheduled 
 """
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Callable, Iterator, Protocol
 
@@ -57,7 +58,9 @@ class ExitPass:
         self.pending_levels: list[int] = []
         self.pending_states: torch.Tensor | None = None
         self.on_features = on_features  # tests: sees (layer, features) of every decision
-        self.layer_bytes = [model.layers_bytes(range(i + 1)) for i in range(self.num_layers)]
+        # Weight bytes of layers 0..i, for each i (what a pass that exits after layer i read).
+        self.layer_bytes = list(itertools.accumulate(model.layers_bytes(range(i, i + 1))
+                                                     for i in range(self.num_layers)))
 
     def step(self, token: int, candidates: torch.Tensor, drafter_prob: float = 0.0) -> tuple[torch.Tensor, int]:
         """Feed `token` at the next position; returns (logits for the token after it [1, vocab],

@@ -13,7 +13,7 @@ from ..drafters.ngram import NgramProposer
 from ..drafters.prompt_lookup import PromptLookup
 from ..exits.policy import LearnedExit, RuleExit, RuleSettings
 from ..exits.predictors import BUNDLED, ExitArtifact, ExitPredictors
-from .builder import Artifacts, _given_or_bundled
+from .builder import Artifacts, given_or_bundled
 from .early_exit import KV_MODES, Candidates, EarlyExit
 from .speculative import Speculative
 from .speculative_exit import SpeculativeExit
@@ -58,7 +58,7 @@ class ExitOptions:
 
 def exit_predictors(artifacts: Artifacts, path: str | None) -> tuple[ExitArtifact, ExitPredictors]:
     """The artifact and its predictors on the model's device, loaded once per engine."""
-    path = _given_or_bundled(path, BUNDLED, "--exit specee needs --exit-predictors FILE (train one with "
+    path = given_or_bundled(path, BUNDLED, "--exit specee needs --exit-predictors FILE (train one with "
                                             "`specee train exits`)")
 
     def load(p):

@@ -17,7 +17,7 @@ from .datasets import DatasetMissing, Prompt, load_dataset
 from .humaneval_exec import check_humaneval, extract_code
 from .modes import build_modes, default_mode_names
 from .quality import first_divergence, gsm8k_correct, mmlu_choice
-from .teacher_forcing import quality, scored
+from .teacher_forcing import dense_scores, quality, scored
 from .report import BenchRecord, decode_rate, format_table, machine_info, summarize, write_outputs
 
 SUITES = {
@@ -193,8 +193,10 @@ def lossy_quality(engine: Engine, modes: list, prompts: list, records: list[dict
         if (dataset, prompt.id) in dense:
             prompt_ids = engine.encode(prompt.turns[0])
             continuations.append(scored(prompt_ids + dense[(dataset, prompt.id)]["token_ids"], len(prompt_ids)))
+    dense_text, dense_continuations = dense_scores(engine, texts), dense_scores(engine, continuations)
     for mode in tqdm(lossy, desc="quality (teacher forcing)", unit="mode", file=sys.stderr):
-        on_text, on_continuations = quality(engine, texts, mode.strategy), quality(engine, continuations, mode.strategy)
+        on_text = quality(engine, texts, mode.strategy, dense_text)
+        on_continuations = quality(engine, continuations, mode.strategy, dense_continuations)
         exited = on_text.get("exited", 0) + on_continuations.get("exited", 0)
         faithful = on_text.get("faithful", 0) + on_continuations.get("faithful", 0)
         summary["modes"][mode.name]["perplexity"] = on_text.get("ppl")
@@ -205,7 +207,7 @@ def lossy_quality(engine: Engine, modes: list, prompts: list, records: list[dict
             "ppl_continuation": on_continuations.get("ppl"), "ppl_continuation_dense": on_continuations.get("ppl_dense"),
         }
     if "dense" in summary["modes"]:
-        summary["modes"]["dense"]["perplexity"] = quality(engine, texts).get("ppl_dense")
+        summary["modes"]["dense"]["perplexity"] = quality(engine, texts, dense=dense_text).get("ppl_dense")
 
 
 def run_bench(engine: Engine, config: BenchConfig, explicit_datasets: bool = False) -> dict:

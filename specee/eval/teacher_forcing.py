@@ -36,25 +36,41 @@ def nll(logits: torch.Tensor, targets: list[int]) -> float:
                                              reduction="sum").item()
 
 
-def quality(engine: Engine, texts: list[tuple[list[int], int]], strategy=None) -> dict:
-    """Perplexity over `texts` ((ids, prefix) pairs from `scored`) under dense and, for a lossy
-    strategy with `teacher_forced`, under it, with how many tokens exited early and how many of
-    those gave the full model's argmax."""
-    totals = {"dense": 0.0, "lossy": 0.0}
-    count, exited, faithful = 0, 0, 0
+def dense_scores(engine: Engine, texts: list[tuple[list[int], int]]) -> list[tuple[float, torch.Tensor] | None]:
+    """For each text ((ids, prefix) from `scored`): dense's summed NLL of the scored tokens and its
+    argmax at each scored position; None for a text with nothing to score. Computed once per
+    benchmark and shared by every lossy mode."""
+    scores = []
     for ids, prefix in texts:
         if len(ids) - 1 - prefix < 1:
+            scores.append(None)
             continue
+        logits = dense_logits(engine, ids)[prefix:-1]
+        scores.append((nll(logits, ids[prefix + 1:]), logits.argmax(-1)))
+    return scores
+
+
+def quality(engine: Engine, texts: list[tuple[list[int], int]], strategy=None,
+            dense: list[tuple[float, torch.Tensor] | None] | None = None) -> dict:
+    """Perplexity over `texts` ((ids, prefix) pairs from `scored`) under dense and, for a lossy
+    strategy with `teacher_forced`, under it, with how many tokens exited early and how many of
+    those gave the full model's argmax. `dense`: the texts' `dense_scores`, if already computed."""
+    dense = dense_scores(engine, texts) if dense is None else dense
+    totals = {"dense": 0.0, "lossy": 0.0}
+    count, exited, faithful = 0, 0, 0
+    for (ids, prefix), scores in zip(texts, dense):
+        if scores is None:
+            continue
+        dense_nll, dense_top = scores
         targets = ids[prefix + 1:]
-        dense = dense_logits(engine, ids)[prefix:-1]
-        totals["dense"] += nll(dense, targets)
+        totals["dense"] += dense_nll
         count += len(targets)
         if strategy is not None:
             lossy, stats = strategy.teacher_forced(engine.model, ids, prefix)
             totals["lossy"] += nll(lossy, targets)
             exits = torch.tensor(stats.exit_layers, device=lossy.device) < engine.model.config.num_hidden_layers
             exited += int(exits.sum())
-            faithful += int((lossy.argmax(-1) == dense.argmax(-1))[exits].sum())
+            faithful += int((lossy.argmax(-1) == dense_top)[exits].sum())
     if not count:
         return {}
     result = {"tokens": count, "ppl_dense": math.exp(totals["dense"] / count)}
