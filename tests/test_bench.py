@@ -233,6 +233,8 @@ def test_perplexity_feeds_the_models_own_device(default_engine):
 def test_modes_take_options_for_tuning_sweeps(tiny_engine):
     assert bench_modes.parse_mode("hybrid-tree[tree_budget=6,min_copy_match=1]") == (
         "hybrid-tree", {"tree_budget": 6, "min_copy_match": 1})
+    assert bench_modes.parse_mode("exit-rule[exit_rule=0.9,0.6,exit_kv=approx]") == (
+        "exit-rule", {"exit_rule": "0.9,0.6", "exit_kv": "approx"})
     modes, skipped = bench_modes.build_modes(
         tiny_engine, ["prompt-lookup-tree[tree_budget=6]", "prompt-lookup-tree"], SamplingParams(), threads=2)
     assert [m.name for m in modes] == ["prompt-lookup-tree[tree_budget=6]", "prompt-lookup-tree"]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from typing import Callable, Iterator, Protocol
+from typing import Callable, Iterator, NamedTuple, Protocol
 
 import torch
 
@@ -40,6 +40,18 @@ class ExitPolicy(Protocol):
     # first candidate [T] -> whether the row's policy asks to exit [T] (bool).
     def fires(self, layer: int, features: torch.Tensor, probs: torch.Tensor, drafter_probs: torch.Tensor) -> torch.Tensor: ...
     def exited(self, layer: int) -> None: ...
+
+
+class PassResult(NamedTuple):
+    logits: torch.Tensor  # [kept rows, vocab]
+    layers: int  # layers run
+    kept: list[int]  # the rows kept: all of them after a full pass
+    hidden: torch.Tensor  # the kept rows' states where the pass stopped (before the final norm)
+
+
+# (layer, the rows' states [T, hidden], which rows' policy fired [T]) -> None, or the rows to keep
+# (ascending, from row 0) and their logits.
+Settle = Callable[[int, torch.Tensor, torch.Tensor], "tuple[list[int], torch.Tensor] | None"]
 
 
 class ExitPass:
@@ -74,9 +86,10 @@ class ExitPass:
             if int(full.argmax(-1)) not in candidate_ids:
                 return None
             self.stats.exit_checks_agreed += 1
-            return 1, full
+            return [0], full
 
-        return self.run([token], candidates[None], torch.tensor([drafter_prob]), settle)
+        result = self.run([token], candidates[None], torch.tensor([drafter_prob]), settle)
+        return result.logits, result.layers
 
     def check(self, states: torch.Tensor) -> torch.Tensor:
         """The full head on states [n, hidden] at an exit layer (counted as a check): [n, vocab]."""
@@ -84,28 +97,34 @@ class ExitPass:
         self.stats.weight_bytes += self.model.head_bytes
         return self.model.logits(self.model.norm(states))
 
-    def run(self, tokens: list[int], candidates: torch.Tensor, drafter_probs: torch.Tensor,
-            settle: Callable[[int, torch.Tensor, torch.Tensor], tuple[int, torch.Tensor] | None]
-            ) -> tuple[torch.Tensor, int]:
-        """Feed `tokens` (T, in causal order) at the next positions with candidates [T, K] per row.
-        After each scheduled layer, `settle(layer, the rows' states [T, hidden], which rows' policy
-        fired [T])` may end the pass: it returns (how many leading rows to keep, their logits) or
-        None. Returns (logits: the kept rows' on an exit, else all T rows', layers run). On an exit
-        the rows after the kept ones are forgotten."""
+    def run(self, tokens: list[int], candidates: torch.Tensor, drafter_probs: torch.Tensor, settle: Settle,
+            tree: torch.Tensor | None = None, depths: list[int] | None = None,
+            shallow: torch.Tensor | None = None, first_layer: int = 0) -> PassResult:
+        """Feed `tokens` (T rows) at the next positions with candidates [T, K] per row. After each
+        scheduled layer, `settle(layer, the rows' states [T, hidden], which rows' policy fired [T])`
+        may end the pass: it returns (the rows to keep, ascending, the first of them row 0, and
+        their logits) or None. On an exit the other rows are forgotten and the kept ones move to
+        consecutive positions.
+
+        Rows are causal (a chain) unless `tree` ([T, T] bool: row i sees row j) and `depths` ([T]:
+        each row's position after the first's) describe a draft tree. `shallow`: the rows' states
+        after the first `first_layer` layers, which a drafter has already run in this cache
+        (Kangaroo); else the pass starts from the embeddings."""
         model, cache, stats, policy = self.model, self.cache, self.stats, self.policy
         T = len(tokens)
-        position = cache.lengths[0]
+        position = cache.lengths[first_layer]  # pending positions only ever lag above first_layer
         pending = len(self.pending_positions)
-        base = self.pending_positions[0] if pending else position
-        all_angles = model.angles(torch.arange(base, position + T, device=model.device))
-        batch = model.embed(torch.tensor(tokens, device=model.device))  # rows: pending that joined, then tokens
+        offsets = torch.arange(T) if depths is None else torch.tensor(depths)
+        positions = torch.cat((torch.tensor(self.pending_positions, dtype=torch.long), position + offsets))
+        all_angles = model.angles(positions.to(model.device))  # rows: pending, then tokens
+        batch = model.embed(torch.tensor(tokens, device=model.device)) if shallow is None else shallow
         start = pending  # index of the first pending position in the batch
         active = policy.active()
         rows = model.head_rows(candidates.flatten()).view(*candidates.shape, -1)  # [T, K, hidden]
-        below = candidate_logits(model, batch, rows).softmax(-1) if active[0] else None
+        below = candidate_logits(model, batch, rows).softmax(-1) if active[first_layer] else None
         bias, bias_rows = None, 0
         last = self.num_layers - 1
-        for i in range(self.num_layers):
+        for i in range(first_layer, self.num_layers):
             joined = start
             while joined > 0 and self.pending_levels[joined - 1] <= i:
                 joined -= 1
@@ -116,8 +135,8 @@ class ExitPass:
             if cache.lengths[i] != first:
                 raise RuntimeError(f"layer {i} holds {cache.lengths[i]} positions, the pass writes from {first}")
             if batch.shape[0] != bias_rows:
-                bias, bias_rows = AttentionBias(None, batch.shape[0], self.group), batch.shape[0]
-            angles = RopeAngles(all_angles.cos[first - base:], all_angles.sin[first - base:])
+                bias, bias_rows = self._bias(batch.shape[0] - T, T, tree), batch.shape[0]
+            angles = RopeAngles(all_angles.cos[start:], all_angles.sin[start:])
             batch = model.layers[i](batch, angles, cache, bias)
             if i == last or not (active[i] or (i + 1 < last and active[i + 1])):
                 continue
@@ -136,29 +155,57 @@ class ExitPass:
             stats.predictor_s += time.perf_counter() - began
             if settled is not None:
                 kept, exit_logits = settled
-                self._skip(i, batch[: batch.shape[0] - T + kept], start, first, position + kept, angles)
+                states = batch[-T:][kept]
+                self._skip(i, torch.cat((batch[: batch.shape[0] - T], states)), start, first, position, kept)
                 policy.exited(i)
-                stats.weight_bytes += self.layer_bytes[i]  # the check already counted the head
-                return exit_logits, i + 1
+                stats.weight_bytes += self._bytes(first_layer, i)  # the check already counted the head
+                return PassResult(exit_logits, i + 1, kept, states)
         self.pending_positions, self.pending_levels, self.pending_states = [], [], None
-        stats.weight_bytes += self.layer_bytes[last] + model.head_bytes
-        return model.logits(model.norm(batch[-T:])), self.num_layers
+        stats.weight_bytes += self._bytes(first_layer, last) + model.head_bytes
+        states = batch[-T:]
+        return PassResult(model.logits(model.norm(states)), self.num_layers, list(range(T)), states)
 
-    def _skip(self, layer: int, batch: torch.Tensor, start: int, first: int, end: int, angles: RopeAngles) -> None:
-        """After an exit at `layer` keeping positions before `end`: the batch's rows (pending
-        positions from `first` on, then the kept new ones) wait for the layers above (exact), or
-        the layers above get keys and values from the exit state (approx)."""
-        self.cache.truncate(end)
+    def rewind(self, length: int) -> None:
+        """Forget every position at or after `length`, in the cache and among the pending ones."""
+        self.cache.truncate(length)
+        keep = sum(1 for p in self.pending_positions if p < length)
+        self.pending_positions = self.pending_positions[:keep]
+        self.pending_levels = self.pending_levels[:keep]
+        self.pending_states = self.pending_states[:keep] if keep else None
+
+    def _bytes(self, first_layer: int, layer: int) -> int:
+        """Weight bytes of layers first_layer..layer."""
+        return self.layer_bytes[layer] - (self.layer_bytes[first_layer - 1] if first_layer else 0)
+
+    def _bias(self, joined: int, T: int, tree: torch.Tensor | None) -> AttentionBias:
+        """The attention of a batch: `joined` pending rows (causal, first), then the pass's rows
+        (causal, or following `tree`), which see every pending row."""
+        if tree is None:
+            return AttentionBias(None, joined + T, self.group)
+        n = joined + tree.shape[0]
+        mask = torch.ones(n, n, dtype=torch.bool, device=tree.device).tril()
+        mask[joined:, joined:] = tree
+        return AttentionBias(mask, n, self.group)
+
+    def _skip(self, layer: int, waiting: torch.Tensor, start: int, first: int, position: int, kept: list[int]) -> None:
+        """After an exit at `layer` keeping rows `kept` of the pass that began at `position`:
+        those rows move to consecutive positions, the rest are forgotten; the `waiting` states
+        (pending positions from `first` on, then the kept rows) wait for the layers above (exact),
+        or the layers above get keys and values from them (approx)."""
+        end = position + len(kept)
+        if kept == list(range(len(kept))):
+            self.cache.truncate(end)
+        else:
+            self.cache.keep(position, [position + row for row in kept])  # layers above never held them
         if self.kv == "approx":
-            kept = end - first
-            tail = RopeAngles(angles.cos[:kept], angles.sin[:kept])
+            angles = self.model.angles(torch.arange(first, end, device=self.model.device))
             for j in range(layer + 1, self.num_layers):
-                self.model.layers[j].write_kv(batch, tail, self.cache)
+                self.model.layers[j].write_kv(waiting, angles, self.cache)
             return
-        kept = self.pending_states[:start] if start else None
-        self.pending_states = batch if kept is None else torch.cat((kept, batch))
+        kept_states = self.pending_states[:start] if start else None
+        self.pending_states = waiting if kept_states is None else torch.cat((kept_states, waiting))
         self.pending_positions = self.pending_positions[:start] + list(range(first, end))
-        self.pending_levels = self.pending_levels[:start] + [layer + 1] * batch.shape[0]
+        self.pending_levels = self.pending_levels[:start] + [layer + 1] * waiting.shape[0]
 
 
 class Candidates:
@@ -174,16 +221,16 @@ class Candidates:
         self.fallback = list(fallback)
         self.k = k
 
-    def pick(self, proposer: Proposer, context: list[int], device, first: int | None = None) -> tuple[torch.Tensor, float]:
-        """(the K candidate ids for the token after `context`, the drafter's probability of its
-        first). `first`: a token that leads the candidates whatever the drafter says (a draft
-        token being verified)."""
+    def pick(self, proposer: Proposer, context: list[int], device, leading: list[int] = ()) -> tuple[torch.Tensor, float]:
+        """(the K candidate ids for the token after `context`, the drafter's probability of the
+        first). `leading`: tokens that come first whatever the drafter says (the draft tokens being
+        verified after this position), at most K of them."""
         guesses = proposer.candidates(context, self.k)
         ids = [token for token, _ in guesses]
-        if first is not None:
-            probability = next((prob for token, prob in guesses if token == first), 0.0)
-            ids = [first, *(token for token in ids if token != first)][: self.k]
-            guesses = [(first, probability)]
+        if leading:
+            probability = next((prob for token, prob in guesses if token == leading[0]), 0.0)
+            ids = list(dict.fromkeys([*leading, *ids]))[: self.k]
+            guesses = [(leading[0], probability)]
         for token in self.fallback:
             if len(ids) >= self.k:
                 break

@@ -1,5 +1,5 @@
 """Turn early-exit options (CLI flags or API keywords) into an early-exit strategy: exits in plain
-decoding, or inside the verification of a speculative method's chains.
+decoding, or inside the verification passes of any speculative method (chains and trees).
 
 Candidates come from the free drafter (prompt lookup, else the bundled trigram table): a trained
 drafter would cost a pass of its own per token, more than exits can save on this model.
@@ -70,7 +70,7 @@ def exit_predictors(artifacts: Artifacts, path: str | None) -> tuple[ExitArtifac
 
 def build_early_exit(artifacts: Artifacts, options: dict, speculative: Speculative | None = None
                      ) -> EarlyExit | SpeculativeExit:
-    """Exits in plain decoding, or inside the verification of `speculative`'s chains."""
+    """Exits in plain decoding, or inside the verification passes of `speculative`."""
     known = {f.name for f in fields(ExitOptions)}
     unknown = set(options) - known
     if unknown:

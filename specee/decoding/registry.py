@@ -68,3 +68,11 @@ register(StrategySpec("exit-rule", False, _exit("rule"),
                       "early exit by the draft-token rule (top candidate >= 0.8 or draft token >= 0.5), exact KV"))
 register(StrategySpec("hybrid+exit-specee", False, _exit("specee", spec_method="hybrid"),
                       "hybrid chains whose verification passes exit early (bundled predictors, exact KV)"))
+register(StrategySpec("hybrid+exit-rule", False, _exit("rule", spec_method="hybrid"),
+                      "hybrid chains whose verification passes exit by the draft-token rule, exact KV"))
+register(StrategySpec("hybrid-tree+exit-specee", False, _exit("specee", spec_method="hybrid", tree="auto"),
+                      "hybrid trees whose verification passes exit early (hyper-tokens), exact KV"))
+register(StrategySpec("eagle-copy+exit-specee", False, _exit("specee", spec_method="eagle-copy"),
+                      "eagle-copy trees whose verification passes exit early (hyper-tokens), exact KV"))
+register(StrategySpec("kangaroo+exit-specee", False, _exit("specee", spec_method="kangaroo"),
+                      "Kangaroo chains whose verification (above the shared layers) exits early, exact KV"))

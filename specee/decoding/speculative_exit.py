@@ -1,14 +1,19 @@
-"""Early exit inside speculative verification (SpecEE's hyper-tokens), for chains.
+"""Early exit inside speculative verification (SpecEE's hyper-tokens), for chains and trees.
 
-A chain [root, d1, .., dn] is one path: its verification pass may stop at a layer once the path
-that would be accepted is settled there. After a scheduled layer, every row's exit policy is
-asked at once (row j's candidates: the draft token d(j+1) first, then the exit drafter's guesses).
-If the rows from the root on fire, the full head runs on them; the path is settled when, inside
-that fired prefix, a row's argmax departs from the draft (or the chain ends) and that row's argmax
-is one of its candidates. The accepted drafts and that argmax (the bonus token) are emitted, the
-rows after them forgotten, and the kept rows' deeper layers handled as in plain decoding (exact:
-caught up by the next pass; approx: K/V from the exit state). Greedy only: acceptance compares
-argmaxes.
+A verification pass runs over [root] + draft nodes; each root-to-leaf path is a hyper-token, and
+the pass may stop at a layer once the path that would be accepted is settled there. After a
+scheduled layer every row's exit policy is asked at once (a row's candidates: its draft children
+first, then the exit drafter's guesses). The full head then runs on the rows whose whole path
+from the root fired, and greedy acceptance walks them from the root: the path is settled when it
+reaches a fired row whose argmax is none of its children (or that has none) and is one of its
+candidates. That path's draft tokens and the argmax (the bonus token) are emitted, the other rows
+are forgotten in every layer, and the kept rows' deeper layers are handled as in plain decoding
+(exact: caught up by the next pass; approx: K/V from the exit state). Greedy only: acceptance
+compares argmaxes.
+
+A drafter that runs the target's shallow layers itself (Kangaroo) hands over its states, and the
+pass starts above them; a drafter that reads the target's last states (EAGLE) is given the states
+where the pass stopped, since the layers above never ran.
 """
 from __future__ import annotations
 
@@ -17,9 +22,15 @@ from typing import Callable, Iterator
 
 import torch
 
+from ..drafters.base import Proposer
+from ..model.llama import Transformer
+from ..stats import GenerationStats
+from ..verification.acceptance import accept_greedy
+from ..verification.draft import Draft
+from ..verification.tree import TreeLayout
 from .base import DecodeState
-from .early_exit import Candidates, ExitPass, ExitPolicy
-from .speculative import DraftLength, Speculative
+from .early_exit import Candidates, ExitPass, ExitPolicy, PassResult, Settle
+from .speculative import MAX_DRAFT_NODES, DraftLength, Speculative
 
 
 class SpeculativeExit:
@@ -27,12 +38,8 @@ class SpeculativeExit:
 
     def __init__(self, speculative: Speculative, candidates: Candidates, make_policy: Callable[[], ExitPolicy],
                  kv: str = "exact", name: str = "exit") -> None:
-        if speculative.tree is not None:
-            raise ValueError("exits inside speculative verification take chains: leave the tree option out")
-        if speculative.shallow_layers:
-            raise ValueError(f"exits inside speculative verification do not run with {speculative.name}, whose "
-                             "drafter already runs the shallow layers")
         self.speculative = speculative
+        self.shallow_layers = speculative.shallow_layers  # prefill hands the strategy these states
         self.candidates = candidates
         self.make_policy = make_policy
         self.kv = kv
@@ -46,6 +53,10 @@ class SpeculativeExit:
         proposer, guesser = spec.make_proposer(), self.candidates.make_proposer()
         proposer.reset(tokens, state.sampler)
         guesser.reset(tokens, state.sampler)
+        if proposer.wants_features:
+            proposer.observe(state.hidden)
+        if spec.shallow_layers:
+            proposer.share_target(cache, state.shallow)
         runner = ExitPass(model, cache, self.make_policy(), self.kv, stats)
         length = DraftLength(spec.num_draft_tokens, spec.num_draft_tokens, spec.adaptive)
         root = int(state.sampler.pick(state.logits)[0])
@@ -53,49 +64,118 @@ class SpeculativeExit:
         yield [root]
         guesser.update(tokens, 0)
         while True:
-            prefix = cache.lengths[0]
             began = time.perf_counter()
-            chain = spec.draft(proposer, tokens, length.current).tokens
+            draft = spec.draft(proposer, tokens, length.current)
             drafted = time.perf_counter()
-            picks = [self.candidates.pick(guesser, tokens + chain[:j], model.device,
-                                          chain[j] if j < len(chain) else None) for j in range(len(chain) + 1)]
-            candidates = torch.stack([ids for ids, _ in picks])  # [n + 1, K]
-            drafter_probs = torch.tensor([prob for _, prob in picks])
-            logits, layers = runner.run([tokens[-1], *chain], candidates, drafter_probs,
-                                        self._settle(runner, chain, candidates))
-            top = logits.argmax(-1).tolist()
-            accepted = 0
-            while accepted < min(len(chain), len(top) - 1) and top[accepted] == chain[accepted]:
-                accepted += 1
-            cache.truncate(prefix + 1 + accepted)  # an exit has already kept exactly these
-            new = chain[:accepted] + [top[accepted]]
+            accepted, next_token, result = self.verify(runner, guesser, tokens, draft)
+            new = [draft.tokens[node] for node in accepted] + [next_token]
+            if proposer.wants_features:  # the accepted path's states, where the pass stopped
+                proposer.observe(result.hidden[[result.kept.index(row) for row in [0, *(1 + n for n in accepted)]]])
             tokens.extend(new)
-            stats.record_pass(len(chain), accepted)
-            stats.exit_layers.append(layers)
+            proposed = max(TreeLayout.of(draft).depths, default=0)
+            stats.record_pass(proposed, len(accepted))
+            stats.exit_layers.append(result.layers)
             stats.draft_s += drafted - began
             stats.verify_s += time.perf_counter() - drafted
-            stats.draft_nodes += len(chain)
+            stats.draft_nodes += len(draft)
             stats.weight_bytes += proposer.take_bytes_read()
-            length.update(len(chain), accepted)
-            proposer.update(tokens, accepted)
-            guesser.update(tokens, accepted)
+            length.update(proposed, len(accepted))
+            proposer.update(tokens, len(accepted))
+            guesser.update(tokens, len(accepted))
             yield new
 
+    def verify(self, runner: ExitPass, guesser: Proposer, context: list[int], draft: Draft
+               ) -> tuple[list[int], int, PassResult]:
+        """One verification pass with exits over [context[-1]] + `draft`, the cache rewound to the
+        accepted path: (the accepted draft nodes, the next token, the pass)."""
+        model = runner.model
+        layout = TreeLayout.of(draft)
+        nodes = [-1, *range(len(draft))]  # the draft node of each row; the root is -1
+        picks = [self.candidates.pick(guesser, context + [draft.tokens[n] for n in layout.path_to(node)], model.device,
+                                      [draft.tokens[child] for child in layout.children(node)]) for node in nodes]
+        candidates = torch.stack([ids for ids, _ in picks])  # [rows, K]
+        drafter_probs = torch.tensor([prob for _, prob in picks])
+        tree = None if draft.is_chain else layout.attention_mask().to(model.device)
+        depths = None if draft.is_chain else [0, *layout.depths]
+        position = runner.cache.lengths[self.shallow_layers or 0]
+        result = runner.run([context[-1], *draft.tokens], candidates, drafter_probs,
+                            self._settle(runner, layout, draft, candidates), tree, depths, draft.shallow,
+                            self.shallow_layers or 0)
+        if result.layers < runner.num_layers:  # exited: the pass kept the settled path and its bonus row
+            return [row - 1 for row in result.kept[1:]], int(result.logits[-1].argmax()), result
+        accepted, next_token = accept_greedy(draft, result.logits.argmax(-1))
+        if draft.is_chain:
+            runner.cache.truncate(position + 1 + len(accepted))
+        else:
+            runner.cache.keep(position, [position] + [position + 1 + node for node in accepted])
+        return accepted, next_token, result
+
     @staticmethod
-    def _settle(runner: ExitPass, chain: list[int], candidates: torch.Tensor):
+    def _settle(runner: ExitPass, layout: TreeLayout, draft: Draft, candidates: torch.Tensor) -> Settle:
+        parent_rows = [-1] + [parent + 1 for parent in layout.parents]
+        child_rows = [{draft.tokens[child]: child + 1 for child in layout.children(row - 1)}
+                      for row in range(len(draft) + 1)]
+
         def settle(layer: int, states: torch.Tensor, fired: torch.Tensor):
-            leading = int(fired.long().cumprod(0).sum())  # rows fired from the root on
-            if not leading:
+            reached: list[int] = []  # rows whose whole path from the root fired (parents come first)
+            inside: set[int] = set()
+            for row, fire in enumerate(fired.tolist()):
+                if fire and (row == 0 or parent_rows[row] in inside):
+                    reached.append(row)
+                    inside.add(row)
+            if not reached:
                 return None
-            top = runner.check(states[:leading])
-            argmax = top.argmax(-1).tolist()
-            row = 0
-            while row < min(leading, len(chain)) and argmax[row] == chain[row]:
-                row += 1
-            # Settled: a fired row departs from the draft (or ends it) with a candidate argmax.
-            if row >= leading or argmax[row] not in candidates[row].tolist():
+            top = runner.check(states[reached])
+            argmax = dict(zip(reached, top.argmax(-1).tolist()))
+            path = [0]
+            while (child := child_rows[path[-1]].get(argmax[path[-1]])) is not None:
+                if child not in argmax:
+                    return None  # the accepted path goes on through a row that did not fire
+                path.append(child)
+            # Settled: the path ends at a fired row whose argmax leaves the draft and is a candidate.
+            if argmax[path[-1]] not in candidates[path[-1]].tolist():
                 return None
             runner.stats.exit_checks_agreed += 1
-            return row + 1, top[: row + 1]
+            index = {row: i for i, row in enumerate(reached)}
+            return path, top[[index[row] for row in path]]
 
         return settle
+
+    def teacher_forced(self, model: Transformer, ids: list[int], prefix: int) -> tuple[torch.Tensor, GenerationStats]:
+        """Score `ids` as `EarlyExit.teacher_forced` does. Each position's logits come from a
+        verification pass with exits over [ids[t]] + the draft after ids[:t + 1]: the root row's,
+        where the pass settled. The pass's other rows are then forgotten, as after a step that
+        accepted no draft token."""
+        if not 1 <= prefix < len(ids):
+            raise ValueError(f"teacher forcing needs 1 <= prefix < {len(ids)}, got {prefix}")
+        spec = self.speculative
+        stats = GenerationStats()
+        proposer, guesser = spec.make_proposer(), self.candidates.make_proposer()
+        split = spec.shallow_layers or 0
+        out = []
+        with torch.inference_mode():
+            cache = model.new_cache(len(ids) + MAX_DRAFT_NODES + 1)
+            positions = torch.arange(prefix, device=model.device)
+            shallow = model.hidden(torch.tensor(ids[:prefix], device=model.device), positions, cache,
+                                   layers=range(split))
+            hidden = model.run_layers(shallow, positions, cache, layers=range(split, model.config.num_hidden_layers))
+            proposer.reset(ids[:prefix], None)
+            guesser.reset(ids[:prefix], None)
+            if proposer.wants_features:
+                proposer.observe(hidden)
+            if split:
+                proposer.share_target(cache, shallow)
+            runner = ExitPass(model, cache, self.make_policy(), self.kv, stats)
+            for t in range(prefix, len(ids) - 1):
+                context = ids[: t + 1]
+                if t > prefix:
+                    proposer.update(context, 0)
+                    guesser.update(context, 0)
+                draft = spec.draft(proposer, context, spec.num_draft_tokens)
+                _, _, result = self.verify(runner, guesser, context, draft)
+                runner.rewind(t + 1)
+                if proposer.wants_features:
+                    proposer.observe(result.hidden[:1])
+                stats.exit_layers.append(result.layers)
+                out.append(result.logits[:1])
+        return torch.cat(out), stats

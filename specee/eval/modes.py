@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,14 +77,15 @@ def exit_counts(s) -> dict | None:
 
 def parse_mode(text: str) -> tuple[str, dict]:
     """"hybrid-tree[tree_budget=6,tree_width=3]" -> ("hybrid-tree", {"tree_budget": 6, "tree_width": 3}):
-    a registered mode with speculative options changed, for tuning sweeps."""
+    a registered mode with speculative options changed, for tuning sweeps. A comma not followed by
+    key= belongs to the value ("exit-rule[exit_rule=0.9,0.6]")."""
     name, _, rest = text.partition("[")
     if not rest:
         return text, {}
     if not rest.endswith("]"):
         raise ValueError(f"mode {text!r}: write options as name[key=value,key=value]")
     options = {}
-    for item in filter(None, rest[:-1].split(",")):
+    for item in filter(None, re.split(r",(?=\s*\w+\s*=)", rest[:-1])):
         key, equals, value = item.partition("=")
         if not equals:
             raise ValueError(f"mode {text!r}: option {item!r} needs key=value")
