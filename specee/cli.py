@@ -79,16 +79,17 @@ def _add_sampling_options(p: argparse.ArgumentParser) -> None:
                         "when a node would lower the expected tokens per pass cost (default 0: budget only)")
     p.add_argument("--exit", default="none",
                    help="early exit (lossy): none, specee (trained per-layer predictors) or rule (the draft-token "
-                        "rule, no training); with a --spec-method, inside the verification of its chains (greedy) "
-                        "(default none)")
+                        "rule, no training); with a --spec-method, inside the verification of its chains or trees "
+                        "(greedy) (default none)")
     p.add_argument("--exit-predictors", help="predictors from `specee train exits` (default: the bundled ones)")
     p.add_argument("--exit-threshold", type=float,
                    help="--exit specee: exit where a predictor's output is above this (default: the predictors' own; "
                         "above 1 never exits)")
     p.add_argument("--exit-kv", choices=("exact", "approx"),
                    help="skipped layers' KV: exact (caught up in the next pass, default) or approx (from the exit state)")
-    p.add_argument("--exit-rule", help="--exit rule: P1,P2[,W]: exit when the top candidate reaches P1 or the draft "
-                                       "token P2 (W: weight of the drafter's own probability) (default 0.8,0.5)")
+    p.add_argument("--exit-rule", help="--exit rule: P1,P2[,W[,L]]: exit when the top token's probability reaches P1 "
+                                       "or the draft token's P2 (W: weight of the drafter's own probability; L: the "
+                                       "first layer checked, default 7/8 of the depth) (default 0.99,0.9)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -38,6 +38,9 @@ class Event:
     finish_reason: str | None = None  # set on the last event: "stop" (EOS or stop string) or "length"
     # How many leading token_ids were accepted draft tokens; the rest came from the target itself.
     drafted: int = 0
+    # Early exit: the layers run by the pass that made these tokens when it stopped early; None
+    # when it ran them all.
+    exit_layer: int | None = None
 
 
 @dataclass
@@ -182,6 +185,8 @@ class Generation:
         self.stop = [stop] if isinstance(stop, str) else list(stop)
         self.eos = set() if ignore_eos else set(engine.tokenizer.eos_token_ids)
         self.strategy = strategy or Autoregressive()
+        if getattr(self.strategy, "greedy_only", False) and temperature > 0:
+            raise ValueError(f"{self.strategy.name} runs greedy only: use temperature 0")
         self.result: Result | None = None
 
     def __iter__(self) -> Iterator[Event]:
@@ -193,6 +198,7 @@ class Generation:
         new: list[int] = []
         delta = ""
         drafted = 0
+        exit_layer, passes = None, 0
         # Inference mode is entered per step, never held across a yield: interleaved generations
         # would otherwise unwind each other's mode.
         with torch.inference_mode():
@@ -216,17 +222,25 @@ class Generation:
                 # A step is accepted drafts then the target's own token (Strategy's convention),
                 # so a step cut short at a stop keeps at most its drafts.
                 drafted = min(len(new), len(step) - 1)
+                exit_layer, passes = self._exit_layer(stats, passes)
                 if finish != "continue":
                     break
                 stats.decode_s = time.perf_counter() - start
-                yield Event(new, delta, drafted=drafted)
+                yield Event(new, delta, drafted=drafted, exit_layer=exit_layer)
                 start = time.perf_counter() - stats.decode_s  # time spent by the consumer is not decoding
         finally:
             steps.close()
             stats.decode_s = time.perf_counter() - start
         stats.generated_tokens = len(output)
-        yield Event(new, delta + text.finish(), finish, drafted)
+        yield Event(new, delta + text.finish(), finish, drafted, exit_layer)
         self.result = Result(text.text, output, len(self.prompt_ids), len(output), finish, stats)
+
+    def _exit_layer(self, stats: GenerationStats, seen: int) -> tuple[int | None, int]:
+        """(where the pass behind the latest step stopped early, or None; passes recorded so far):
+        an early-exit strategy records each pass's layers before yielding the tokens it made."""
+        layers = stats.exit_layers
+        early = len(layers) > seen and layers[-1] < self.engine.model.config.num_hidden_layers
+        return (layers[-1] if early else None), len(layers)
 
     def _commit(self, step: list[int], output: list[int], text: TextStream) -> tuple[list[int], str, str]:
         """Commit a step's tokens one by one, exactly as dense decoding would: stop after an EOS,

@@ -50,6 +50,9 @@ class ExitAt:
     def fires(self, layer, features, probs, drafter_probs):
         return torch.tensor([self.random.random() < self.rate for _ in range(len(features))])
 
+    def confirms(self, logits, first, drafter_probs):
+        return torch.ones(len(logits), dtype=torch.bool)
+
     def exited(self, layer):
         pass
 
@@ -279,6 +282,31 @@ def test_rule_lowers_the_bar_for_the_draft_token():
     assert rule.fires(0, None, rows, torch.zeros(3)).tolist() == [True, False, True]
     weighted = RuleExit(RuleSettings(0.8, 0.5, draft_weight=0.5, first_layer=0), 4)
     assert weighted.fires(0, None, rows[:1].expand(2, 4), torch.tensor([0.0, 0.9])).tolist() == [False, True]
+
+
+def test_the_rule_is_decided_over_the_full_vocabulary():
+    rule = RuleExit(RuleSettings(0.8, 0.5, first_layer=0), 4)
+    logits = torch.zeros(3, 10)
+    logits[0, 3], logits[1, 3], logits[2, 3] = 5.0, 3.0, 2.0  # token 3 has 0.94, 0.69, 0.45 of the vocabulary
+    assert rule.confirms(logits, torch.tensor([0, 3, 3]), torch.zeros(3)).tolist() == [True, True, False]
+    assert rule.confirms(logits, torch.tensor([0, 0, 3]), torch.zeros(3)).tolist() == [True, False, False]
+
+
+def test_the_rules_candidate_step_never_drops_an_exit_the_full_head_would_confirm():
+    """A candidate's share of K is at least its share of the vocabulary, so every row whose full
+    softmax passes (with its argmax among the candidates, as an exit needs) passed the first step."""
+    torch.manual_seed(0)
+    logits = torch.randn(400, 50) * 4
+    top = logits.argmax(-1).tolist()
+    # Distinct candidates, as decoding's; half the rows have the argmax as their draft token.
+    rows = torch.stack([torch.tensor(([top[i]] if i % 2 == 0 else [])
+                                     + [t for t in torch.randperm(50).tolist() if t != top[i]][: 4 - (i % 2 == 0)])
+                        for i in range(400)])
+    rule = RuleExit(RuleSettings(0.8, 0.5, draft_weight=0.3, first_layer=0), 4)
+    drafter = torch.rand(400)
+    fired = rule.fires(0, None, logits.gather(-1, rows).softmax(-1), drafter)
+    confirmed = rule.confirms(logits, rows[:, 0], drafter) & (logits.argmax(-1)[:, None] == rows).any(-1)
+    assert confirmed.sum() > 20 and (fired | ~confirmed).all() and (fired & ~confirmed).any()
 
 
 TREE = static_tree([(0,), (1,), (0, 0), (1, 0), (0, 0, 0)])  # the greedy path is rows 0, 1, 3, 5

@@ -83,6 +83,22 @@ def test_streamed_chat_equals_the_whole_answer_and_ends_with_usage(client, model
     provenance = [t for c in chunks if c.choices for t in c.model_extra["specee"]["tokens"]]
     assert len(provenance) == whole.usage.completion_tokens
     assert {t["source"] for t in provenance} == {"target"}  # dense: every token is the target's own
+    assert {t["exit_layer"] for t in provenance} == {None}  # and ran every layer
+
+
+def test_early_exit_through_the_extension_field_reports_each_tokens_exit_layer(client, model_id):
+    """A low threshold makes passes stop early: the streamed tokens say where, the stats agree."""
+    spec = {"exit": "specee", "exit_threshold": 0.3}
+    chunks = list(chat(client, model_id, max_tokens=24, stream=True, stream_options={"include_usage": True},
+                       extra_body={"specee": spec}))
+    tokens = [t for c in chunks if c.choices for t in c.model_extra["specee"]["tokens"]]
+    layers = [t["exit_layer"] for t in tokens]
+    stats = chunks[-1].model_extra["specee"]["stats"]
+    assert layers[0] is None  # the first token comes from the prompt's full pass
+    exited = [layer for layer in layers if layer is not None]
+    assert exited and all(1 <= layer < 30 for layer in exited)
+    assert len(exited) == sum(n for layer, n in stats["exit_histogram"].items() if int(layer) < 30)
+    assert stats["avg_forward_layers"] < 30
 
 
 def test_completions_whole_and_streamed_with_length_and_stop(client, model_id):
@@ -141,6 +157,12 @@ BAD_BODIES = [
      "specee.draft_model", None),
     (json.dumps({**GOOD, "specee": {"spec_method": "draft", "draft_model": "self:99"}}).encode(), 400, "specee", None),
     (json.dumps({**GOOD, "specee": {"ngram_model": "/tmp/table.pt"}}).encode(), 400, "specee.ngram_model", None),
+    (json.dumps({**GOOD, "specee": {"exit": "warp"}}).encode(), 400, "specee.exit", None),
+    (json.dumps({**GOOD, "specee": {"exit": "specee", "exit_predictors": "/tmp/x.pt"}}).encode(), 400,
+     "specee.exit_predictors", None),
+    (json.dumps({**GOOD, "specee": {"exit": "rule", "exit_rule": "0.3,0.9"}}).encode(), 400, "specee", None),
+    (json.dumps({**GOOD, "temperature": 0.7, "specee": {"exit": "specee", "spec_method": "hybrid"}}).encode(), 400,
+     "temperature", None),
     (b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}', 400, None, "invalid_encoding"),
     (b'{"messages": [{"role": "user", "content": "\\ud800"}]}', 400, None, "invalid_encoding"),
     (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', 400, None, "invalid_json"),

@@ -39,6 +39,9 @@ class ExitPolicy(Protocol):
     # Per row: features [T, 3K], candidate softmax [T, K], the drafter's probability of each row's
     # first candidate [T] -> whether the row's policy asks to exit [T] (bool).
     def fires(self, layer: int, features: torch.Tensor, probs: torch.Tensor, drafter_probs: torch.Tensor) -> torch.Tensor: ...
+    # After the full head ran on fired rows: logits [n, vocab], each row's first candidate [n] and
+    # the drafter's probability of it [n] -> whether the exit stands [n] (bool).
+    def confirms(self, logits: torch.Tensor, first: torch.Tensor, drafter_probs: torch.Tensor) -> torch.Tensor: ...
     def exited(self, layer: int) -> None: ...
 
 
@@ -49,13 +52,16 @@ class PassResult(NamedTuple):
     hidden: torch.Tensor  # the kept rows' states where the pass stopped (before the final norm)
 
 
-# (layer, the rows' states [T, hidden], which rows' policy fired [T]) -> None, or the rows to keep
-# (ascending, from row 0) and their logits.
-Settle = Callable[[int, torch.Tensor, torch.Tensor], "tuple[list[int], torch.Tensor] | None"]
+# The full-head check of some rows of a pass: (their logits [n, vocab], whether the policy confirms
+# each exit [n]).
+Check = Callable[[list[int]], "tuple[torch.Tensor, list[bool]]"]
+# (layer, which rows' policy fired [T], the check) -> None, or the rows to keep (ascending, from
+# row 0) and their logits.
+Settle = Callable[[int, torch.Tensor, Check], "tuple[list[int], torch.Tensor] | None"]
 
 
 class ExitPass:
-    """Feeds one generation's tokens through the model one by one, stopping passes early."""
+    """Runs one generation's passes (a token, or a draft's rows), stopping them early."""
 
     def __init__(self, model: Transformer, cache: KVCache, policy: ExitPolicy, kv: str, stats: GenerationStats,
                  on_features: Callable[[int, torch.Tensor], None] | None = None) -> None:
@@ -79,11 +85,11 @@ class ExitPass:
         layers run). `candidates` [K]: token ids the exit decision is about."""
         candidate_ids = set(candidates.tolist())
 
-        def settle(layer: int, states: torch.Tensor, fired: torch.Tensor):
-            if not fired[-1]:
+        def settle(layer: int, fired: torch.Tensor, check: Check):
+            if not fired[0]:
                 return None
-            full = self.check(states)
-            if int(full.argmax(-1)) not in candidate_ids:
+            full, confirmed = check([0])
+            if not confirmed[0] or int(full.argmax(-1)) not in candidate_ids:
                 return None
             self.stats.exit_checks_agreed += 1
             return [0], full
@@ -91,20 +97,23 @@ class ExitPass:
         result = self.run([token], candidates[None], torch.tensor([drafter_prob]), settle)
         return result.logits, result.layers
 
-    def check(self, states: torch.Tensor) -> torch.Tensor:
-        """The full head on states [n, hidden] at an exit layer (counted as a check): [n, vocab]."""
+    def _check(self, states: torch.Tensor, first: torch.Tensor, drafter_probs: torch.Tensor
+               ) -> tuple[torch.Tensor, list[bool]]:
+        """The full head on fired rows' states [n, hidden] at an exit layer (counted as a check):
+        (logits [n, vocab], whether the policy confirms each row's exit)."""
         self.stats.exit_checks += 1
         self.stats.weight_bytes += self.model.head_bytes
-        return self.model.logits(self.model.norm(states))
+        logits = self.model.logits(self.model.norm(states))
+        return logits, self.policy.confirms(logits, first, drafter_probs).tolist()
 
     def run(self, tokens: list[int], candidates: torch.Tensor, drafter_probs: torch.Tensor, settle: Settle,
             tree: torch.Tensor | None = None, depths: list[int] | None = None,
             shallow: torch.Tensor | None = None, first_layer: int = 0) -> PassResult:
         """Feed `tokens` (T rows) at the next positions with candidates [T, K] per row. After each
-        scheduled layer, `settle(layer, the rows' states [T, hidden], which rows' policy fired [T])`
-        may end the pass: it returns (the rows to keep, ascending, the first of them row 0, and
-        their logits) or None. On an exit the other rows are forgotten and the kept ones move to
-        consecutive positions.
+        scheduled layer, `settle(layer, which rows' policy fired [T], check)` may end the pass: it
+        may run the full head on some rows (`check(rows)`), and returns (the rows to keep,
+        ascending, the first of them row 0, and their logits) or None. On an exit the other rows
+        are forgotten and the kept ones move to consecutive positions.
 
         Rows are causal (a chain) unless `tree` ([T, T] bool: row i sees row j) and `depths` ([T]:
         each row's position after the first's) describe a draft tree. `shallow`: the rows' states
@@ -151,7 +160,11 @@ class ExitPass:
             if self.on_features is not None:
                 self.on_features(i, features)
             fired = policy.fires(i, features, below, drafter_probs)
-            settled = settle(i, batch[-T:], fired) if bool(fired.any()) else None
+            settled = None
+            if bool(fired.any()):
+                states = batch[-T:]
+                settled = settle(i, fired, lambda rows: self._check(states[rows], candidates[rows, 0],
+                                                                     drafter_probs[rows]))
             stats.predictor_s += time.perf_counter() - began
             if settled is not None:
                 kept, exit_logits = settled

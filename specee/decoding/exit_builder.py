@@ -49,9 +49,9 @@ class ExitOptions:
             values = [float(v) for v in str(self.rule).split(",")]
         except ValueError:
             values = []
-        if len(values) not in (2, 3):
-            raise ValueError(f"exit rule {self.rule!r}: write P1,P2 or P1,P2,W (e.g. 0.8,0.5)")
-        settings = RuleSettings(*values)
+        if len(values) not in (2, 3, 4) or (len(values) == 4 and not values[3].is_integer()):
+            raise ValueError(f"exit rule {self.rule!r}: write P1,P2[,W[,L]] (e.g. 0.8,0.5; L: a layer number)")
+        settings = RuleSettings(*values[:3], *(int(v) for v in values[3:]))
         settings.check()
         return settings
 
@@ -95,6 +95,8 @@ def build_early_exit(artifacts: Artifacts, options: dict, speculative: Speculati
 
         def make_policy():
             return RuleExit(rule, num_layers)
+
+        make_policy()  # a bad first layer fails here, not when a generation starts
 
     name = f"exit-{opts.kind}" + ("-approx" if opts.kv == "approx" else "")
     if speculative is not None:

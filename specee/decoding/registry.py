@@ -65,7 +65,8 @@ register(StrategySpec("exit-specee", False, _exit("specee"),
 register(StrategySpec("exit-specee-approx", False, _exit("specee", exit_kv="approx"),
                       "exit-specee with the skipped layers' KV computed from the exit state"))
 register(StrategySpec("exit-rule", False, _exit("rule"),
-                      "early exit by the draft-token rule (top candidate >= 0.8 or draft token >= 0.5), exact KV"))
+                      "early exit by the draft-token rule (top token >= 0.99 or draft token >= 0.9, from 7/8 of the "
+                      "depth), exact KV"))
 register(StrategySpec("hybrid+exit-specee", False, _exit("specee", spec_method="hybrid"),
                       "hybrid chains whose verification passes exit early (bundled predictors, exact KV)"))
 register(StrategySpec("hybrid+exit-rule", False, _exit("rule", spec_method="hybrid"),

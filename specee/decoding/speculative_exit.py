@@ -29,12 +29,13 @@ from ..verification.acceptance import accept_greedy
 from ..verification.draft import Draft
 from ..verification.tree import TreeLayout
 from .base import DecodeState
-from .early_exit import Candidates, ExitPass, ExitPolicy, PassResult, Settle
+from .early_exit import Candidates, Check, ExitPass, ExitPolicy, PassResult, Settle
 from .speculative import MAX_DRAFT_NODES, DraftLength, Speculative
 
 
 class SpeculativeExit:
     lossless = False
+    greedy_only = True  # acceptance compares argmaxes
 
     def __init__(self, speculative: Speculative, candidates: Candidates, make_policy: Callable[[], ExitPolicy],
                  kv: str = "exact", name: str = "exit") -> None:
@@ -112,11 +113,14 @@ class SpeculativeExit:
 
     @staticmethod
     def _settle(runner: ExitPass, layout: TreeLayout, draft: Draft, candidates: torch.Tensor) -> Settle:
+        """Settled at a layer when greedy acceptance, walked from the root over the rows whose
+        whole path fired (and whose exit the check confirmed), ends at a row whose argmax is none
+        of its children and is one of its candidates."""
         parent_rows = [-1] + [parent + 1 for parent in layout.parents]
         child_rows = [{draft.tokens[child]: child + 1 for child in layout.children(row - 1)}
                       for row in range(len(draft) + 1)]
 
-        def settle(layer: int, states: torch.Tensor, fired: torch.Tensor):
+        def settle(layer: int, fired: torch.Tensor, check: Check):
             reached: list[int] = []  # rows whose whole path from the root fired (parents come first)
             inside: set[int] = set()
             for row, fire in enumerate(fired.tolist()):
@@ -125,12 +129,14 @@ class SpeculativeExit:
                     inside.add(row)
             if not reached:
                 return None
-            top = runner.check(states[reached])
-            argmax = dict(zip(reached, top.argmax(-1).tolist()))
+            top, confirmed = check(reached)
+            argmax = {row: token for row, token, ok in zip(reached, top.argmax(-1).tolist(), confirmed) if ok}
+            if 0 not in argmax:
+                return None
             path = [0]
             while (child := child_rows[path[-1]].get(argmax[path[-1]])) is not None:
                 if child not in argmax:
-                    return None  # the accepted path goes on through a row that did not fire
+                    return None  # the accepted path goes on through a row whose exit did not stand
                 path.append(child)
             # Settled: the path ends at a fired row whose argmax leaves the draft and is a candidate.
             if argmax[path[-1]] not in candidates[path[-1]].tolist():

@@ -14,7 +14,7 @@ from .schemas import BadRequest, ChatRequest, CompletionRequest, Sampling
 # Distinct speculative option sets whose strategies are kept (strategies hold no request state).
 STRATEGY_CACHE_SIZE = 32
 # Server-side speculative options a request cannot set (they name files on the server).
-SERVER_ONLY_SPEC = ("ngram_model", "drafter")
+SERVER_ONLY_SPEC = ("ngram_model", "drafter", "exit_predictors")
 
 
 @dataclass
@@ -74,6 +74,9 @@ class Planner:
         for name in ("temperature", "top_p", "top_k", "seed", "stop"):
             if getattr(request, name) is not None:
                 options[name] = getattr(request, name)
+        if getattr(strategy, "greedy_only", False) and options.get("temperature", 0) > 0:
+            raise BadRequest(f"{strategy.name} runs greedy only: use temperature 0", param="temperature",
+                             code="invalid_value")
         try:
             return self.engine.stream(prompt_ids, strategy=strategy, **options)
         except ValueError as e:
@@ -110,7 +113,7 @@ class Shaper:
     def chunk(self, event: Event) -> dict:
         tokens = [
             {"id": t, "text": self._pieces.add([t]), "source": "draft" if i < event.drafted else "target",
-             "exit_layer": None}  # early-exit modes will fill the layer a token's pass stopped at
+             "exit_layer": event.exit_layer}
             for i, t in enumerate(event.token_ids)
         ]
         if self.chat:
@@ -146,4 +149,5 @@ def stats_summary(result: Result) -> dict:
     s = result.stats
     return {"target_passes": s.target_passes, "draft_tokens_proposed": s.draft_tokens_proposed,
             "draft_tokens_accepted": s.draft_tokens_accepted, "mean_acceptance_length": s.mean_acceptance_length,
-            "prefill_s": s.prefill_s, "decode_s": s.decode_s, "tokens_per_s": s.tokens_per_s}
+            "prefill_s": s.prefill_s, "decode_s": s.decode_s, "tokens_per_s": s.tokens_per_s,
+            "avg_forward_layers": s.avg_forward_layers, "exit_histogram": s.exit_histogram}

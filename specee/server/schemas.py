@@ -16,9 +16,10 @@ class Strict(BaseModel):
 
 
 class SpecOptions(Strict):
-    """The `specee` extension field: speculative options for this request. A request that names
-    a spec_method replaces the server's defaults; one that does not adjusts them. Paths to tables
-    or draft models are server flags only, so a client cannot make the server read its files."""
+    """The `specee` extension field: speculative and early-exit options for this request. A request
+    that names a spec_method replaces the server's defaults; one that does not adjusts them. Paths
+    to tables, draft models or exit predictors are server flags only, so a client cannot make the
+    server read its files."""
 
     spec_method: str | None = None
     num_draft_tokens: int | None = Field(None, ge=1, le=MAX_DRAFT_NODES)
@@ -29,6 +30,10 @@ class SpecOptions(Strict):
     confidence_threshold: float | None = Field(None, ge=0, le=1)
     tree_min_prob: float | None = Field(None, ge=0, le=1)
     tree_node_cost: float | None = Field(None, ge=0, le=100)
+    exit: Literal["none", "specee", "rule"] | None = None  # early exit (lossy); its predictors are the server's
+    exit_threshold: float | None = Field(None, ge=0, le=10)
+    exit_kv: Literal["exact", "approx"] | None = None
+    exit_rule: str | None = Field(None, max_length=40)
 
     @field_validator("spec_method")
     @classmethod
