@@ -80,6 +80,34 @@ def test_a_row_gets_the_same_bits_whatever_the_rows_beside_it(linear):
         assert torch.equal(layer(x[:rows]), one_by_one[:rows]), f"{rows} rows"
 
 
+def one_token_logits(model, ids: list[int]) -> torch.Tensor:
+    """The logits after each of `ids`, fed one token per pass: [len(ids), vocab]."""
+    cache = model.new_cache(len(ids))
+    return torch.cat([model(torch.tensor([token]), torch.tensor([i]), cache) for i, token in enumerate(ids)])
+
+
+@pytest.mark.parametrize("name", ["int8", "int4"])
+def test_a_multi_token_pass_rounds_as_one_token_passes(name):
+    """What lossless speculation in a quantized format rests on, for the whole model: a chain's
+    or a tree's verification pass gives each row the bits one-token passes over its path give."""
+    model = quantize_model(specee_from_hf(tiny_hf_model(seed=1, intermediate_size=128, vocab_size=112), pack=False),
+                           name)
+    prefix, chain = [5, 9, 2, 77, 100, 3, 41], [60, 61, 17, 99, 8]
+    with torch.inference_mode():
+        reference = one_token_logits(model, prefix + chain)
+        cache = model.new_cache(32)
+        model(torch.tensor(prefix), torch.arange(len(prefix)), cache)
+        at = len(prefix)
+        assert torch.equal(model(torch.tensor(chain), torch.arange(at, at + len(chain)), cache), reference[at:])
+        # A tree over [root, a, b, c]: a and b are the root's children, c is a's.
+        root, a, b, c = 60, 61, 70, 17
+        mask = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool)
+        cache.truncate(at)
+        tree = model(torch.tensor([root, a, b, c]), at + torch.tensor([0, 1, 1, 2]), cache, mask)
+        assert torch.equal(tree[[0, 1, 3]], one_token_logits(model, prefix + [root, a, c])[at:])
+        assert torch.equal(tree[2], one_token_logits(model, prefix + [root, b])[-1])
+
+
 @pytest.mark.parametrize("name", ["int8", "int4"])
 @pytest.mark.parametrize("tied", [False, True])
 def test_quantized_model_keeps_its_pieces_working(name, tied):

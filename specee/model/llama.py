@@ -29,6 +29,12 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
+    # Attend with each new row alone, exactly as a one-token pass over the same keys would, so a
+    # pass over several tokens rounds as one-token passes do. Formats whose matrices give a row
+    # the same bits whatever the rows beside it (the quantized ones) set it: with it their
+    # speculative decoding is token-identical to their dense decoding, at T attention calls a pass.
+    rows_alone = False
+
     def __init__(self, config: LlamaConfig, layer_index: int) -> None:
         super().__init__()
         self.layer_index = layer_index
@@ -50,6 +56,8 @@ class Attention(nn.Module):
         qk = apply_rope(qkv[:, : (nh + nkv) * hd].view(T, nh + nkv, hd), angles)
         v = qkv[:, (nh + nkv) * hd :].view(T, nkv, hd)
         keys, values = cache.append(self.layer_index, qk[:, nh:], v)  # [nkv, S, hd]
+        if self.rows_alone and T > 1:
+            return self.o_proj(self._rows_alone(qk[:, :nh], keys, values, bias).to(x.dtype))
         # Query heads sharing a kv head become rows of one matrix: no repeated K/V.
         q = qk[:, :nh].reshape(T, nkv, group, hd).permute(1, 2, 0, 3).reshape(nkv, group * T, hd)
         attn_mask = bias.for_keys(keys.shape[1], keys.dtype, x.device)  # [group * T, S] or None
@@ -57,6 +65,23 @@ class Attention(nn.Module):
         out = F.scaled_dot_product_attention(q.to(keys.dtype)[None], keys[None], values[None], attn_mask=attn_mask)
         out = out[0].view(nkv, group, T, hd).permute(2, 0, 1, 3).reshape(T, nh * hd)
         return self.o_proj(out.to(x.dtype))
+
+    def _rows_alone(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: AttentionBias
+                    ) -> torch.Tensor:
+        """Each row of q [T, nh, hd] attends alone, with the call a one-token pass makes: its visible
+        keys as a prefix view of the cache, or gathered in order when a tree hides some (the same
+        values, the same result). Returns [T, nh * hd]."""
+        nkv, hd = self.num_kv_heads, self.head_dim
+        group = self.num_heads // nkv
+        out = []
+        for row, visible in zip(q, bias.visible_keys(keys.shape[1], keys.device)):
+            if isinstance(visible, int):
+                k, v = keys[:, :visible], values[:, :visible]
+            else:
+                k, v = keys.index_select(1, visible), values.index_select(1, visible)
+            attended = F.scaled_dot_product_attention(row.view(nkv, group, hd).to(keys.dtype)[None], k[None], v[None])
+            out.append(attended.reshape(1, -1))
+        return torch.cat(out)
 
     def write_kv(self, x: torch.Tensor, angles: RopeAngles, cache: KVCache) -> None:
         """Append the keys and values of inputs x [T, hidden] without attending."""
@@ -81,6 +106,7 @@ class AttentionBias:
         self.num_new = num_new
         self.repeat = repeat
         self._by_keys: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+        self._visible: dict[int, list[int | torch.Tensor]] = {}
 
     def for_keys(self, num_keys: int, dtype: torch.dtype, device) -> torch.Tensor | None:
         """The bias over `num_keys` keys (cached ones first), or None when nothing is hidden."""
@@ -92,6 +118,20 @@ class AttentionBias:
             bias = torch.zeros(visible.shape, dtype=dtype, device=device)
             self._by_keys[key] = bias.masked_fill_(~visible, float("-inf"))
         return self._by_keys[key]
+
+    def visible_keys(self, num_keys: int, device) -> list[int | torch.Tensor]:
+        """For each new token, the keys it sees among `num_keys`: a count when they are the first
+        ones, else their indices, ascending."""
+        if num_keys not in self._visible and self.mask is None:  # causal: row t sees all keys up to itself
+            self._visible[num_keys] = [num_keys - self.num_new + t + 1 for t in range(self.num_new)]
+        if num_keys not in self._visible:
+            rows = []
+            for visible in full_attention_mask(self.mask, self.num_new, num_keys, "cpu"):
+                index = visible.nonzero().flatten()
+                prefix = len(index) and int(index[-1]) == len(index) - 1
+                rows.append(len(index) if prefix else index.to(device))
+            self._visible[num_keys] = rows
+        return self._visible[num_keys]
 
 
 def full_attention_mask(mask: torch.Tensor | None, T: int, S: int, device) -> torch.Tensor:

@@ -11,7 +11,9 @@ Both kernels take bf16 activations and bf16 scales (their fp32 paths were 7-14 t
 quantized linears round their input to bf16, the kernel accumulates in fp32 and rounds its output
 to bf16, and the result is cast back to the model's dtype: that is the only bf16 rounding; norms,
 residuals, attention and the KV cache keep the model's dtype. Each kernel gives a row the same
-bits whatever the number of rows in the pass; attention does not (README, "Where lossless holds").
+bits whatever the number of rows in the pass, and quantized models attend with each row alone
+(`Attention.rows_alone`), so speculation is lossless in these formats (README, "Where lossless
+holds").
 """
 from __future__ import annotations
 
@@ -240,4 +242,6 @@ def install_quantized(model: nn.Module, weights: dict[str, QuantizedWeight],
             model.set_submodule(module_name, linear)
     if tied and "lm_head" in weights:
         model.embed_tokens = QuantizedEmbedding(model.lm_head.quantized, dtype)
+    for layer in model.layers:  # the kernels round rows alone; attention must too (lossless speculation)
+        layer.self_attn.rows_alone = True
     return model
