@@ -129,6 +129,17 @@ def test_quantized_model_keeps_its_pieces_working(name, tied):
     assert model.weight_bytes < dense.weight_bytes / 3
 
 
+def test_a_quantized_model_keeps_the_fingerprint_of_its_weights():
+    from specee.model.fingerprint import weights_fingerprint
+
+    dense = specee_from_hf(tiny_hf_model(seed=1, intermediate_size=128), pack=False)
+    expected = weights_fingerprint(dense)
+    for name in ("int8", "int4"):
+        model = quantize_model(specee_from_hf(tiny_hf_model(seed=1, intermediate_size=128), pack=False), name)
+        assert weights_fingerprint(model) == expected
+    assert weights_fingerprint(specee_from_hf(tiny_hf_model(seed=2, intermediate_size=128), pack=False)) != expected
+
+
 def test_weight_bytes_count_codes_and_scales():
     hf = tiny_hf_model(seed=0, intermediate_size=128, vocab_size=112, tie_word_embeddings=True)
     model = quantize_model(specee_from_hf(hf, pack=False), "int4")

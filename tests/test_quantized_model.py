@@ -48,6 +48,13 @@ def test_logits_stay_close_to_fp32(default_engine, engines, name):
         assert (quantized.argmax(-1) == reference.argmax(-1)).float().mean() >= least_agreement, prompt
 
 
+def test_every_format_names_the_weights_it_came_from(default_engine, engines):
+    """So the drafters and exit predictors trained for the fp32 weights load in every format."""
+    from specee.model.fingerprint import weights_fingerprint
+
+    assert {weights_fingerprint(e.model) for e in engines.values()} == {weights_fingerprint(default_engine.model)}
+
+
 def test_weights_read_per_token_shrink(default_engine, engines):
     fp32 = default_engine.model.weight_bytes
     assert engines["int8"].model.weight_bytes < fp32 / 3.5
@@ -76,14 +83,17 @@ def test_speculative_decoding_is_lossless_in_every_format(engines, name):
         assert identical == 1 and accepted > 0, f"{config}: identical {identical}, accepted {accepted}"
 
 
-# Every kind of free drafter and verification shape (chains, static and dynamic trees). The trained
-# drafters (eagle, kangaroo) are tied to the fp32 weights' fingerprint and refuse a quantized model.
+# Every kind of drafter and verification shape: the free and the trained drafters (trained for the
+# fp32 weights, which a quantized model's fingerprint names), chains, static and dynamic trees,
+# shared shallow layers.
 EVERY_METHOD = {
     **SPECULATIVE,
     "prompt-lookup static tree": dict(spec_method="prompt-lookup", tree="0;1;2;0,0;0,1;1,0;0,0,0;0,0,0,0"),
     "ngram chain (bundled table)": dict(spec_method="ngram"),
     "draft self:3 chain": dict(spec_method="draft", draft_model="self:3", num_draft_tokens=2),
     "staged self:3 + prompt lookup": dict(spec_method="staged", draft_model="self:3", num_draft_tokens=3),
+    "eagle-copy tree": dict(spec_method="eagle-copy"),
+    "kangaroo chain": dict(spec_method="kangaroo"),
 }
 
 

@@ -15,13 +15,24 @@ EMBEDDING_ROWS = 256  # a sample of the embedding: enough to tell checkpoints ap
 
 def weights_fingerprint(model: Transformer) -> str:
     """A hash of the shape, every RMSNorm weight and the first embedding rows. Values are
-    rounded to bf16 first, so an fp32 model and the same model loaded in bf16 agree."""
-    digest = hashlib.sha256(repr([getattr(model.config, name) for name in SHAPE_FIELDS]).encode())
-    # Embedding rows as the model reads them: a quantized model has its own fingerprint.
-    tensors = [model.embed(torch.arange(min(EMBEDDING_ROWS, model.config.vocab_size), device=model.device)), model.norm.weight]
+    rounded to bf16 first, so an fp32 model and the same model loaded in bf16 agree. A quantized
+    model answers with the fingerprint of the weights it was quantized from (`source_fingerprint`):
+    what was trained for those weights runs on it too."""
+    source = getattr(model, "source_fingerprint", None)
+    if source is not None:
+        return source
+    rows = torch.arange(min(EMBEDDING_ROWS, model.config.vocab_size), device=model.device)
+    norms = [model.norm.weight]
     for layer in model.layers:
-        tensors += [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
-    for tensor in tensors:
+        norms += [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
+    return fingerprint(model.config, model.embed(rows), norms)
+
+
+def fingerprint(config, embedding_rows: torch.Tensor, norms: list[torch.Tensor]) -> str:
+    """The fingerprint of weights given by pieces: the first EMBEDDING_ROWS embedding rows, then the
+    final norm's weight and each layer's two norm weights, in order."""
+    digest = hashlib.sha256(repr([getattr(config, name) for name in SHAPE_FIELDS]).encode())
+    for tensor in [embedding_rows, *norms]:
         rounded = tensor.detach().to("cpu", torch.bfloat16).contiguous()
         digest.update(rounded.view(torch.int16).numpy().tobytes())
     return digest.hexdigest()[:16]

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .fingerprint import EMBEDDING_ROWS, fingerprint
 from .gguf_convert import hf_name, open_gguf, unpermute_rows
 from .loading import LoadedWeights, ModelLoadError
 from .quantize import Int4Weight, Int8Weight, cat_rows, map_rows, quantize_int8
@@ -62,7 +63,24 @@ def read_gguf_weights(path: Path) -> LoadedWeights:
         except Exception as e:  # truncated data surfaces only when a tensor is read
             raise ModelLoadError(f"cannot read tensor {t.name} of {path} ({type(e).__name__}: {e})") from None
         state[name] = weight
-    return LoadedWeights(config, state, None)
+    return LoadedWeights(config, state, None, source_fingerprint(reader, state, config))
+
+
+def source_fingerprint(reader, state: dict, config) -> str:
+    """The fingerprint of the model this file dequantizes to (what `--quantization none` builds):
+    its first embedding rows dequantized, and its norms (dense in the file)."""
+    embedding = next(t for t in reader.tensors if hf_name(t.name) == "model.embed_tokens.weight")
+    rows = torch.from_numpy(_dense_rows(embedding, EMBEDDING_ROWS))
+    norms = [state["model.norm.weight"]]
+    for i in range(config.num_hidden_layers):
+        norms += [state[f"model.layers.{i}.input_layernorm.weight"], state[f"model.layers.{i}.post_attention_layernorm.weight"]]
+    return fingerprint(config, rows, norms)
+
+
+def _dense_rows(t, rows: int) -> np.ndarray:
+    from gguf.quants import dequantize
+
+    return np.array(dequantize(np.asarray(t.data)[:rows], t.tensor_type), dtype=np.float32, order="C")
 
 
 def _dense(t) -> np.ndarray:

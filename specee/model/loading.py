@@ -36,6 +36,7 @@ class LoadedWeights:
     config: LlamaConfig
     state_dict: dict[str, torch.Tensor]  # Hugging Face names; a GGUF file's own blocks as quantized weights
     directory: Path | None  # Hugging Face layout: config.json, safetensors, tokenizer files (None: read from GGUF)
+    source_fingerprint: str | None = None  # quantized tensors: the fingerprint of their dequantized weights
 
 
 def default_model_path() -> Path:
@@ -159,4 +160,6 @@ def build_model(weights: LoadedWeights, dtype: torch.dtype, device: torch.device
         model.lm_head.weight = model.embed_tokens.weight
     # Built on the meta device, the buffer holds no data yet.
     model.inv_freq = inverse_frequencies(weights.config).to(device)
+    if weights.source_fingerprint is not None:
+        model.source_fingerprint = weights.source_fingerprint
     return model.eval()

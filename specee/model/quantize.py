@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .cpu_packing import PackedLinear
+from .fingerprint import weights_fingerprint
 
 QUANTIZATIONS = ("none", "int8", "int4", "gguf")
 INT4_GROUP_SIZES = (32, 64, 128)
@@ -212,6 +213,7 @@ def quantize_model(model: nn.Module, name: str, group_size: int = DEFAULT_INT4_G
         return model
     if any(isinstance(module, PackedLinear) for module in model.modules()):
         raise ValueError("quantize a model before CPU packing: packed linears keep no plain weight")
+    model.source_fingerprint = weights_fingerprint(model)
     linears = {module_name: module for module_name, module in model.named_modules() if isinstance(module, nn.Linear)}
     # The output head and the embedding stay int8 in the int4 format: int4 there moved the
     # default model's logits several times more than int4 in every layer did (BENCHMARKS.md).
