@@ -83,6 +83,19 @@ def test_speculative_decoding_is_lossless_in_every_format(engines, name):
         assert identical == 1 and accepted > 0, f"{config}: identical {identical}, accepted {accepted}"
 
 
+@pytest.mark.parametrize("name", FORMATS)
+def test_early_exits_run_on_quantized_weights(engines, name):
+    """The bundled predictors load in every format; exits that never fire leave the output as
+    dense's (inside verification too), and a low threshold stops passes early."""
+    engine = engines[name]
+    dense = engine.generate(COPY_PROMPT, max_tokens=24, ignore_eos=True)
+    never = engine.generate(COPY_PROMPT, max_tokens=24, ignore_eos=True, spec_method="hybrid", exit="specee",
+                            exit_threshold=1.5)
+    assert never.token_ids == dense.token_ids and never.stats.predictors_run > 0
+    low = engine.generate(COPY_PROMPT, max_tokens=24, ignore_eos=True, exit="specee", exit_threshold=0.3)
+    assert min(low.stats.exit_layers) < engine.config.num_hidden_layers
+
+
 # Every kind of drafter and verification shape: the free and the trained drafters (trained for the
 # fp32 weights, which a quantized model's fingerprint names), chains, static and dynamic trees,
 # shared shallow layers.
