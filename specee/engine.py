@@ -135,19 +135,6 @@ class Engine:
         limit = prompt_tokens + max_tokens + CACHE_SLACK
         return self.model.new_cache(limit, capacity=prompt_tokens + min(max_tokens, INITIAL_OUTPUT_SLOTS) + CACHE_SLACK)
 
-    def prefill(self, ids: list[int], cache: KVCache, shallow_layers: int | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Run the prompt through the model; returns the logits after its last token [1, vocab],
-        the last layer's states of every prompt token [len(ids), hidden] (feature drafters) and,
-        when `shallow_layers` is given, the states after that many layers (self-drafters that
-        share the target's shallow layers), taken on the way."""
-        model, device = self.model, self.model.device
-        positions = torch.arange(len(ids), device=device)
-        split = shallow_layers or 0
-        shallow = model.hidden(torch.tensor(ids, device=device), positions, cache, layers=range(split))
-        h = model.run_layers(shallow, positions, cache, layers=range(split, model.config.num_hidden_layers))
-        return model.logits(model.norm(h[-1:])), h, shallow if shallow_layers else None
-
 
 class Generation:
     """A running request: iterate for Events; `.result` is filled when iteration ends."""
@@ -204,7 +191,7 @@ class Generation:
         with torch.inference_mode():
             cache = engine.new_cache(len(self.prompt_ids), self.max_tokens)
             start = time.perf_counter()
-            logits, hidden, shallow = engine.prefill(self.prompt_ids, cache, getattr(self.strategy, "shallow_layers", None))
+            logits, hidden, shallow = model.prefill(self.prompt_ids, cache, getattr(self.strategy, "shallow_layers", None))
             stats.weight_bytes += model.weight_bytes
             stats.prefill_s = time.perf_counter() - start
         state = DecodeState(model, cache, list(self.prompt_ids), logits, Sampler(self.params, model.device), stats,

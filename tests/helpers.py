@@ -72,13 +72,9 @@ def decode(model, strategy, prompt, steps=30, params=None):
     from specee.sampling import Sampler, SamplingParams
     from specee.stats import GenerationStats
 
-    split = getattr(strategy, "shallow_layers", None) or 0
     with torch.inference_mode():
         cache = model.new_cache(len(prompt) + steps + 80)
-        positions = torch.arange(len(prompt))
-        shallow = model.hidden(torch.tensor(prompt), positions, cache, layers=range(split))
-        hidden = model.run_layers(shallow, positions, cache, layers=range(split, model.config.num_hidden_layers))
-        logits = model.logits(model.norm(hidden[-1:]))
+        logits, hidden, shallow = model.prefill(prompt, cache, getattr(strategy, "shallow_layers", None))
         state = DecodeState(model, cache, list(prompt), logits, Sampler(params or SamplingParams()), GenerationStats(),
                             hidden, shallow)
         out = []

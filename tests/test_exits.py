@@ -129,14 +129,11 @@ def checked_steps(model, strategy, prompt, steps):
     the committed tokens write, and a layer may lack only positions the layers under it hold.
     Returns (how many steps ended with some layer lagging, the run's stats)."""
     lagged = 0
-    split = getattr(strategy, "shallow_layers", None) or 0
     with torch.inference_mode():
         cache = model.new_cache(128)
-        positions = torch.arange(len(prompt))
-        shallow = model.hidden(torch.tensor(prompt), positions, cache, layers=range(split))
-        hidden = model.run_layers(shallow, positions, cache, layers=range(split, LAYERS))
-        state = DecodeState(model, cache, list(prompt), model.logits(model.norm(hidden[-1:])), Sampler(SamplingParams()),
-                            GenerationStats(), hidden, shallow)
+        logits, hidden, shallow = model.prefill(prompt, cache, getattr(strategy, "shallow_layers", None))
+        state = DecodeState(model, cache, list(prompt), logits, Sampler(SamplingParams()), GenerationStats(), hidden,
+                            shallow)
         decoding = strategy.decode(state)
         for _ in range(steps):
             next(decoding)

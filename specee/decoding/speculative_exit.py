@@ -68,12 +68,13 @@ class SpeculativeExit:
             began = time.perf_counter()
             draft = spec.draft(proposer, tokens, length.current)
             drafted = time.perf_counter()
-            accepted, next_token, result = self.verify(runner, guesser, tokens, draft)
+            layout = TreeLayout.of(draft)
+            accepted, next_token, result = self.verify(runner, guesser, tokens, draft, layout)
             new = [draft.tokens[node] for node in accepted] + [next_token]
             if proposer.wants_features:  # the accepted path's states, where the pass stopped
                 proposer.observe(result.hidden[[result.kept.index(row) for row in [0, *(1 + n for n in accepted)]]])
             tokens.extend(new)
-            proposed = max(TreeLayout.of(draft).depths, default=0)
+            proposed = max(layout.depths, default=0)
             stats.record_pass(proposed, len(accepted))
             stats.exit_layers.append(result.layers)
             stats.draft_s += drafted - began
@@ -85,12 +86,11 @@ class SpeculativeExit:
             guesser.update(tokens, len(accepted))
             yield new
 
-    def verify(self, runner: ExitPass, guesser: Proposer, context: list[int], draft: Draft
+    def verify(self, runner: ExitPass, guesser: Proposer, context: list[int], draft: Draft, layout: TreeLayout
                ) -> tuple[list[int], int, PassResult]:
         """One verification pass with exits over [context[-1]] + `draft`, the cache rewound to the
-        accepted path: (the accepted draft nodes, the next token, the pass)."""
+        accepted path (`layout`: the draft's): (the accepted draft nodes, the next token, the pass)."""
         model = runner.model
-        layout = TreeLayout.of(draft)
         nodes = [-1, *range(len(draft))]  # the draft node of each row; the root is -1
         picks = [self.candidates.pick(guesser, context + [draft.tokens[n] for n in layout.path_to(node)], model.device,
                                       [draft.tokens[child] for child in layout.children(node)]) for node in nodes]
@@ -157,19 +157,15 @@ class SpeculativeExit:
         spec = self.speculative
         stats = GenerationStats()
         proposer, guesser = spec.make_proposer(), self.candidates.make_proposer()
-        split = spec.shallow_layers or 0
         out = []
         with torch.inference_mode():
             cache = model.new_cache(len(ids) + MAX_DRAFT_NODES + 1)
-            positions = torch.arange(prefix, device=model.device)
-            shallow = model.hidden(torch.tensor(ids[:prefix], device=model.device), positions, cache,
-                                   layers=range(split))
-            hidden = model.run_layers(shallow, positions, cache, layers=range(split, model.config.num_hidden_layers))
+            _, hidden, shallow = model.prefill(ids[:prefix], cache, spec.shallow_layers)
             proposer.reset(ids[:prefix], None)
             guesser.reset(ids[:prefix], None)
             if proposer.wants_features:
                 proposer.observe(hidden)
-            if split:
+            if spec.shallow_layers:
                 proposer.share_target(cache, shallow)
             runner = ExitPass(model, cache, self.make_policy(), self.kv, stats)
             for t in range(prefix, len(ids) - 1):
@@ -178,7 +174,7 @@ class SpeculativeExit:
                     proposer.update(context, 0)
                     guesser.update(context, 0)
                 draft = spec.draft(proposer, context, spec.num_draft_tokens)
-                _, _, result = self.verify(runner, guesser, context, draft)
+                _, _, result = self.verify(runner, guesser, context, draft, TreeLayout.of(draft))
                 runner.rewind(t + 1)
                 if proposer.wants_features:
                     proposer.observe(result.hidden[:1])

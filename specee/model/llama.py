@@ -281,6 +281,18 @@ class Transformer(nn.Module):
             h = self.layers[i](h, angles, cache, bias)
         return h
 
+    def prefill(self, ids: list[int], cache: KVCache, shallow_layers: int | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Run a prompt through the model; returns the logits after its last token [1, vocab],
+        the last layer's states of every prompt token [len(ids), hidden] (feature drafters) and,
+        when `shallow_layers` is given, the states after that many layers (self-drafters that
+        share the target's shallow layers), taken on the way."""
+        positions = torch.arange(len(ids), device=self.device)
+        split = shallow_layers or 0
+        shallow = self.hidden(torch.tensor(ids, device=self.device), positions, cache, layers=range(split))
+        h = self.run_layers(shallow, positions, cache, layers=range(split, self.config.num_hidden_layers))
+        return self.logits(self.norm(h[-1:])), h, shallow if shallow_layers else None
+
     def forward(
         self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, mask: torch.Tensor | None = None
     ) -> torch.Tensor:
