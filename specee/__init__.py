@@ -5,9 +5,10 @@ __version__ = "0.1.0"
 
 
 def load(model=None, dtype: str = "fp32", device: str = "cpu", threads: int | None = None,
-         quantization: str = "none"):
+         quantization: str = "auto"):
     """Load a model (GGUF file or Hugging Face directory; the default model when None).
-    `quantization`: none, int8, int4, or gguf (a GGUF file's own quantized tensors); CPU only."""
+    `quantization`: auto (int4 on the CPU, none on a GPU), none, int8, int4, or gguf (a GGUF file's
+    own quantized tensors); the quantized formats run on the CPU."""
     from .engine import load_engine
 
     return load_engine(model, dtype=dtype, device=device, threads=threads, quantization=quantization)

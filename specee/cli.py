@@ -35,14 +35,20 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
-def _add_model_options(p: argparse.ArgumentParser) -> None:
+# Trained artifacts are made on the dense weights (what the bundled ones were trained on, and what
+# gradients flow through); they run in every format, matched by the dense weights' fingerprint.
+TRAINING_QUANTIZATION = "none"
+
+
+def _add_model_options(p: argparse.ArgumentParser, default_quantization: str = "auto") -> None:
     p.add_argument("--model", help="GGUF file or Hugging Face model directory (default: SmolLM2-135M-Instruct)")
     p.add_argument("--dtype", default="fp32", help="fp32 or bf16 (default fp32)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument("--threads", type=_positive_int, help="CPU threads for PyTorch")
-    p.add_argument("--quantization", default="none",
-                   help="weights: none, int8 (per channel), int4 (groups of 32; head int8) or gguf (the GGUF file's own "
-                        "Q4_0/Q4_1/Q8_0 blocks); the quantized formats run on the CPU (default none)")
+    p.add_argument("--quantization", default=default_quantization,
+                   help="weights: auto (int4 on the CPU, none on a GPU), none (dense --dtype), int8 (per channel), int4 "
+                        "(groups of 32; head int8) or gguf (the GGUF file's own Q4_0/Q4_1/Q8_0 blocks); the quantized "
+                        f"formats run on the CPU (default {default_quantization})")
 
 
 def _add_sampling_options(p: argparse.ArgumentParser) -> None:
@@ -148,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train drafter artifacts")
     train_sub = train.add_subparsers(dest="artifact", required=True)
     ngram = train_sub.add_parser("ngram", help="a Katz-backoff n-gram table for the ngram/staged drafters")
-    _add_model_options(ngram)
+    _add_model_options(ngram, TRAINING_QUANTIZATION)
     ngram.add_argument("--corpus", action="append", default=[], help="text or Spec-Bench .jsonl file (repeatable)")
     ngram.add_argument("--dataset", action="append", default=[], help="registry dataset whose prompts to use")
     ngram.add_argument("--generate", action="store_true", help="train on the model's own answers to the prompts")
@@ -178,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     kangaroo.add_argument("--gamma", type=_positive_int, default=6,
                           help="drafting default stored in the artifact: most draft tokens per step (default 6)")
     exits = train_sub.add_parser("exits", help="per-layer early-exit predictors for --exit specee")
-    _add_model_options(exits)
+    _add_model_options(exits, TRAINING_QUANTIZATION)
     exits.add_argument("--out", required=True, help="output file")
     exits.add_argument("--corpus", action="append", default=[], help="text or Spec-Bench .jsonl file (repeatable)")
     exits.add_argument("--no-sharegpt", action="store_true", help="leave out the ShareGPT conversations")
@@ -198,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     exits.add_argument("--seed", type=int, default=0)
     prior = train_sub.add_parser("copy-prior", help="measure prompt lookup's copy hit rate by match length "
                                  "(the prior of drafters/copy_reliability.py)")
-    _add_model_options(prior)
+    _add_model_options(prior, TRAINING_QUANTIZATION)
     prior.add_argument("--dataset", action="append", required=True, help="dataset whose prompts to answer (repeatable)")
     prior.add_argument("--skip-first", type=_non_negative_int, default=5, help="leave out each category's first N (reported)")
     prior.add_argument("--limit", type=_positive_int, default=5, help="prompts per category")
@@ -207,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_drafter_training_options(p: argparse.ArgumentParser, minutes: float) -> None:
-    _add_model_options(p)
+    _add_model_options(p, TRAINING_QUANTIZATION)
     p.add_argument("--out", required=True, help="output file")
     p.add_argument("--corpus", action="append", default=[], help="text or Spec-Bench .jsonl file (repeatable)")
     p.add_argument("--no-sharegpt", action="store_true", help="leave out the ShareGPT conversations")
@@ -422,11 +428,11 @@ def _load_off_main_thread(args):
         return pool.submit(_load, args).result()
 
 
-def _speed_line(result) -> str:
+def _speed_line(result, weights: str) -> str:
     s = result.stats
     speculative = f"; {s.mean_acceptance_length:.2f} tokens per target pass" if s.accept_lengths else ""
     return (
-        f"[{result.prompt_tokens} prompt tokens, prefill {s.prefill_s:.2f} s; {result.completion_tokens} tokens "
+        f"[{weights} weights; {result.prompt_tokens} prompt tokens, prefill {s.prefill_s:.2f} s; {result.completion_tokens} tokens "
         f"in {s.decode_s:.2f} s = {s.tokens_per_s:.1f} tokens/s{speculative}; finish: {result.finish_reason}]"
     )
 
@@ -455,7 +461,7 @@ def cmd_generate(args) -> int:
         sys.stdout.flush()
     result = stream.result
     sys.stdout.write("\n")
-    print(_speed_line(result), file=sys.stderr)
+    print(_speed_line(result, engine.quantization), file=sys.stderr)
     if args.json:
         print(json.dumps(result.to_dict()))
     return 0
@@ -479,7 +485,7 @@ def cmd_chat(args) -> int:
             sys.stdout.write(event.text)
             sys.stdout.flush()
         sys.stdout.write("\n")
-        print(_speed_line(stream.result), file=sys.stderr)
+        print(_speed_line(stream.result, engine.quantization), file=sys.stderr)
         messages.append({"role": "assistant", "content": stream.result.text})
     return 0
 

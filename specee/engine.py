@@ -64,7 +64,7 @@ class Result:
 
 
 def load_engine(model=None, dtype: str = "fp32", device: str = "cpu", threads: int | None = None,
-                quantization: str = "none") -> "Engine":
+                quantization: str = "auto") -> "Engine":
     parts = load_parts(model, dtype=dtype, device=device, threads=threads, quantization=quantization)
     return Engine(parts.model, parts.tokenizer, source=parts.source, quantization=parts.quantization)
 

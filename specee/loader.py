@@ -11,7 +11,7 @@ import torch
 from .model.cpu_packing import pack_linears
 from .model.llama import Transformer
 from .model.loading import build_model, default_model_path, read_weights, resolve_model_dir
-from .model.quantize import check_quantization, quantize_model
+from .model.quantize import automatic_quantization, check_quantization, quantize_model
 from .tokenizer import Tokenizer
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -45,9 +45,10 @@ def parse_device(name: str) -> torch.device:
 
 
 def load_parts(model=None, dtype: str = "fp32", device: str = "cpu", threads: int | None = None,
-               quantization: str = "none") -> ModelParts:
-    """`quantization`: none, int8, int4 (quantize the loaded weights), or gguf (keep a GGUF file's
-    own quantized tensors); the quantized formats run on the CPU."""
+               quantization: str = "auto") -> ModelParts:
+    """`quantization`: auto (int4 on the CPU, none elsewhere: `automatic_quantization`), none,
+    int8, int4 (quantize the loaded weights), or gguf (keep a GGUF file's own quantized tensors);
+    the quantized formats run on the CPU."""
     torch_dtype, torch_device = parse_dtype(dtype), parse_device(device)
     check_quantization(quantization, torch_device)
     if threads is not None:
@@ -63,9 +64,12 @@ def load_parts(model=None, dtype: str = "fp32", device: str = "cpu", threads: in
     else:
         directory = resolve_model_dir(source)
         weights = read_weights(directory)
+    config = weights.config
+    if quantization == "auto":
+        quantization = automatic_quantization(config, torch_device)
     net = build_model(weights, torch_dtype, torch_device)
     if quantization in ("int8", "int4"):
         quantize_model(net, quantization)
     if torch_device.type == "cpu":
         pack_linears(net)  # the dense matrices left, if any
-    return ModelParts(net, Tokenizer(directory, weights.config.eos_token_ids), source, quantization)
+    return ModelParts(net, Tokenizer(directory, config.eos_token_ids), source, quantization)

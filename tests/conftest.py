@@ -10,10 +10,11 @@ torch.set_num_threads(2)
 
 @pytest.fixture(scope="session")
 def default_engine():
-    """The real default model (SmolLM2-135M-Instruct, fp32, CPU), loaded once per session."""
+    """The real default model (SmolLM2-135M-Instruct) with fp32 weights on the CPU, loaded once per
+    session: the dense reference the tests compare against (the CLI's default format is int4)."""
     import specee
 
-    return specee.load()
+    return specee.load(quantization="none")
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ def run_main(capsys, *argv):
         (["--dtype", "fp16"], "unknown dtype 'fp16'"),
         (["--device", "tpu"], "unknown device 'tpu'"),
         (["--model", "/no/such/model.gguf"], "does not exist"),
-        (["--quantization", "int3"], "unknown quantization 'int3' (choose from none, int8, int4, gguf)"),
+        (["--quantization", "int3"], "unknown quantization 'int3' (choose from auto, none, int8, int4, gguf)"),
         (["--quantization", "gguf", "--model", "/no/such/model.gguf"], "does not exist"),
     ],
 )
@@ -38,6 +38,16 @@ def test_bad_flags_exit_2_with_a_message(capsys, flags, message):
     assert code == 2
     assert message in err
     assert "Traceback" not in err and out == ""
+
+
+def test_the_weight_format_defaults_to_auto_and_training_to_dense_weights():
+    from specee.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["generate", "hi"]).quantization == "auto"
+    assert parser.parse_args(["serve"]).quantization == "auto"
+    for artifact in ("eagle", "kangaroo", "exits", "ngram"):
+        assert parser.parse_args(["train", artifact, "--out", "x.pt"]).quantization == "none"
 
 
 def test_quantization_on_cuda_says_it_is_cpu_only(capsys, monkeypatch):

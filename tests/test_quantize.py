@@ -161,6 +161,29 @@ def test_the_hf_baseline_counts_the_dense_bytes_whatever_our_format(tied):
     assert dense_weight_bytes(hf) == specee_from_hf(hf).weight_bytes
 
 
+def test_auto_picks_int4_on_the_cpu_int8_when_groups_do_not_fit_and_none_on_a_gpu():
+    from specee.model.quantize import automatic_quantization
+
+    fits = specee_from_hf(tiny_hf_model(seed=0, intermediate_size=128), pack=False).config
+    odd = specee_from_hf(tiny_hf_model(seed=0), pack=False).config  # intermediate_size 112
+    assert automatic_quantization(fits, "cpu") == "int4"
+    assert automatic_quantization(odd, "cpu") == "int8"
+    assert automatic_quantization(fits, "cuda") == "none"
+    check_quantization("auto", "cuda")  # auto is never refused: it resolves to none there
+
+
+def test_quantizing_by_blocks_of_rows_equals_all_at_once_and_replaces_every_linear(monkeypatch):
+    import specee.model.quantize as q
+
+    w = weights(2 * q.QUANTIZE_ROWS_PER_BLOCK + 100, 64)
+    by_blocks = quantize_int8(w)
+    monkeypatch.setattr(q, "QUANTIZE_ROWS_PER_BLOCK", w.shape[0])
+    at_once = quantize_int8(w)
+    assert torch.equal(by_blocks.codes, at_once.codes) and torch.equal(by_blocks.scales, at_once.scales)
+    model = quantize_model(specee_from_hf(tiny_hf_model(seed=0, intermediate_size=128), pack=False), "int4")
+    assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())
+
+
 def test_bad_quantization_requests_are_clear_errors():
     with pytest.raises(ValueError, match="unknown quantization 'int3'"):
         check_quantization("int3")

@@ -32,6 +32,17 @@ def engines():
     return {name: specee.load(quantization=name) for name in FORMATS}
 
 
+def test_the_default_format_on_the_cpu_is_int4(default_engine):
+    from specee.model.fingerprint import weights_fingerprint
+    from specee.model.quantize import Int4Linear
+
+    engine = specee.load()
+    assert engine.quantization == "int4"
+    assert isinstance(engine.model.layers[0].mlp.down_proj, Int4Linear)
+    # What was trained for the dense weights (the bundled drafters and predictors) loads on it.
+    assert weights_fingerprint(engine.model) == weights_fingerprint(default_engine.model)
+
+
 def prompt_logits(engine, prompt):
     ids = engine.encode(prompt)
     model = engine.model

@@ -52,9 +52,8 @@ def test_health_models_and_page(default_server, model_id):
     assert page.status_code == 200 and "text/html" in page.headers["content-type"] and "/v1/chat/completions" in page.text
 
 
-def test_chat_greedy_equals_specee_generate(client, model_id, default_engine, capsys, monkeypatch):
-    response = chat(client, model_id, max_tokens=24)
-    monkeypatch.setattr(cli, "_load", lambda args: default_engine)  # the same model, already loaded here
+def test_chat_greedy_equals_specee_generate(client, model_id, capsys):
+    response = chat(client, model_id, max_tokens=24)  # both in their default weight format
     assert cli.main(["generate", PROMPT, "--max-tokens", "24", "--json"]) == 0
     expected = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     choice = response.choices[0]

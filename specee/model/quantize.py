@@ -26,13 +26,14 @@ from torch import nn
 from .cpu_packing import PackedLinear
 from .fingerprint import weights_fingerprint
 
-QUANTIZATIONS = ("none", "int8", "int4", "gguf")
+QUANTIZATIONS = ("auto", "none", "int8", "int4", "gguf")
 INT4_GROUP_SIZES = (32, 64, 128)
 # The default model comes as Q4_1 (groups of 32): groups of 32 keep its values almost exactly,
 # groups of 64 cannot, and moved its logits far more (BENCHMARKS.md).
 DEFAULT_INT4_GROUP_SIZE = 32
 KERNEL_DTYPE = torch.bfloat16
 INT4_ROW_BLOCK = 16  # the int4 packing wants output rows in multiples of this
+QUANTIZE_ROWS_PER_BLOCK = 4096
 
 
 @dataclass
@@ -104,11 +105,14 @@ def round_up_to_bf16(x: torch.Tensor) -> torch.Tensor:
 
 
 def quantize_int8(weight: torch.Tensor) -> Int8Weight:
-    """Symmetric per output channel; |w - dequantized| <= scale / 2 for every weight."""
-    w = weight.detach().float()
-    scales = round_up_to_bf16(w.abs().amax(dim=1) / 127).clamp_min(torch.finfo(KERNEL_DTYPE).tiny)
-    codes = torch.round(w / scales.float()[:, None]).clamp_(-127, 127).to(torch.int8)
-    return Int8Weight(codes, scales)
+    """Symmetric per output channel; |w - dequantized| <= scale / 2 for every weight. Rows go a
+    block at a time, which bounds the fp32 temporaries of a large matrix (the embedding)."""
+    parts = []
+    for w in weight.detach().split(QUANTIZE_ROWS_PER_BLOCK):
+        w = w.float()
+        scales = round_up_to_bf16(w.abs().amax(dim=1) / 127).clamp_min(torch.finfo(KERNEL_DTYPE).tiny)
+        parts.append(Int8Weight(torch.round(w / scales.float()[:, None]).clamp_(-127, 127).to(torch.int8), scales))
+    return parts[0] if len(parts) == 1 else cat_rows(parts)
 
 
 def quantize_int4(weight: torch.Tensor, group_size: int) -> Int4Weight:
@@ -197,10 +201,19 @@ def quantized_linear(weight: QuantizedWeight, bias: torch.Tensor | None = None, 
 def check_quantization(name: str, device: torch.device | str = "cpu", group_size: int = DEFAULT_INT4_GROUP_SIZE) -> None:
     if name not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {name!r} (choose from {', '.join(QUANTIZATIONS)})")
-    if name != "none" and torch.device(device).type != "cpu":
+    if name not in ("none", "auto") and torch.device(device).type != "cpu":
         raise ValueError(f"quantization {name} runs on the CPU only for now: use --device cpu, or --quantization none")
     if group_size not in INT4_GROUP_SIZES:
         raise ValueError(f"int4 group size {group_size} is not one of {INT4_GROUP_SIZES}")
+
+
+def automatic_quantization(config, device: torch.device | str) -> str:
+    """What "auto" (the default) picks: on the CPU the fastest format whose speculation is lossless,
+    int4 (int8 when the model's matrices do not split into groups of 32); elsewhere none."""
+    if torch.device(device).type != "cpu":
+        return "none"
+    inputs = (config.hidden_size, config.num_attention_heads * config.head_dim, config.intermediate_size)
+    return "int4" if all(k % DEFAULT_INT4_GROUP_SIZE == 0 for k in inputs) else "int8"
 
 
 def quantize_model(model: nn.Module, name: str, group_size: int = DEFAULT_INT4_GROUP_SIZE) -> nn.Module:
@@ -214,15 +227,20 @@ def quantize_model(model: nn.Module, name: str, group_size: int = DEFAULT_INT4_G
     if any(isinstance(module, PackedLinear) for module in model.modules()):
         raise ValueError("quantize a model before CPU packing: packed linears keep no plain weight")
     model.source_fingerprint = weights_fingerprint(model)
-    linears = {module_name: module for module_name, module in model.named_modules() if isinstance(module, nn.Linear)}
-    # The output head and the embedding stay int8 in the int4 format: int4 there moved the
-    # default model's logits several times more than int4 in every layer did (BENCHMARKS.md).
-    weights = {module_name: quantize_int8(module.weight) if name == "int8" or module_name == "lm_head"
-               else quantize_int4(module.weight, group_size) for module_name, module in linears.items()}
+    linears = [module_name for module_name, module in model.named_modules() if isinstance(module, nn.Linear)]
+    # One matrix at a time, each installed as soon as it is quantized: its dense weight is freed
+    # before the next is read, so the peak memory stays one dense copy of the model.
+    for module_name in linears:
+        linear = model.get_submodule(module_name)
+        # The output head and the embedding stay int8 in the int4 format: int4 there moved the
+        # default model's logits several times more than int4 in every layer did (BENCHMARKS.md).
+        weight = (quantize_int8(linear.weight) if name == "int8" or module_name == "lm_head"
+                  else quantize_int4(linear.weight, group_size))
+        biases = {module_name: linear.bias.detach()} if linear.bias is not None else None
+        install_quantized(model, {module_name: weight}, biases)
     if not model.config.tie_word_embeddings:
-        weights["embed_tokens"] = quantize_int8(model.embed_tokens.weight)
-    biases = {module_name: module.bias.detach() for module_name, module in linears.items() if module.bias is not None}
-    return install_quantized(model, weights, biases)
+        install_quantized(model, {"embed_tokens": quantize_int8(model.embed_tokens.weight)})
+    return model
 
 
 def install_quantized(model: nn.Module, weights: dict[str, QuantizedWeight],

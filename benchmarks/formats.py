@@ -1,0 +1,230 @@
+"""One table per weight format on the default model: speed, memory and quality, next to llama.cpp.
+
+Each format (and llama.cpp) runs in its own child process, so its peak memory is its own; the
+children run round-robin for `--rounds` rounds (speed from every round, the median kept; quality
+from the first). Per format:
+- decode ms per token (dense, greedy, fixed length) and the weight bandwidth it achieves;
+- prefill seconds of a ~1,000-token prompt (real text, the same tokens for every system);
+- peak RSS after loading, decoding and prefilling;
+- quality against fp32: perplexity of held-out text (Spec-Bench prompts, read as plain text, never
+  used to train or tune anything), teacher-forced top-1 agreement with fp32 on that text, greedy
+  agreement (tokens before the first divergence from fp32's greedy output, and outputs identical),
+  and MMLU accuracy (greedy, short answers).
+
+    PYTHONPATH=. python benchmarks/formats.py --formats none,int8,int4,gguf --rounds 2
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from specee.eval.bench import judge, peak_rss_mb, read_bandwidth_gb_s
+from specee.eval.datasets import load_dataset
+
+PREFILL_TOKENS = 1000
+DECODE_PROMPT = "Write a python function that returns the n-th Fibonacci number, with a docstring."
+DECODE_TOKENS = 96
+TEXT_TOKENS = 512  # held-out text scored per prompt
+TEXT_CATEGORIES = ["summarization", "rag", "writing", "roleplay", "stem", "humanities"]
+GREEDY_PROMPTS = 8
+GREEDY_TOKENS = 64
+MMLU_QUESTIONS = 40
+MMLU_TOKENS = 24
+
+
+def held_out_texts(tokenizer) -> list[list[int]]:
+    """One Spec-Bench prompt per category, as plain text (no chat template), cut to TEXT_TOKENS."""
+    prompts = load_dataset("spec-bench", num_prompts=1, categories=TEXT_CATEGORIES)
+    return [tokenizer.encode(p.turns[0])[:TEXT_TOKENS] for p in prompts]
+
+
+def prefill_ids(tokenizer) -> list[int]:
+    """~PREFILL_TOKENS tokens of real text: summarization prompts joined until long enough."""
+    ids: list[int] = []
+    for prompt in load_dataset("spec-bench", categories=["summarization"]):
+        ids += tokenizer.encode(prompt.turns[0])
+        if len(ids) >= PREFILL_TOKENS:
+            return ids[:PREFILL_TOKENS]
+    raise RuntimeError(f"Spec-Bench summarization holds fewer than {PREFILL_TOKENS} tokens")
+
+
+def median_s(fn, repeats: int = 3) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure_ours(quantization: str, inputs: dict, with_quality: bool) -> dict:
+    import specee
+
+    engine = specee.load(quantization=quantization)
+    model, long_prompt = engine.model, inputs["long_prompt"]
+    engine.generate(inputs["decode_prompt"], chat=False, max_tokens=8, ignore_eos=True)  # warm-up
+
+    def decode():
+        return engine.generate(inputs["decode_prompt"], chat=False, max_tokens=DECODE_TOKENS, ignore_eos=True)
+
+    def prefill():
+        with torch.inference_mode():
+            model.prefill(long_prompt, model.new_cache(len(long_prompt)))
+
+    decode_s = statistics.median(decode().stats.decode_s for _ in range(3))
+    result = {"decode_ms": decode_s / (DECODE_TOKENS - 1) * 1e3, "prefill_s": median_s(prefill),
+              "weight_mb": model.weight_bytes / 1e6, "peak_rss_mb": peak_rss_mb()}
+    if with_quality:
+        result["quality"] = quality_of(engine)
+    return result
+
+
+def quality_of(engine) -> dict:
+    """What `measure_ours` reports about the outputs: per-text scores, greedy outputs, MMLU answers."""
+    model, tokenizer = engine.model, engine.tokenizer
+    nll, argmax = [], []
+    with torch.inference_mode():
+        for ids in held_out_texts(tokenizer):
+            logits = model(torch.tensor(ids), torch.arange(len(ids)), model.new_cache(len(ids)))[:-1].float()
+            nll.append(torch.nn.functional.cross_entropy(logits, torch.tensor(ids[1:]), reduction="sum").item())
+            argmax.append(logits.argmax(-1).tolist())
+    greedy = [engine.generate(p.turns[0], max_tokens=GREEDY_TOKENS).token_ids
+              for p in load_dataset("spec-bench", num_prompts=1)[:GREEDY_PROMPTS]]
+    mmlu = [bool(judge(p, engine.generate(p.turns[0], max_tokens=MMLU_TOKENS).text))
+            for p in load_dataset("mmlu", num_prompts=MMLU_QUESTIONS)[:MMLU_QUESTIONS]]
+    return {"nll": nll, "argmax": argmax, "greedy": greedy, "mmlu_correct": sum(mmlu), "mmlu_total": len(mmlu)}
+
+
+def measure_llama_cpp(inputs: dict) -> dict:
+    from llama_cpp import Llama
+
+    from specee.model.loading import default_model_path
+
+    path = default_model_path()
+    threads = torch.get_num_threads()
+    llm = Llama(model_path=str(path), n_ctx=2048, n_threads=threads, n_threads_batch=threads, verbose=False)
+
+    def decode() -> float:
+        llm.reset()
+        llm.eval(inputs["decode_prompt"])
+        start = time.perf_counter()
+        for _ in range(DECODE_TOKENS - 1):
+            llm.eval([llm.sample(top_k=1, temp=0.0)])
+        return time.perf_counter() - start
+
+    def prefill():
+        llm.reset()
+        llm.eval(inputs["long_prompt"])
+
+    decode()  # warm-up
+    decode_s = statistics.median(decode() for _ in range(3))
+    return {"decode_ms": decode_s / (DECODE_TOKENS - 1) * 1e3, "prefill_s": median_s(prefill),
+            "weight_mb": path.stat().st_size / 1e6, "peak_rss_mb": peak_rss_mb()}
+
+
+def child(system: str, inputs_file: str, with_quality: bool) -> None:
+    inputs = json.loads(Path(inputs_file).read_text())
+    result = measure_llama_cpp(inputs) if system == "llama.cpp" else measure_ours(system, inputs, with_quality)
+    print(json.dumps(result))
+
+
+def write_inputs(path: Path) -> None:
+    """The token ids every system runs on, tokenized once here (the children load only a model)."""
+    from specee.model.config import LlamaConfig
+    from specee.model.loading import default_model_path, resolve_model_dir
+    from specee.tokenizer import Tokenizer
+
+    directory = resolve_model_dir(default_model_path())
+    tokenizer = Tokenizer(directory, LlamaConfig.from_file(directory / "config.json").eos_token_ids)
+    path.write_text(json.dumps({"long_prompt": prefill_ids(tokenizer),
+                                "decode_prompt": tokenizer.encode_prompt(DECODE_PROMPT)}))
+
+
+def run_child(system: str, inputs: Path, with_quality: bool) -> dict:
+    command = [sys.executable, __file__, "--child", system, "--inputs", str(inputs)] + (["--quality"] if with_quality else [])
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"{system} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def agreement(reference: list[list[int]], other: list[list[int]]) -> tuple[float, int]:
+    """(mean share of tokens before the first difference, how many sequences are identical)."""
+    shares, same = [], 0
+    for a, b in zip(reference, other):
+        n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        same += a == b
+        shares.append(n / max(len(a), 1))
+    return sum(shares) / len(shares), same
+
+
+def table(results: dict, bandwidth: float) -> str:
+    reference = results.get("none", {}).get("quality")
+    lines = ["| system | weights MB | decode ms/token | tok/s | vs llama.cpp | weights GB/s (machine "
+             f"{bandwidth:.1f}) | prefill {PREFILL_TOKENS} tokens s | vs llama.cpp | peak RSS MB | ppl | "
+             "top-1 = fp32 | greedy before divergence | greedy identical | MMLU |",
+             "|" + "---|" * 14]
+    llama = results.get("llama.cpp")
+    for system, r in results.items():
+        q = r.get("quality")
+        row = [system, f"{r['weight_mb']:.1f}", f"{r['decode_ms']:.2f}", f"{1e3 / r['decode_ms']:.1f}",
+               f"{llama['decode_ms'] / r['decode_ms']:.2f}x" if llama else "-",
+               f"{r['weight_mb'] / r['decode_ms']:.1f}", f"{r['prefill_s']:.2f}",
+               f"{llama['prefill_s'] / r['prefill_s']:.2f}x" if llama else "-", f"{r['peak_rss_mb']:.0f}"]
+        if q:
+            tokens = sum(len(a) for a in q["argmax"])
+            row.append(f"{math.exp(sum(q['nll']) / tokens):.2f}")
+            if reference:
+                top1 = sum(x == y for a, b in zip(reference["argmax"], q["argmax"]) for x, y in zip(a, b)) / tokens
+                share, same = agreement(reference["greedy"], q["greedy"])
+                row += [f"{top1:.3f}", f"{share:.2f}", f"{same}/{len(q['greedy'])}"]
+            else:
+                row += ["-"] * 3
+            row.append(f"{q['mmlu_correct']}/{q['mmlu_total']}")
+        else:
+            row += ["-"] * 5
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--formats", default="none,int8,int4,gguf")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--no-llama-cpp", action="store_true")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--inputs", help=argparse.SUPPRESS)
+    parser.add_argument("--quality", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return child(args.child, args.inputs, args.quality)
+    inputs = Path(tempfile.mkdtemp()) / "inputs.json"
+    write_inputs(inputs)
+    systems = args.formats.split(",") + ([] if args.no_llama_cpp else ["llama.cpp"])
+    runs: dict[str, list[dict]] = {s: [] for s in systems}
+    for round_index in range(args.rounds):
+        for system in systems:
+            runs[system].append(run_child(system, inputs, with_quality=round_index == 0 and system != "llama.cpp"))
+            print(f"round {round_index + 1}: {system} {runs[system][-1]['decode_ms']:.2f} ms/token", file=sys.stderr)
+    results = {}
+    for system, rs in runs.items():
+        results[system] = {key: statistics.median(r[key] for r in rs)
+                           for key in ("decode_ms", "prefill_s", "weight_mb", "peak_rss_mb")}
+        results[system]["quality"] = rs[0].get("quality")
+    bandwidth = read_bandwidth_gb_s()
+    print(table(results, bandwidth))
+    print(json.dumps({"threads": torch.get_num_threads(), "bandwidth_gb_s": bandwidth,
+                      "results": {s: {k: v for k, v in r.items() if k != "quality"} for s, r in results.items()}}))
+
+
+if __name__ == "__main__":
+    main()
