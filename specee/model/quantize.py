@@ -131,12 +131,15 @@ def quantize_int4(weight: torch.Tensor, group_size: int) -> Int4Weight:
     return Int4Weight.from_codes(codes.flatten(1), scales, zeros, group_size)
 
 
+# A decode step calls these 120 times: every op skipped when it would do nothing counts.
 def _kernel_input(x: torch.Tensor, in_features: int) -> torch.Tensor:
-    return x.reshape(-1, in_features).to(KERNEL_DTYPE)  # [rows, K]
+    return (x if x.dim() == 2 else x.reshape(-1, in_features)).to(KERNEL_DTYPE)  # [rows, K]
 
 
 def _finish(out: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    out = out.to(x.dtype).reshape(*x.shape[:-1], -1)
+    out = out.to(x.dtype)
+    if x.dim() != 2:
+        out = out.reshape(*x.shape[:-1], -1)
     return out + bias if bias is not None else out
 
 
@@ -165,7 +168,7 @@ class Int4Linear(nn.Module):
         self.group_size = weight.group_size
         self.bias = bias
         # The packing takes rows in blocks of 16: pad with zero rows, cut from the output.
-        padding = -self.out_features % INT4_ROW_BLOCK
+        padding = self.padded_rows = -self.out_features % INT4_ROW_BLOCK
         codes = F.pad(weight.codes().to(torch.int32), (0, 0, 0, padding), value=8)
         scales, zeros = (F.pad(t, (0, 0, 0, padding)) for t in (weight.scales, weight.zeros))
         # innerKTiles (the 1) is ignored by the CPU packing.
@@ -177,7 +180,7 @@ class Int4Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(_kernel_input(x, self.in_features), self.packed,
                                                          self.group_size, self.scales_and_zeros)
-        return _finish(out[:, : self.out_features], x, self.bias)
+        return _finish(out if self.padded_rows == 0 else out[:, : self.out_features], x, self.bias)
 
 
 class QuantizedEmbedding(nn.Module):

@@ -54,5 +54,7 @@ def rope_angles(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dt
 
 
 def apply_rope(x: torch.Tensor, angles: RopeAngles) -> torch.Tensor:
-    """x: [T, heads, head_dim]. rotate_half(x) * sin == roll(x, half) * sign-folded sin."""
-    return x * angles.cos + x.roll(x.shape[-1] // 2, dims=-1) * angles.sin
+    """x: [T, heads, head_dim]. rotate_half(x) * sin == (x's halves swapped) * sign-folded sin.
+    The swap is a cat of two views: the values of `roll`, in fewer ops."""
+    half = x.shape[-1] // 2
+    return x * angles.cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * angles.sin
