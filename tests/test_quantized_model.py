@@ -43,6 +43,22 @@ def test_the_default_format_on_the_cpu_is_int4(default_engine):
     assert weights_fingerprint(engine.model) == weights_fingerprint(default_engine.model)
 
 
+def test_drafts_are_sized_for_the_weight_format_unless_the_user_sizes_them(engines, default_engine):
+    from specee.decoding.builder import QUANTIZED_CHAIN_LENGTH, QUANTIZED_EAGLE_BUDGET, QUANTIZED_TREE_NODE_COST
+
+    quantized = engines["int4"]
+    assert quantized.strategy("prompt-lookup").num_draft_tokens == QUANTIZED_CHAIN_LENGTH
+    assert quantized.strategy("hybrid", tree="auto").node_cost == QUANTIZED_TREE_NODE_COST
+    assert quantized.strategy("eagle-copy").tree_budget == QUANTIZED_EAGLE_BUDGET
+    assert quantized.strategy("prompt-lookup", num_draft_tokens=7).num_draft_tokens == 7
+    assert quantized.strategy("hybrid", tree="auto", tree_node_cost=0).node_cost == 0
+    assert quantized.strategy("eagle-copy", tree_budget=5).tree_budget == 5
+    dense_eagle = default_engine.artifacts.eagle(None).settings.budget
+    assert default_engine.strategy("prompt-lookup").num_draft_tokens == 8
+    assert default_engine.strategy("hybrid", tree="auto").node_cost == 0
+    assert default_engine.strategy("eagle-copy").tree_budget == dense_eagle != QUANTIZED_EAGLE_BUDGET
+
+
 def prompt_logits(engine, prompt):
     ids = engine.encode(prompt)
     model = engine.model

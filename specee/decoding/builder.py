@@ -167,7 +167,36 @@ def given_or_bundled(path: str | None, bundled: Path, missing: str) -> str | Pat
     return bundled
 
 
+# With quantized weights a pass over 9 rows costs about 2.4x a one-token pass, against 1.2x with
+# dense fp32 ones (BENCHMARKS.md, "Multi-row cost per format"), so drafts are smaller there:
+# shorter chains, tree nodes that must pay for their cost, smaller EAGLE trees. Each value beat
+# the dense defaults on the tuning slice with int4 weights (BENCHMARKS.md, "Speculation on the
+# default format"). Options the user gives win.
+QUANTIZED_CHAIN_LENGTH = 4
+QUANTIZED_TREE_NODE_COST = 0.3
+QUANTIZED_EAGLE_BUDGET = 3
+
+
+def sized_for_weights(model: Transformer, options: dict) -> dict:
+    """`options` with the draft-size defaults of the model's weight format filled in."""
+    if not model.weights_quantized:
+        return options
+    method, tree = options.get("method"), options.get("tree")
+    if method in EAGLE_METHODS:
+        defaults = {"tree_budget": QUANTIZED_EAGLE_BUDGET}
+    elif method == "kangaroo":
+        defaults = {}  # its artifact's gamma and eta
+    elif tree is None:
+        defaults = {"num_draft_tokens": QUANTIZED_CHAIN_LENGTH}
+    elif isinstance(tree, str) and tree.strip() == "auto":
+        defaults = {"tree_node_cost": QUANTIZED_TREE_NODE_COST}
+    else:
+        defaults = {}  # a static tree's size is the user's
+    return defaults | options
+
+
 def build_speculative(artifacts: Artifacts, options: dict) -> Speculative:
+    options = sized_for_weights(artifacts.model, options)
     opts = SpecOptions.from_dict(options)
     opts.check()
     if opts.method in EAGLE_METHODS:

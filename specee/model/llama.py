@@ -184,6 +184,10 @@ class DecoderLayer(nn.Module):
 class Transformer(nn.Module):
     """The pieces: embed(ids), layers[i](h, angles, cache, mask), norm(h), logits(h, rows)."""
 
+    # Set by the quantized formats, whose passes cost far more per extra row than dense ones:
+    # speculation sizes its drafts by it.
+    weights_quantized = False
+
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
         self.config = config

@@ -267,4 +267,5 @@ def install_quantized(model: nn.Module, weights: dict[str, QuantizedWeight],
         model.embed_tokens = QuantizedEmbedding(model.lm_head.quantized, dtype)
     for layer in model.layers:  # the kernels round rows alone; attention must too (lossless speculation)
         layer.self_attn.rows_alone = True
+    model.weights_quantized = True
     return model
