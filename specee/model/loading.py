@@ -113,9 +113,8 @@ def read_weights(directory: Path) -> LoadedWeights:
 
 def fuse_hf_state_dict(hf: dict[str, torch.Tensor], config: LlamaConfig) -> dict[str, torch.Tensor]:
     """Hugging Face names -> ours: drop the `model.` prefix, stack q/k/v and gate/up (tensors,
-    or quantized weights of one format). Empties `hf` as it goes, so each unfused matrix is freed
-    once it is stacked: the peak memory of a load is one copy of the weights, not two."""
-    sd = {k.removeprefix("model."): hf.pop(k) for k in list(hf)}
+    or quantized weights of one format)."""
+    sd = {k.removeprefix("model."): v for k, v in hf.items()}
     out: dict[str, torch.Tensor] = {}
     try:
         for i in range(config.num_hidden_layers):
@@ -137,8 +136,7 @@ def fuse_hf_state_dict(hf: dict[str, torch.Tensor], config: LlamaConfig) -> dict
 
 def build_model(weights: LoadedWeights, dtype: torch.dtype, device: torch.device | str) -> Transformer:
     """The model on `device` in `dtype`. Matrices given as quantized weights (a GGUF file's own
-    blocks) become quantized linears; everything else is loaded as it is. `weights.state_dict` is
-    used up."""
+    blocks) become quantized linears; everything else is loaded as it is."""
     with torch.device("meta"):
         model = Transformer(weights.config)
     state = fuse_hf_state_dict(weights.state_dict, weights.config)
