@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from specee.eval.bench import judge, peak_rss_mb, read_bandwidth_gb_s
+from specee.eval.bench import before_divergence, judge, peak_rss_mb, read_bandwidth_gb_s
 from specee.eval.datasets import load_dataset
 
 PREFILL_TOKENS = 1000
@@ -158,13 +158,9 @@ def run_child(system: str, inputs: Path, with_quality: bool) -> dict:
 
 
 def agreement(reference: list[list[int]], other: list[list[int]]) -> tuple[float, int]:
-    """(mean share of tokens before the first difference, how many sequences are identical)."""
-    shares, same = [], 0
-    for a, b in zip(reference, other):
-        n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-        same += a == b
-        shares.append(n / max(len(a), 1))
-    return sum(shares) / len(shares), same
+    """(mean share of the reference's tokens before the first difference, how many sequences are identical)."""
+    shares = [before_divergence(b, a) for a, b in zip(reference, other)]
+    return sum(shares) / len(shares), sum(a == b for a, b in zip(reference, other))
 
 
 def table(results: dict, bandwidth: float) -> str:
