@@ -1,0 +1,59 @@
+"""Quantized linears on the CPU kernels: int8 activations (one scale per row and block of 32
+inputs, as llama.cpp's Q8 blocks) times the weights' own 4- or 8-bit codes, summed exactly in
+int32 per block. A row's output never depends on the other rows of the call, and a pass over
+several rows reads each weight once (`kernels/cpu_kernels.cpp`).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+LANES = 16  # output features per kernel tile
+BLOCK = 32  # inputs per activation block
+
+
+def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """codes [N, K] unsigned (0..15 for 4 bits, 0..255 for 8) -> [N / 16, K / 32 * block bytes]:
+    per tile of 16 features and block of 32 inputs, 8 steps of [16 lanes x 4 inputs]; 4-bit codes
+    hold steps 0-3 in the low nibbles and 4-7 in the high ones. N is padded to 16 with zeros."""
+    N, K = codes.shape
+    codes = F.pad(codes.to(torch.uint8), (0, 0, 0, -N % LANES))
+    steps = codes.view(-1, LANES, K // BLOCK, 8, 4).permute(0, 2, 3, 1, 4)  # [tiles, blocks, step, lane, 4]
+    if bits == 4:
+        steps = steps[:, :, :4] | (steps[:, :, 4:] << 4)
+    return steps.reshape(steps.shape[0], -1).contiguous()
+
+
+def per_tile(values: torch.Tensor) -> torch.Tensor:
+    """[N, ...] per-feature values -> [N / 16, ..., 16], padded with zeros."""
+    N = values.shape[0]
+    padded = F.pad(values, (0, 0) * (values.dim() - 1) + (0, -N % LANES))
+    return padded.view(-1, LANES, *values.shape[1:]).movedim(1, -1).contiguous()
+
+
+class IntegerLinear(nn.Module):
+    """A quantized matrix as unsigned codes [N, K] with, for 4 bits, a bf16 scale and zero per
+    feature and group of inputs (w = (code - 8) * scale + zero; `scales_zeros` [N, G, 2]) or, for 8
+    bits, an fp32 scale and offset per feature (w = code * scale + offset; [N, 2]). `quantized`
+    keeps the plain weight for row lookups (the tied head and embedding)."""
+
+    def __init__(self, codes: torch.Tensor, scales_zeros: torch.Tensor, bits: int, group_size: int, kernels,
+                 bias: torch.Tensor | None = None, quantized=None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = codes.shape
+        if self.in_features % BLOCK or group_size % BLOCK:
+            raise ValueError(f"in_features {self.in_features} and the group size {group_size} must be multiples of {BLOCK}")
+        self.bits, self.group_size, self.kernels, self.bias, self.quantized = bits, group_size, kernels, bias, quantized
+        self.packed = pack_codes(codes, bits)
+        self.scales_zeros = per_tile(scales_zeros)  # [tiles, G, 2, 16] or [tiles, 2, 16]
+        self.weight_bytes = self.packed.numel() + self.scales_zeros.numel() * self.scales_zeros.element_size()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).to(torch.float32).contiguous()  # [T, K]
+        out = self.kernels.integer_linear(rows, self.packed, self.scales_zeros, self.out_features, self.bits,
+                                          self.group_size).to(x.dtype)
+        if x.dim() != 2:
+            out = out.reshape(*x.shape[:-1], -1)
+        return out + self.bias if self.bias is not None else out
