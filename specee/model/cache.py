@@ -69,6 +69,15 @@ class KVCache:
         self.lengths[layer] = end
         return self.keys[layer, :, :end], self.values[layer, :, :end]
 
+    def extend(self, layer: int, n: int) -> tuple[int, torch.Tensor, torch.Tensor]:
+        """Make room for `n` positions after the layer's filled part and count them as filled, for
+        a kernel that writes them itself. Returns (their first index, the layer's keys and values
+        [kv_heads, capacity, head_dim])."""
+        start = self.lengths[layer]
+        self._reserve(start + n)
+        self.lengths[layer] = start + n
+        return start, self.keys[layer], self.values[layer]
+
     def truncate(self, length: int) -> None:
         """Forget every position at or after `length`, in every layer."""
         self.lengths = [min(n, length) for n in self.lengths]

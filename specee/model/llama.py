@@ -29,10 +29,11 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    # Attend with each new row alone, exactly as a one-token pass over the same keys would, so a
-    # pass over several tokens rounds as one-token passes do. Formats whose matrices give a row
-    # the same bits whatever the rows beside it (the quantized ones) set it: with it their
-    # speculative decoding is token-identical to their dense decoding, at T attention calls a pass.
+    # The CPU kernels (`kernels/`): rotary embedding and cache write in one call, then attention in
+    # which each row walks its visible keys as a one-row call would. Set by `Transformer.use_kernels`.
+    kernels = None
+    # Without the kernels, quantized formats (whose matrices give a row the same bits whatever the
+    # rows beside it) attend with each new row alone, at T attention calls a pass.
     rows_alone = False
 
     def __init__(self, config: LlamaConfig, layer_index: int) -> None:
@@ -53,6 +54,11 @@ class Attention(nn.Module):
         group = nh // nkv
         bias = mask if isinstance(mask, AttentionBias) else AttentionBias(mask, T, group)
         qkv = self.qkv_proj(x)  # [T, (nh + 2 nkv) hd]
+        if self.kernels is not None:
+            start, keys, values = cache.extend(self.layer_index, T)
+            q = self.kernels.rotate_and_store(qkv.float().contiguous(), *angles_rows(angles, T), keys, values, start, nh)
+            out = self.kernels.attention(q, keys, values, *bias.for_kernel(start + T))  # [T, nh * hd]
+            return self.o_proj(out.to(x.dtype))
         qk = apply_rope(qkv[:, : (nh + nkv) * hd].view(T, nh + nkv, hd), angles)
         v = qkv[:, (nh + nkv) * hd :].view(T, nkv, hd)
         keys, values = cache.append(self.layer_index, qk[:, nh:], v)  # [nkv, S, hd]
@@ -87,9 +93,19 @@ class Attention(nn.Module):
         """Append the keys and values of inputs x [T, hidden] without attending."""
         T = x.shape[0]
         nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
+        if self.kernels is not None:  # the keys rotated and rounded exactly as a pass writes them
+            start, keys, values = cache.extend(self.layer_index, T)
+            self.kernels.rotate_and_store(self.qkv_proj(x).float().contiguous(), *angles_rows(angles, T), keys, values,
+                                          start, nh)
+            return
         kv = self.qkv_proj(x)[:, nh * hd :]
         k = apply_rope(kv[:, : nkv * hd].view(T, nkv, hd), angles)
         cache.append(self.layer_index, k, kv[:, nkv * hd :].view(T, nkv, hd))
+
+
+def angles_rows(angles: RopeAngles, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin as the kernels take them: [T, head_dim] fp32."""
+    return angles.cos.reshape(T, -1).float(), angles.sin.reshape(T, -1).float()
 
 
 class AttentionBias:
@@ -107,6 +123,7 @@ class AttentionBias:
         self.repeat = repeat
         self._by_keys: dict[tuple[int, torch.dtype], torch.Tensor] = {}
         self._visible: dict[int, list[int | torch.Tensor]] = {}
+        self._kernel_args: dict[int, tuple] = {}
 
     def for_keys(self, num_keys: int, dtype: torch.dtype, device) -> torch.Tensor | None:
         """The bias over `num_keys` keys (cached ones first), or None when nothing is hidden."""
@@ -118,6 +135,19 @@ class AttentionBias:
             bias = torch.zeros(visible.shape, dtype=dtype, device=device)
             self._by_keys[key] = bias.masked_fill_(~visible, float("-inf"))
         return self._by_keys[key]
+
+    def for_kernel(self, num_keys: int) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+        """The kernels' view of which keys each new token sees among `num_keys`: (visible counts
+        [T] int64, used when there is no mask; the mask over the last K keys [T, K] uint8, or an empty
+        tensor; K's first index; num_keys)."""
+        if num_keys not in self._kernel_args:
+            if self.mask is None:
+                visible = torch.arange(num_keys - self.num_new + 1, num_keys + 1)
+                self._kernel_args[num_keys] = (visible, torch.empty(0, dtype=torch.uint8), 0, num_keys)
+            else:
+                tail = self.mask.to(device="cpu", dtype=torch.uint8).contiguous()
+                self._kernel_args[num_keys] = (torch.empty(0, dtype=torch.long), tail, num_keys - tail.shape[1], num_keys)
+        return self._kernel_args[num_keys]
 
     def visible_keys(self, num_keys: int, device) -> list[int | torch.Tensor]:
         """For each new token, the keys it sees among `num_keys`: a count when they are the first
@@ -198,6 +228,13 @@ class Transformer(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.register_buffer("inv_freq", inverse_frequencies(config), persistent=False)
+
+    def use_kernels(self, kernels) -> None:
+        """Attend through the CPU kernels (`kernels.cpu_kernels()`) where they fit (fp32 cache on the
+        CPU, heads of a multiple of 16); None: through PyTorch's."""
+        fits = self.device.type == "cpu" and self.config.head_dim % 16 == 0
+        for layer in self.layers:
+            layer.self_attn.kernels = kernels if fits else None
 
     @property
     def dtype(self) -> torch.dtype:
