@@ -5,10 +5,12 @@ __version__ = "0.1.0"
 
 
 def load(model=None, dtype: str = "fp32", device: str = "cpu", threads: int | None = None,
-         quantization: str = "auto"):
+         quantization: str = "auto", compile: bool = True):
     """Load a model (GGUF file or Hugging Face directory; the default model when None).
     `quantization`: auto (int4 on the CPU, none on a GPU), none, int8, int4, or gguf (a GGUF file's
-    own quantized tensors); the quantized formats run on the CPU."""
+    own quantized tensors); the quantized formats run on the CPU. `compile`: on the CPU, run on
+    specee's compiled kernels (built once per machine; False: PyTorch's own, slower)."""
     from .engine import load_engine
 
-    return load_engine(model, dtype=dtype, device=device, threads=threads, quantization=quantization)
+    return load_engine(model, dtype=dtype, device=device, threads=threads, quantization=quantization,
+                       compile=compile)

@@ -64,8 +64,9 @@ class Result:
 
 
 def load_engine(model=None, dtype: str = "fp32", device: str = "cpu", threads: int | None = None,
-                quantization: str = "auto") -> "Engine":
-    parts = load_parts(model, dtype=dtype, device=device, threads=threads, quantization=quantization)
+                quantization: str = "auto", compile: bool = True) -> "Engine":
+    parts = load_parts(model, dtype=dtype, device=device, threads=threads, quantization=quantization,
+                       compile=compile)
     return Engine(parts.model, parts.tokenizer, source=parts.source, quantization=parts.quantization)
 
 

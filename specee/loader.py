@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from .model.cpu_packing import pack_linears
+from .model.kernels import cpu_kernels
 from .model.llama import Transformer
 from .model.loading import build_model, default_model_path, read_weights, resolve_model_dir
 from .model.quantize import automatic_quantization, check_quantization, quantize_model
@@ -45,10 +46,11 @@ def parse_device(name: str) -> torch.device:
 
 
 def load_parts(model=None, dtype: str = "fp32", device: str = "cpu", threads: int | None = None,
-               quantization: str = "auto") -> ModelParts:
+               quantization: str = "auto", compile: bool = True) -> ModelParts:
     """`quantization`: auto (int4 on the CPU, none elsewhere: `automatic_quantization`), none,
     int8, int4 (quantize the loaded weights), or gguf (keep a GGUF file's own quantized tensors);
-    the quantized formats run on the CPU."""
+    the quantized formats run on the CPU. `compile`: on the CPU, run on the compiled kernels
+    (`model/kernels/`, built once per machine) where they can be had; False: PyTorch's own."""
     torch_dtype, torch_device = parse_dtype(dtype), parse_device(device)
     check_quantization(quantization, torch_device)
     if threads is not None:
@@ -67,9 +69,11 @@ def load_parts(model=None, dtype: str = "fp32", device: str = "cpu", threads: in
     config = weights.config
     if quantization == "auto":
         quantization = automatic_quantization(config, torch_device)
-    net = build_model(weights, torch_dtype, torch_device)
+    kernels = cpu_kernels() if compile and torch_device.type == "cpu" else None
+    net = build_model(weights, torch_dtype, torch_device, kernels)
     if quantization in ("int8", "int4"):
-        quantize_model(net, quantization)
+        quantize_model(net, quantization, kernels=kernels)
     if torch_device.type == "cpu":
         pack_linears(net)  # the dense matrices left, if any
+    net.use_kernels(kernels)
     return ModelParts(net, Tokenizer(directory, config.eos_token_ids), source, quantization)

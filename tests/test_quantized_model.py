@@ -13,12 +13,13 @@ PROMPTS = [
     "Describe the water cycle in detail.",
     "Summarize the plot of Romeo and Juliet in three sentences.",
 ]
-# Measured against fp32 on PROMPTS' tokens (BENCHMARKS.md has the figures), with some room.
-# int8 is per channel over weights that came from 4-bit groups of 32: its steps are coarse.
+# Measured against fp32 on PROMPTS' tokens with the CPU kernels' int8 activations (BENCHMARKS.md
+# has the figures), with some room. int8 is per channel over weights that came from 4-bit groups
+# of 32: its steps are coarse.
 LOGIT_TOLERANCE = {  # format: (largest |logit difference|, least top-1 agreement)
     "int8": (4.5, 0.90),
-    "int4": (2.5, 0.97),
-    "gguf": (2.0, 0.90),
+    "int4": (2.5, 0.94),
+    "gguf": (2.75, 0.90),
 }
 COPY_PROMPT = "Repeat the following sentence exactly: The committee approved the budget for the new library."
 SPECULATIVE = {
@@ -34,11 +35,12 @@ def engines():
 
 def test_the_default_format_on_the_cpu_is_int4(default_engine):
     from specee.model.fingerprint import weights_fingerprint
-    from specee.model.quantize import Int4Linear
+    from specee.model.integer_linear import IntegerLinear
 
     engine = specee.load()
     assert engine.quantization == "int4"
-    assert isinstance(engine.model.layers[0].mlp.down_proj, Int4Linear)
+    down = engine.model.layers[0].mlp.down_proj
+    assert isinstance(down, IntegerLinear) and down.bits == 4 and down.group_size == 32
     # What was trained for the dense weights (the bundled drafters and predictors) loads on it.
     assert weights_fingerprint(engine.model) == weights_fingerprint(default_engine.model)
 

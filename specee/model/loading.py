@@ -134,9 +134,9 @@ def fuse_hf_state_dict(hf: dict[str, torch.Tensor], config: LlamaConfig) -> dict
     return out
 
 
-def build_model(weights: LoadedWeights, dtype: torch.dtype, device: torch.device | str) -> Transformer:
+def build_model(weights: LoadedWeights, dtype: torch.dtype, device: torch.device | str, kernels=None) -> Transformer:
     """The model on `device` in `dtype`. Matrices given as quantized weights (a GGUF file's own
-    blocks) become quantized linears; everything else is loaded as it is."""
+    blocks) become quantized linears (on `kernels` when given); everything else is loaded as it is."""
     with torch.device("meta"):
         model = Transformer(weights.config)
     state = fuse_hf_state_dict(weights.state_dict, weights.config)
@@ -144,7 +144,7 @@ def build_model(weights: LoadedWeights, dtype: torch.dtype, device: torch.device
                  if not isinstance(state[name], torch.Tensor)}
     if quantized:
         biases = {name: state.pop(f"{name}.bias") for name in quantized if f"{name}.bias" in state}
-        install_quantized(model, quantized, biases, dtype)
+        install_quantized(model, quantized, biases, dtype, kernels)
     tied = weights.config.tie_word_embeddings and "embed_tokens" not in quantized
     expected = set(model.state_dict().keys())
     if tied:

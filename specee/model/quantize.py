@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .cpu_packing import PackedLinear
+from .integer_linear import BLOCK as INPUT_BLOCK, IntegerLinear
 from .fingerprint import weights_fingerprint
 
 QUANTIZATIONS = ("auto", "none", "int8", "int4", "gguf")
@@ -195,7 +196,19 @@ class QuantizedEmbedding(nn.Module):
         return self.quantized.dequantize(ids.flatten()).to(self.dtype).view(*ids.shape, -1)  # [T, hidden]
 
 
-def quantized_linear(weight: QuantizedWeight, bias: torch.Tensor | None = None, keep_rows: bool = False) -> nn.Module:
+def quantized_linear(weight: QuantizedWeight, bias: torch.Tensor | None = None, keep_rows: bool = False,
+                     kernels=None) -> nn.Module:
+    """The linear for `weight`: on the CPU kernels (int8 activations, rows independent) when given,
+    else on aten's weight-only kernels (bf16 activations)."""
+    in_features = weight.codes.shape[1] if isinstance(weight, Int8Weight) else weight.nibbles.shape[1] * 2
+    if kernels is not None and in_features % INPUT_BLOCK == 0:
+        quantized = weight if keep_rows else None
+        if isinstance(weight, Int8Weight):
+            scales = weight.scales.float()  # w = (code + 128) * s - 128 s
+            return IntegerLinear((weight.codes.to(torch.int16) + 128).to(torch.uint8), torch.stack((scales, -128 * scales), dim=-1),
+                                 8, 0, kernels, bias, quantized)
+        return IntegerLinear(weight.codes(), torch.stack((weight.scales, weight.zeros), dim=-1), 4, weight.group_size,
+                             kernels, bias, quantized)
     if isinstance(weight, Int8Weight):
         return Int8Linear(weight, bias)
     return Int4Linear(weight, bias, keep_rows)
@@ -219,9 +232,10 @@ def automatic_quantization(config, device: torch.device | str) -> str:
     return "int4" if all(k % DEFAULT_INT4_GROUP_SIZE == 0 for k in inputs) else "int8"
 
 
-def quantize_model(model: nn.Module, name: str, group_size: int = DEFAULT_INT4_GROUP_SIZE) -> nn.Module:
+def quantize_model(model: nn.Module, name: str, group_size: int = DEFAULT_INT4_GROUP_SIZE, kernels=None) -> nn.Module:
     """Replace every nn.Linear of a built (unpacked) CPU model, and its embedding, by `name`'s
-    quantized form, in place: "int8" or "int4" ("none" leaves the model as it is)."""
+    quantized form, in place: "int8" or "int4" ("none" leaves the model as it is). With `kernels`
+    (the CPU kernels) the linears take int8 activations; without, aten's bf16 ones."""
     check_quantization(name, model.device, group_size)
     if name == "gguf":
         raise ValueError("gguf keeps a GGUF file's own quantized tensors: it is chosen when loading the file")
@@ -240,32 +254,34 @@ def quantize_model(model: nn.Module, name: str, group_size: int = DEFAULT_INT4_G
         weight = (quantize_int8(linear.weight) if name == "int8" or module_name == "lm_head"
                   else quantize_int4(linear.weight, group_size))
         biases = {module_name: linear.bias.detach()} if linear.bias is not None else None
-        install_quantized(model, {module_name: weight}, biases)
+        install_quantized(model, {module_name: weight}, biases, kernels=kernels)
     if not model.config.tie_word_embeddings:
-        install_quantized(model, {"embed_tokens": quantize_int8(model.embed_tokens.weight)})
+        install_quantized(model, {"embed_tokens": quantize_int8(model.embed_tokens.weight)}, kernels=kernels)
     return model
 
 
 def install_quantized(model: nn.Module, weights: dict[str, QuantizedWeight],
-                      biases: dict[str, torch.Tensor] | None = None, dtype: torch.dtype | None = None) -> nn.Module:
+                      biases: dict[str, torch.Tensor] | None = None, dtype: torch.dtype | None = None,
+                      kernels=None) -> nn.Module:
     """Put quantized linears in place of the modules named in `weights` ("layers.0.mlp.down_proj",
     "lm_head", "embed_tokens"), with `biases` by the same names; outputs come in `dtype` (default:
     the model's). With tied embeddings the one matrix is the output head, and the embedding reads
-    its rows."""
+    its rows. `kernels`: see `quantized_linear`."""
     dtype = dtype or model.norm.weight.dtype
     tied = model.config.tie_word_embeddings
     for module_name, weight in weights.items():
         if module_name == "embed_tokens":
             if tied:
-                model.lm_head = quantized_linear(weight, keep_rows=True)
+                model.lm_head = quantized_linear(weight, keep_rows=True, kernels=kernels)
             model.embed_tokens = QuantizedEmbedding(weight, dtype)
         else:
             bias = (biases or {}).get(module_name)
-            linear = quantized_linear(weight, None if bias is None else bias.to(dtype), keep_rows=module_name == "lm_head")
+            linear = quantized_linear(weight, None if bias is None else bias.to(dtype), keep_rows=module_name == "lm_head",
+                                      kernels=kernels)
             model.set_submodule(module_name, linear)
     if tied and "lm_head" in weights:
         model.embed_tokens = QuantizedEmbedding(model.lm_head.quantized, dtype)
-    for layer in model.layers:  # the kernels round rows alone; attention must too (lossless speculation)
+    for layer in model.layers:  # aten's kernels round rows alone; so must attention without the CPU kernels
         layer.self_attn.rows_alone = True
     model.weights_quantized = True
     return model

@@ -1,0 +1,115 @@
+"""Batch invariance of the whole forward on the CPU kernels: in every weight format, each row of a
+pass over a chain or a tree of 1..32 new tokens gets exactly the logits a one-token pass over its
+path gives. Lossless speculation (and a server batching requests) rests on it."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from helpers import tiny_hf_model
+from specee.model.config import LlamaConfig
+from specee.model.cpu_packing import pack_linears
+from specee.model.kernels import cpu_kernels
+from specee.model.loading import LoadedWeights, build_model
+from specee.model.quantize import quantize_model
+
+FORMATS = ["none", "int8", "int4"]
+
+
+def kernel_model(quantization: str, seed: int = 0, dtype=torch.float32):
+    """A tiny random model on the CPU kernels (matrices whose inputs split into blocks of 32)."""
+    kernels = cpu_kernels()
+    assert kernels is not None
+    hf = tiny_hf_model(seed, intermediate_size=128, vocab_size=160)
+    config = LlamaConfig.from_dict(hf.config.to_dict())
+    state = {k: v.detach().clone() for k, v in hf.state_dict().items()}
+    model = build_model(LoadedWeights(config, state, None), dtype, "cpu", kernels)
+    quantize_model(model, quantization, kernels=kernels)
+    pack_linears(model)
+    model.use_kernels(kernels)
+    return model
+
+
+def random_tree(rng: random.Random, size: int, chain: bool) -> list[int]:
+    """Parents of `size` draft nodes in layout order (-1: a child of the last committed token)."""
+    return [i - 1 for i in range(size)] if chain else [rng.randrange(-1, i) for i in range(size)]
+
+
+def paths(parents: list[int]) -> list[list[int]]:
+    """For each node, the nodes from the root down to it."""
+    found = []
+    for node in range(len(parents)):
+        path = []
+        while node >= 0:
+            path.append(node)
+            node = parents[node]
+        found.append(path[::-1])
+    return found
+
+
+def tree_pass(model, prefix: list[int], tokens: list[int], parents: list[int]) -> torch.Tensor:
+    """Logits of every node of a draft tree, verified in one pass after `prefix`: [T, vocab]."""
+    node_paths = paths(parents)
+    mask = torch.zeros(len(tokens), len(tokens), dtype=torch.bool)
+    for node, path in enumerate(node_paths):
+        mask[node, path] = True
+    positions = torch.tensor([len(prefix) + len(path) - 1 for path in node_paths])
+    cache = model.new_cache(len(prefix) + len(tokens))
+    with torch.inference_mode():
+        model(torch.tensor(prefix), torch.arange(len(prefix)), cache)
+        return model(torch.tensor(tokens), positions, cache, mask)
+
+
+def one_token_passes(model, prefix: list[int], path_tokens: list[int]) -> torch.Tensor:
+    """The logits after the last of `path_tokens`, fed one per pass after `prefix`: [vocab]."""
+    cache = model.new_cache(len(prefix) + len(path_tokens))
+    with torch.inference_mode():
+        model(torch.tensor(prefix), torch.arange(len(prefix)), cache)
+        for offset, token in enumerate(path_tokens):
+            logits = model(torch.tensor([token]), torch.tensor([len(prefix) + offset]), cache)
+    return logits[0]
+
+
+def check_rows(model, rng: random.Random, sizes, vocab: int) -> int:
+    """Checks chains and trees of each size; returns how many rows were compared."""
+    compared = 0
+    for size in sizes:
+        for chain in (True, False):
+            prefix = [rng.randrange(vocab) for _ in range(rng.randrange(1, 40))]
+            tokens = [rng.randrange(vocab) for _ in range(size)]
+            parents = random_tree(rng, size, chain)
+            together = tree_pass(model, prefix, tokens, parents)
+            for node, path in enumerate(paths(parents)):
+                alone = one_token_passes(model, prefix, [tokens[i] for i in path])
+                assert torch.equal(together[node], alone), f"{'chain' if chain else 'tree'} of {size}, row {node}"
+                compared += 1
+    return compared
+
+
+@pytest.mark.parametrize("quantization", FORMATS)
+def test_every_row_of_a_pass_equals_its_one_token_pass(quantization):
+    model = kernel_model(quantization)
+    rng = random.Random(quantization)
+    compared = check_rows(model, rng, sizes=list(range(1, 33)), vocab=model.config.vocab_size)
+    assert compared == 2 * sum(range(1, 33))
+
+
+def test_rows_differ_between_paths_so_the_check_has_teeth():
+    """Two different paths give different logits: equality above is not a constant model."""
+    model = kernel_model("int4")
+    a = one_token_passes(model, [1, 2, 3], [4, 5])
+    b = one_token_passes(model, [1, 2, 3], [4, 6])
+    assert not torch.equal(a, b)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("quantization", ["int4", "gguf", "int8", "none"])
+def test_every_row_equals_its_one_token_pass_on_the_default_model(quantization):
+    import specee
+
+    model = specee.load(quantization=quantization).model
+    assert model.layers[0].self_attn.kernels is not None
+    rng = random.Random(quantization)
+    check_rows(model, rng, sizes=[1, 2, 5, 9, 16, 32], vocab=model.config.vocab_size)
