@@ -49,6 +49,9 @@ def _add_model_options(p: argparse.ArgumentParser, default_quantization: str = "
                    help="weights: auto (int4 on the CPU, none on a GPU), none (dense --dtype), int8 (per channel), int4 "
                         "(groups of 32; head int8) or gguf (the GGUF file's own Q4_0/Q4_1/Q8_0 blocks); the quantized "
                         f"formats run on the CPU (default {default_quantization})")
+    p.add_argument("--no-compile", dest="compile", action="store_false",
+                   help="run on PyTorch's own CPU kernels instead of specee's compiled ones (built once per machine "
+                        "into the cache folder): slower, and its greedy tokens may differ from the compiled run's")
 
 
 def _add_sampling_options(p: argparse.ArgumentParser) -> None:
@@ -357,6 +360,7 @@ def cmd_bench_serve(args) -> int:
                               max_tokens=args.max_tokens, modes=args.modes.split(","), url=args.url, out=Path(args.out))
     model_flags = [f"--{name}={value}" for name, value in (("model", args.model), ("dtype", args.dtype),
                                                           ("device", args.device), ("threads", args.threads)) if value]
+    model_flags += [] if args.compile else ["--no-compile"]
     run_serve_bench(_load(args), config, model_flags)
     return 0
 
@@ -414,7 +418,8 @@ def _validate_model_options(args) -> None:
 def _load(args):
     from . import load
 
-    return load(args.model, dtype=args.dtype, device=args.device, threads=args.threads, quantization=args.quantization)
+    return load(args.model, dtype=args.dtype, device=args.device, threads=args.threads, quantization=args.quantization,
+                compile=args.compile)
 
 
 def _load_off_main_thread(args):
@@ -428,11 +433,12 @@ def _load_off_main_thread(args):
         return pool.submit(_load, args).result()
 
 
-def _speed_line(result, weights: str) -> str:
+def _speed_line(result, engine) -> str:
     s = result.stats
+    kernels = "compiled kernels" if engine.model.uses_kernels else "PyTorch kernels"
     speculative = f"; {s.mean_acceptance_length:.2f} tokens per target pass" if s.accept_lengths else ""
     return (
-        f"[{weights} weights; {result.prompt_tokens} prompt tokens, prefill {s.prefill_s:.2f} s; {result.completion_tokens} tokens "
+        f"[{engine.quantization} weights, {kernels}; {result.prompt_tokens} prompt tokens, prefill {s.prefill_s:.2f} s; {result.completion_tokens} tokens "
         f"in {s.decode_s:.2f} s = {s.tokens_per_s:.1f} tokens/s{speculative}; finish: {result.finish_reason}]"
     )
 
@@ -461,7 +467,7 @@ def cmd_generate(args) -> int:
         sys.stdout.flush()
     result = stream.result
     sys.stdout.write("\n")
-    print(_speed_line(result, engine.quantization), file=sys.stderr)
+    print(_speed_line(result, engine), file=sys.stderr)
     if args.json:
         print(json.dumps(result.to_dict()))
     return 0
@@ -485,7 +491,7 @@ def cmd_chat(args) -> int:
             sys.stdout.write(event.text)
             sys.stdout.flush()
         sys.stdout.write("\n")
-        print(_speed_line(stream.result, engine.quantization), file=sys.stderr)
+        print(_speed_line(stream.result, engine), file=sys.stderr)
         messages.append({"role": "assistant", "content": stream.result.text})
     return 0
 

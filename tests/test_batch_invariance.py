@@ -113,3 +113,19 @@ def test_every_row_equals_its_one_token_pass_on_the_default_model(quantization):
     assert model.layers[0].self_attn.kernels is not None
     rng = random.Random(quantization)
     check_rows(model, rng, sizes=[1, 2, 5, 9, 16, 32], vocab=model.config.vocab_size)
+
+
+@pytest.mark.slow
+def test_eager_fp32_decodes_the_compiled_tokens(default_engine):
+    """`compile=False` (PyTorch's kernels) on dense fp32 weights: the compiled run's tokens. The
+    quantized formats' eager path rounds activations to bf16 where the kernels take int8 blocks,
+    so there its tokens are its own (lossless among themselves: test_quantized_model.py)."""
+    import specee
+
+    from test_speculative_lossless import PROMPTS
+
+    eager = specee.load(quantization="none", compile=False)
+    assert default_engine.model.uses_kernels and not eager.model.uses_kernels
+    for prompt in PROMPTS[:4]:
+        expected = default_engine.generate(prompt, max_tokens=64, ignore_eos=True).token_ids
+        assert eager.generate(prompt, max_tokens=64, ignore_eos=True).token_ids == expected, prompt

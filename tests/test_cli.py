@@ -50,11 +50,14 @@ def test_the_weight_format_defaults_to_auto_and_training_to_dense_weights():
         assert parser.parse_args(["train", artifact, "--out", "x.pt"]).quantization == "none"
 
 
-def test_the_speed_line_names_the_weight_format_that_ran(capsys):
-    code, _, err = run_main(capsys, "generate", "hello", "--max-tokens", "2")
-    assert code == 0 and "[int4 weights;" in err
+def test_the_speed_line_names_the_weight_format_and_kernels_that_ran(capsys):
+    code, out, err = run_main(capsys, "generate", "hello", "--max-tokens", "8")
+    assert code == 0 and "[int4 weights, compiled kernels;" in err
+    compiled = out
+    code, out, err = run_main(capsys, "generate", "hello", "--max-tokens", "8", "--no-compile")
+    assert code == 0 and "[int4 weights, PyTorch kernels;" in err and out.strip()
     code, _, err = run_main(capsys, "generate", "hello", "--max-tokens", "2", "--quantization", "gguf")
-    assert code == 0 and "[gguf weights;" in err
+    assert code == 0 and "[gguf weights, compiled kernels;" in err
 
 
 def test_quantization_on_cuda_says_it_is_cpu_only(capsys, monkeypatch):
