@@ -1,7 +1,8 @@
 """The default model in each quantized format: logits close to fp32, and speculative decoding
-token-identical to dense decoding in the same format. That rests on every row of a multi-token
-pass rounding as a one-token pass would: the int8/int4 kernels give a row the same bits whatever
-the rows beside it, and in these formats attention runs each new row alone (test_quantize.py)."""
+token-identical to dense decoding in the same format, on the compiled kernels and on PyTorch's
+(`compile=False`, "int4:eager"). That rests on every row of a multi-token pass rounding as a
+one-token pass would: the kernels give a row the same bits whatever the rows beside it
+(test_batch_invariance.py); on PyTorch's, attention runs each new row alone (test_quantize.py)."""
 import pytest
 import torch
 
@@ -28,9 +29,13 @@ SPECULATIVE = {
 }
 
 
+EAGER = "int4:eager"  # the default format on PyTorch's own kernels
+
+
 @pytest.fixture(scope="module")
 def engines():
-    return {name: specee.load(quantization=name) for name in FORMATS}
+    return {name: specee.load(quantization=name) for name in FORMATS} | {
+        EAGER: specee.load(quantization="int4", compile=False)}
 
 
 def test_the_default_format_on_the_cpu_is_int4(default_engine):
@@ -45,20 +50,21 @@ def test_the_default_format_on_the_cpu_is_int4(default_engine):
     assert weights_fingerprint(engine.model) == weights_fingerprint(default_engine.model)
 
 
-def test_drafts_are_sized_for_the_weight_format_unless_the_user_sizes_them(engines, default_engine):
+def test_drafts_are_sized_for_what_a_row_costs_unless_the_user_sizes_them(engines, default_engine):
     from specee.decoding.builder import QUANTIZED_CHAIN_LENGTH, QUANTIZED_EAGLE_BUDGET, QUANTIZED_TREE_NODE_COST
 
-    quantized = engines["int4"]
-    assert quantized.strategy("prompt-lookup").num_draft_tokens == QUANTIZED_CHAIN_LENGTH
-    assert quantized.strategy("hybrid", tree="auto").node_cost == QUANTIZED_TREE_NODE_COST
-    assert quantized.strategy("eagle-copy").tree_budget == QUANTIZED_EAGLE_BUDGET
-    assert quantized.strategy("prompt-lookup", num_draft_tokens=7).num_draft_tokens == 7
-    assert quantized.strategy("hybrid", tree="auto", tree_node_cost=0).node_cost == 0
-    assert quantized.strategy("eagle-copy", tree_budget=5).tree_budget == 5
+    costly = engines[EAGER]  # aten's int4 kernel re-reads the weights for every 4 rows
+    assert costly.strategy("prompt-lookup").num_draft_tokens == QUANTIZED_CHAIN_LENGTH
+    assert costly.strategy("hybrid", tree="auto").node_cost == QUANTIZED_TREE_NODE_COST
+    assert costly.strategy("eagle-copy").tree_budget == QUANTIZED_EAGLE_BUDGET
+    assert costly.strategy("prompt-lookup", num_draft_tokens=7).num_draft_tokens == 7
+    assert costly.strategy("hybrid", tree="auto", tree_node_cost=0).node_cost == 0
+    assert costly.strategy("eagle-copy", tree_budget=5).tree_budget == 5
     dense_eagle = default_engine.artifacts.eagle(None).settings.budget
-    assert default_engine.strategy("prompt-lookup").num_draft_tokens == 8
-    assert default_engine.strategy("hybrid", tree="auto").node_cost == 0
-    assert default_engine.strategy("eagle-copy").tree_budget == dense_eagle != QUANTIZED_EAGLE_BUDGET
+    for flat in (default_engine, engines["int4"]):  # near-flat passes: the dense defaults
+        assert flat.strategy("prompt-lookup").num_draft_tokens == 8
+        assert flat.strategy("hybrid", tree="auto").node_cost == 0
+        assert flat.strategy("eagle-copy").tree_budget == dense_eagle != QUANTIZED_EAGLE_BUDGET
 
 
 def prompt_logits(engine, prompt):
@@ -106,7 +112,7 @@ def speculative_runs(engine, prompts, max_tokens, configs=SPECULATIVE) -> dict[s
     return found
 
 
-@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize("name", FORMATS + (EAGER,))
 def test_speculative_decoding_is_lossless_in_every_format(engines, name):
     for config, (identical, accepted) in speculative_runs(engines[name], [COPY_PROMPT], 24).items():
         assert identical == 1 and accepted > 0, f"{config}: identical {identical}, accepted {accepted}"
@@ -140,7 +146,7 @@ EVERY_METHOD = {
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize("name", FORMATS + (EAGER,))
 def test_every_speculative_method_equals_dense_on_ten_prompts(engines, name):
     from test_speculative_lossless import MAX_TOKENS, PROMPTS as TEN_PROMPTS
 

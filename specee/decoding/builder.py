@@ -167,19 +167,19 @@ def given_or_bundled(path: str | None, bundled: Path, missing: str) -> str | Pat
     return bundled
 
 
-# With quantized weights a pass over 9 rows costs about 2.4x a one-token pass, against 1.2x with
-# dense fp32 ones (BENCHMARKS.md, "Multi-row cost per format"), so drafts are smaller there:
-# shorter chains, tree nodes that must pay for their cost, smaller EAGLE trees. Each value beat
-# the dense defaults on the tuning slice with int4 weights (BENCHMARKS.md, "Speculation on the
-# default format"). Options the user gives win.
+# Where one more verified row costs at least COSTLY_ROW of a one-token pass (the model says, as
+# `extra_row_cost`), drafts are smaller: shorter chains, tree nodes that must pay for their cost,
+# smaller EAGLE trees. Each value beat the defaults tuned on near-flat passes on a tuning slice
+# (BENCHMARKS.md, "Draft sizes for quantized weights"). Options the user gives win.
+COSTLY_ROW = 0.1
 QUANTIZED_CHAIN_LENGTH = 4
 QUANTIZED_TREE_NODE_COST = 0.3
 QUANTIZED_EAGLE_BUDGET = 3
 
 
 def sized_for_weights(model: Transformer, options: dict) -> dict:
-    """`options` with the draft-size defaults of the model's weight format filled in."""
-    if not model.weights_quantized:
+    """`options` with the draft-size defaults for what the model's extra rows cost filled in."""
+    if model.extra_row_cost < COSTLY_ROW:
         return options
     method, tree = options.get("method"), options.get("tree")
     if method in EAGLE_METHODS:

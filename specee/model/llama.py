@@ -214,9 +214,10 @@ class DecoderLayer(nn.Module):
 class Transformer(nn.Module):
     """The pieces: embed(ids), layers[i](h, angles, cache, mask), norm(h), logits(h, rows)."""
 
-    # Set by the quantized formats, whose passes cost far more per extra row than dense ones:
-    # speculation sizes its drafts by it.
-    weights_quantized = False
+    # What one more row of a pass costs, as a fraction of a one-token pass: speculation sizes its
+    # drafts by it. Dense weights read once for all rows (BENCHMARKS.md, "Multi-row cost per
+    # format"); the quantized formats set their own.
+    extra_row_cost = 0.03
 
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
@@ -235,6 +236,11 @@ class Transformer(nn.Module):
         fits = self.device.type == "cpu" and self.config.head_dim % 16 == 0
         for layer in self.layers:
             layer.self_attn.kernels = kernels if fits else None
+
+    @property
+    def uses_kernels(self) -> bool:
+        """Whether passes run on specee's compiled CPU kernels (`use_kernels`)."""
+        return self.layers[0].self_attn.kernels is not None
 
     @property
     def dtype(self) -> torch.dtype:

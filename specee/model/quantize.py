@@ -2,18 +2,20 @@
 (and its embedding) by quantized ones, in place, as gpt-fast does.
 
 Formats:
-- int8: per-output-channel symmetric, w = code * scale, through `aten._weight_int8pack_mm`.
-- int4: group-wise with zero points along the input features,
-  w = (code - 8) * scale + zero, through `aten._weight_int4pack_mm_for_cpu`; the output head and
-  the embedding stay int8.
+- int8: per-output-channel symmetric, w = code * scale.
+- int4: group-wise with zero points along the input features, w = (code - 8) * scale + zero; the
+  output head and the embedding stay int8.
 
-Both kernels take bf16 activations and bf16 scales (their fp32 paths were 7-14 tok/s here). So the
-quantized linears round their input to bf16, the kernel accumulates in fp32 and rounds its output
-to bf16, and the result is cast back to the model's dtype: that is the only bf16 rounding; norms,
-residuals, attention and the KV cache keep the model's dtype. Each kernel gives a row the same
-bits whatever the number of rows in the pass, and quantized models attend with each row alone
-(`Attention.rows_alone`), so speculation is lossless in these formats (README, "Where lossless
-holds").
+Two ways to run them:
+- With the CPU kernels (`kernels/`, the default): `IntegerLinear` rounds each row's activations to
+  int8 in blocks of 32 and sums code products exactly in integers, so a row's result never depends
+  on the rows beside it, and a pass over 9 rows reads each weight once.
+- Without (`compile=False`): aten's `_weight_int8pack_mm` and `_weight_int4pack_mm_for_cpu`, which
+  take bf16 activations and scales; the result is cast back to the model's dtype. Each gives a row
+  the same bits whatever the number of rows, and attention then runs each new row alone
+  (`Attention.rows_alone`).
+Either way speculation is lossless in these formats (README, "Where lossless holds"); norms,
+residuals, attention and the KV cache keep the model's dtype.
 """
 from __future__ import annotations
 
@@ -28,6 +30,9 @@ from .integer_linear import BLOCK as INPUT_BLOCK, IntegerLinear
 from .fingerprint import weights_fingerprint
 
 QUANTIZATIONS = ("auto", "none", "int8", "int4", "gguf")
+# One more row of a pass, as a fraction of a one-token pass (BENCHMARKS.md, "Multi-row cost per
+# format"): the CPU kernels read a weight tile once for 8 rows, aten's re-read it for every 4.
+KERNEL_ROW_COST, ATEN_ROW_COST = 0.07, 0.17
 INT4_GROUP_SIZES = (32, 64, 128)
 # The default model comes as Q4_1 (groups of 32): groups of 32 keep its values almost exactly,
 # groups of 64 cannot, and moved its logits far more (BENCHMARKS.md).
@@ -283,5 +288,5 @@ def install_quantized(model: nn.Module, weights: dict[str, QuantizedWeight],
         model.embed_tokens = QuantizedEmbedding(model.lm_head.quantized, dtype)
     for layer in model.layers:  # aten's kernels round rows alone; so must attention without the CPU kernels
         layer.self_attn.rows_alone = True
-    model.weights_quantized = True
+    model.extra_row_cost = KERNEL_ROW_COST if kernels is not None else ATEN_ROW_COST
     return model
