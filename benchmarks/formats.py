@@ -11,7 +11,9 @@ from the first). Per format:
   agreement (tokens before the first divergence from fp32's greedy output, and outputs identical),
   and MMLU accuracy (greedy, short answers).
 
-    PYTHONPATH=. python benchmarks/formats.py --formats none,int8,int4,gguf --rounds 2
+A format runs on specee's compiled CPU kernels; "<format>:eager" runs it on PyTorch's own.
+
+    PYTHONPATH=. python benchmarks/formats.py --formats none,int8,int4,gguf,int4:eager --rounds 2
 """
 from __future__ import annotations
 
@@ -66,10 +68,12 @@ def median_s(fn, repeats: int = 3) -> float:
     return statistics.median(times)
 
 
-def measure_ours(quantization: str, inputs: dict, with_quality: bool) -> dict:
+def measure_ours(system: str, inputs: dict, with_quality: bool) -> dict:
+    """`system`: a format, on the compiled kernels, or "<format>:eager" on PyTorch's own."""
     import specee
 
-    engine = specee.load(quantization=quantization)
+    quantization, _, path = system.partition(":")
+    engine = specee.load(quantization=quantization, compile=path != "eager")
     model, long_prompt = engine.model, inputs["long_prompt"]
     engine.generate(inputs["decode_prompt"], chat=False, max_tokens=8, ignore_eos=True)  # warm-up
 

@@ -1,11 +1,11 @@
 """What a pass over T tokens costs relative to one, per weight format, on the default model.
 
-Speculation verifies 5-17 tokens per pass; it pays only if such a pass costs little more than a
-one-token pass. For each format this times passes over T new tokens (causal, after a prompt
-already in the cache, the cache rewound after each pass) and prints ms per pass and the ratio
-to T = 1, then one JSON line. int4 runs once per group size given.
+Speculation verifies 2-17 tokens per pass; it pays only if such a pass costs little more than a
+one-token pass. For each format, on specee's compiled CPU kernels and on PyTorch's own (`eager`),
+this times passes over T new tokens (causal, after a prompt already in the cache, the cache
+rewound after each pass) and prints ms per pass and the ratio to T = 1, then one JSON line.
 
-    python benchmarks/multirow_cost.py --formats none,int8,int4,gguf --group-sizes 32,64
+    python benchmarks/multirow_cost.py --formats none,int8,int4,gguf --paths compiled,eager
 """
 from __future__ import annotations
 
@@ -17,13 +17,6 @@ import time
 import torch
 
 from specee.loader import load_parts
-from specee.model.loading import build_model, default_model_path, read_weights, resolve_model_dir
-from specee.model.quantize import quantize_model
-
-
-def int4_model(group_size: int):
-    model = build_model(read_weights(resolve_model_dir(default_model_path())), torch.float32, "cpu")
-    return quantize_model(model, "int4", group_size)
 
 
 def pass_ms(model, context: int, tokens: int, repeats: int) -> float:
@@ -45,27 +38,23 @@ def pass_ms(model, context: int, tokens: int, repeats: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--formats", default="none,int8,int4,gguf")
-    parser.add_argument("--group-sizes", default="32", help="int4 group sizes to time (default 32)")
-    parser.add_argument("--tokens", default="1,5,9,16")
+    parser.add_argument("--paths", default="compiled,eager", help="compiled (specee's kernels), eager (PyTorch's)")
+    parser.add_argument("--tokens", default="1,4,9,16")
     parser.add_argument("--context", type=int, default=200, help="tokens already in the cache")
     parser.add_argument("--repeats", type=int, default=30)
     args = parser.parse_args()
     counts = [int(t) for t in args.tokens.split(",")]
-    variants = []
-    for name in args.formats.split(","):
-        if name == "int4":
-            variants += [(f"int4 (groups of {g})", lambda g=int(g): int4_model(g)) for g in args.group_sizes.split(",")]
-        else:
-            variants.append((name, lambda name=name: load_parts(quantization=name).model))
     results = {}
-    for label, load in variants:
-        model = load()
-        ms = {t: pass_ms(model, args.context, t, args.repeats) for t in counts}
-        results[label] = {"ms": ms, "relative": {t: ms[t] / ms[counts[0]] for t in counts},
-                          "weight_mb": model.weight_bytes / 1e6}
-        print(f"{label:22s} weights {model.weight_bytes / 1e6:6.1f} MB  "
-              + "  ".join(f"T={t}: {ms[t]:6.2f} ms ({ms[t] / ms[counts[0]]:.2f}x)" for t in counts), flush=True)
-        del model
+    for name in args.formats.split(","):
+        for path in args.paths.split(","):
+            model = load_parts(quantization=name, compile=path == "compiled").model
+            ms = {t: pass_ms(model, args.context, t, args.repeats) for t in counts}
+            label = f"{name} ({path})"
+            results[label] = {"ms": ms, "relative": {t: ms[t] / ms[counts[0]] for t in counts},
+                              "weight_mb": model.weight_bytes / 1e6}
+            print(f"{label:18s} weights {model.weight_bytes / 1e6:6.1f} MB  "
+                  + "  ".join(f"T={t}: {ms[t]:6.2f} ms ({ms[t] / ms[counts[0]]:.2f}x)" for t in counts), flush=True)
+            del model
     print(json.dumps({"context": args.context, "threads": torch.get_num_threads(), "results": results}))
 
 
