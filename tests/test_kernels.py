@@ -129,6 +129,20 @@ def test_rotate_and_store_rounds_as_pytorch_rope_and_writes_the_cache(kernels):
     assert not keys[:, :start].any() and not keys[:, start + T:].any()
 
 
+def test_norm_and_gate_equal_pytorch_and_each_row_alone(kernels):
+    import torch.nn.functional as F
+
+    x, weight = rows(7, 576, seed=3), torch.randn(576, generator=torch.Generator().manual_seed(4))
+    normed = kernels.rms_norm(x, weight, 1e-5)
+    torch.testing.assert_close(normed, F.rms_norm(x, (576,), weight, 1e-5), rtol=1e-5, atol=1e-5)
+    gate_up = rows(7, 2 * 1536, seed=5)
+    gated = kernels.silu_mul(gate_up)
+    torch.testing.assert_close(gated, F.silu(gate_up[:, :1536]) * gate_up[:, 1536:], rtol=1e-5, atol=1e-5)
+    for t in range(7):
+        assert torch.equal(kernels.rms_norm(x[t:t + 1].contiguous(), weight, 1e-5), normed[t:t + 1])
+        assert torch.equal(kernels.silu_mul(gate_up[t:t + 1].contiguous()), gated[t:t + 1])
+
+
 def run_python(code: str, **env) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
                           env={**os.environ, **env})

@@ -51,9 +51,10 @@ class IntegerLinear(nn.Module):
         self.weight_bytes = self.packed.numel() + self.scales_zeros.numel() * self.scales_zeros.element_size()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features).to(torch.float32).contiguous()  # [T, K]
-        out = self.kernels.integer_linear(rows, self.packed, self.scales_zeros, self.out_features, self.bits,
-                                          self.group_size).to(x.dtype)
+        rows = x if x.dim() == 2 and x.dtype == torch.float32 else x.reshape(-1, self.in_features).float()  # [T, K]
+        out = self.kernels.integer_linear(rows.contiguous(), self.packed, self.scales_zeros, self.out_features,
+                                          self.bits, self.group_size)
+        out = out if x.dtype == torch.float32 else out.to(x.dtype)
         if x.dim() != 2:
             out = out.reshape(*x.shape[:-1], -1)
         return out + self.bias if self.bias is not None else out

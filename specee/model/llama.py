@@ -18,12 +18,16 @@ from .rope import RopeAngles, apply_rope, inverse_frequencies, rope_angles
 
 
 class RMSNorm(nn.Module):
+    kernels = None  # the CPU kernels' one-call norm for fp32 rows; set by `Transformer.use_kernels`
+
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernels is not None and x.dim() == 2 and x.dtype == torch.float32:
+            return self.kernels.rms_norm(x.contiguous(), self.weight, self.eps)
         # One fused op; bit-identical to HF's formula in fp32 (bf16 rounds once, not twice).
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
@@ -175,6 +179,8 @@ def full_attention_mask(mask: torch.Tensor | None, T: int, S: int, device) -> to
 
 
 class MLP(nn.Module):
+    kernels = None  # the CPU kernels' one-call SiLU gate for fp32 rows; set by `Transformer.use_kernels`
+
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
         self.intermediate_size = config.intermediate_size
@@ -182,7 +188,10 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if self.kernels is not None and gate_up.dim() == 2 and gate_up.dtype == torch.float32:
+            return self.down_proj(self.kernels.silu_mul(gate_up))
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -236,6 +245,10 @@ class Transformer(nn.Module):
         fits = self.device.type == "cpu" and self.config.head_dim % 16 == 0
         for layer in self.layers:
             layer.self_attn.kernels = kernels if fits else None
+        rows_fit = self.device.type == "cpu" and self.config.hidden_size % 16 == 0 and self.config.intermediate_size % 16 == 0
+        for module in self.modules():
+            if isinstance(module, (RMSNorm, MLP)):
+                module.kernels = kernels if rows_fit else None
 
     @property
     def uses_kernels(self) -> bool:

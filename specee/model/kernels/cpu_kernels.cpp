@@ -6,10 +6,13 @@
 //    sums are combined in fp32 in a fixed order. A tile of weights is loaded once for up to
 //    MAX_ROWS rows, so a pass over several rows reads the weights once.
 // 2. Attention: every (row, head) pair walks its visible keys in order, as a one-row call would.
+// 3. The small per-row steps of a layer (RMS norm, SiLU gate), one call each instead of several
+//    PyTorch ops.
 //
 // Built once per machine by specee/model/kernels/__init__.py (torch.utils.cpp_extension).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 #include <immintrin.h>
 
@@ -308,8 +311,53 @@ at::Tensor rotate_and_store(const at::Tensor& qkv, const at::Tensor& cos, const 
   return q;
 }
 
+// x [T, D] fp32, weight [D] fp32: each row times 1 / sqrt(mean(x^2) + eps), then the weight. The
+// squares are summed in 16 lanes then across them, per row.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat, "x must be [T, D] fp32 contiguous");
+  const int64_t T = x.size(0), D = x.size(1);
+  TORCH_CHECK(D % Vec::size() == 0 && weight.numel() == D, "D must be a multiple of the vector width and match the weight");
+  auto out = at::empty_like(x);
+  const float* xp = x.data_ptr<float>();
+  const float* w = weight.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  for (int64_t t = 0; t < T; ++t) {
+    const float* row = xp + t * D;
+    Vec squares(0.0f);
+    for (int64_t d = 0; d < D; d += Vec::size()) {
+      const Vec v = Vec::loadu(row + d);
+      squares = squares + v * v;
+    }
+    const float sum = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, squares);
+    const Vec inverse(1.0f / std::sqrt(sum / static_cast<float>(D) + static_cast<float>(eps)));
+    for (int64_t d = 0; d < D; d += Vec::size())
+      ((Vec::loadu(row + d) * inverse) * Vec::loadu(w + d)).store(op + t * D + d);
+  }
+  return out;
+}
+
+// gate_up [T, 2 I] fp32 (gate, then up) -> silu(gate) * up [T, I].
+at::Tensor silu_mul(const at::Tensor& gate_up) {
+  TORCH_CHECK(gate_up.dim() == 2 && gate_up.is_contiguous() && gate_up.scalar_type() == at::kFloat,
+              "gate_up must be [T, 2 I] fp32 contiguous");
+  const int64_t T = gate_up.size(0), I = gate_up.size(1) / 2;
+  TORCH_CHECK(I % Vec::size() == 0, "I must be a multiple of the vector width");
+  auto out = at::empty({T, I}, gate_up.options());
+  const float* g = gate_up.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const Vec one(1.0f);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < I; i += Vec::size()) {
+      const Vec gate = Vec::loadu(g + t * 2 * I + i);
+      ((gate / (one + gate.neg().exp())) * Vec::loadu(g + t * 2 * I + I + i)).store(op + t * I + i);
+    }
+  return out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rotate_and_store", &rotate_and_store, "rotary embedding of q and k; k and v written into the cache");
   m.def("integer_linear", &integer_linear, "int8-activation x 4/8-bit-weight matmul, rows independent");
   m.def("attention", &attention, "attention with each row over its visible keys alone");
+  m.def("rms_norm", &rms_norm, "RMS norm of each row");
+  m.def("silu_mul", &silu_mul, "silu(gate) * up of each row");
 }
