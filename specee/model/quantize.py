@@ -31,8 +31,9 @@ from .fingerprint import weights_fingerprint
 
 QUANTIZATIONS = ("auto", "none", "int8", "int4", "gguf")
 # One more row of a pass, as a fraction of a one-token pass (BENCHMARKS.md, "Multi-row cost per
-# format"): the CPU kernels read a weight tile once for 8 rows, aten's re-read it for every 4.
-KERNEL_ROW_COST, ATEN_ROW_COST = 0.07, 0.17
+# format"): the CPU kernels read the weights once for all rows, but every row's int8 products cost
+# compute that a one-token pass, bound by reading the weights, does not spend.
+KERNEL_ROW_COST, ATEN_ROW_COST = 0.15, 0.17
 INT4_GROUP_SIZES = (32, 64, 128)
 # The default model comes as Q4_1 (groups of 32): groups of 32 keep its values almost exactly,
 # groups of 64 cannot, and moved its logits far more (BENCHMARKS.md).
