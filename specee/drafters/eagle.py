@@ -22,13 +22,12 @@ from torch import nn
 
 from ..model.cache import KVCache
 from ..model.config import LlamaConfig
-from ..model.cpu_packing import pack_linears
 from ..model.llama import DecoderLayer, Transformer
 from ..sampling import Sampler
 from ..verification.draft import Draft
 from .base import Proposer
 from .prompt_lookup import PromptLookup
-from .trained import TrainedArtifact, drafter_cache, reduced_scorer
+from .trained import TrainedArtifact, drafter_cache, reduced_scorer, run_like_target, weight_element_size
 
 BUNDLED = Path(__file__).resolve().parent.parent / "artifacts" / "smollm2-135m-instruct.eagle.pt"
 INITIAL_CACHE_SLOTS = 512
@@ -77,11 +76,10 @@ class EagleModel:
         head = EagleHead(target.config)
         head.load_state_dict({k: v.float() for k, v in artifact.weights.items()})
         head = head.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
-        if target.device.type == "cpu":
-            pack_linears(head, keep_weights=())
+        head = run_like_target(head, target)
         self.vocab = artifact.vocab.to(target.device)
         self.head, self.scorer = head, reduced_scorer(target, self.vocab)
-        element_size = target.norm.weight.element_size()
+        element_size = weight_element_size(target)
         self.pass_bytes = (sum(p.numel() for p in artifact.weights.values())
                            + self.vocab.numel() * target.config.hidden_size) * element_size
 

@@ -25,12 +25,11 @@ from torch import nn
 
 from ..model.cache import KVCache
 from ..model.config import LlamaConfig
-from ..model.cpu_packing import pack_linears
 from ..model.llama import Attention, RMSNorm, Transformer
 from ..sampling import Sampler
 from ..verification.draft import Draft
 from .base import Proposer
-from .trained import TrainedArtifact, drafter_cache, reduced_scorer
+from .trained import TrainedArtifact, drafter_cache, reduced_scorer, run_like_target, weight_element_size
 
 BUNDLED = Path(__file__).resolve().parent.parent / "artifacts" / "smollm2-135m-instruct.kangaroo.pt"
 INITIAL_CACHE_SLOTS = 512
@@ -81,13 +80,12 @@ class KangarooModel:
         adapter = Adapter(target.config)
         adapter.load_state_dict({k: v.float() for k, v in artifact.weights.items()})
         adapter = adapter.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
-        if target.device.type == "cpu":
-            pack_linears(adapter, keep_weights=())
+        adapter = run_like_target(adapter, target)
         self.adapter = adapter
         self.vocab = artifact.vocab.to(target.device)
         self.scorer = reduced_scorer(target, self.vocab)
         self.shallow = range(artifact.settings.layers)
-        element_size = target.norm.weight.element_size()
+        element_size = weight_element_size(target)
         self.shallow_bytes = target.layers_bytes(self.shallow)
         self.adapter_bytes = (sum(p.numel() for p in artifact.weights.values())
                               + self.vocab.numel() * target.config.hidden_size) * element_size

@@ -15,9 +15,10 @@ import torch
 from torch import nn
 
 from ..model.cache import KVCache
-from ..model.cpu_packing import PackedLinear, packing_available
+from ..model.cpu_packing import PackedLinear, pack_linears, packing_available
+from ..model.quantize import int8_linears
 from ..model.fingerprint import weights_fingerprint
-from ..model.llama import Transformer
+from ..model.llama import MLP, RMSNorm, Transformer
 
 
 @dataclass
@@ -75,7 +76,27 @@ def reduced_scorer(target: Transformer, vocab: torch.Tensor) -> nn.Module:
     """A linear layer giving the target's (pre-softmax) logits of the tokens `vocab` only."""
     scorer = nn.Linear(target.config.hidden_size, len(vocab), bias=False, device=target.device)
     scorer.weight = nn.Parameter(target.head_rows(vocab.to(target.device)).detach().clone(), requires_grad=False)
-    return PackedLinear(scorer) if target.device.type == "cpu" and packing_available() else scorer
+    return run_like_target(scorer, target)
+
+
+def weight_element_size(target: Transformer) -> int:
+    """Bytes per weight of a drafter's matrices as `run_like_target` runs them (scales left out)."""
+    return 1 if target.kernels is not None else target.norm.weight.element_size()
+
+
+def run_like_target(module: nn.Module, target: Transformer) -> nn.Module:
+    """A drafter's own linears made fast where the target runs: int8 on the CPU kernels when the
+    target runs on them (read in fp32, EAGLE's head and scorer cost about 40 MB a draft step, half
+    an int4 target pass), else oneDNN-packed on the CPU. Drafts change, never the output."""
+    if target.kernels is not None:
+        module = int8_linears(module, target.kernels)
+        for part in module.modules():
+            if isinstance(part, (RMSNorm, MLP)):  # the head's attention keeps PyTorch's, with its masks
+                part.kernels = target.kernels
+        return module
+    if target.device.type == "cpu" and packing_available():
+        return pack_linears(module, keep_weights=()) if not isinstance(module, nn.Linear) else PackedLinear(module)
+    return module
 
 
 def drafter_cache(model: Transformer, capacity: int, layers: int = 1) -> KVCache:

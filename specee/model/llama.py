@@ -26,8 +26,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kernels is not None and x.dim() == 2 and x.dtype == torch.float32:
-            return self.kernels.rms_norm(x.contiguous(), self.weight, self.eps)
+        if self.kernels is not None and x.dim() == 2 and x.dtype == torch.float32 and not x.requires_grad:
+            return self.kernels.rms_norm(x.contiguous(), self.weight, self.eps)  # no gradient: training uses PyTorch's
         # One fused op; bit-identical to HF's formula in fp32 (bf16 rounds once, not twice).
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
@@ -189,7 +189,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
-        if self.kernels is not None and gate_up.dim() == 2 and gate_up.dtype == torch.float32:
+        if self.kernels is not None and gate_up.dim() == 2 and gate_up.dtype == torch.float32 and not gate_up.requires_grad:
             return self.down_proj(self.kernels.silu_mul(gate_up))
         gate, up = gate_up.split(self.intermediate_size, dim=-1)
         return self.down_proj(F.silu(gate) * up)
@@ -251,9 +251,13 @@ class Transformer(nn.Module):
                 module.kernels = kernels if rows_fit else None
 
     @property
+    def kernels(self):
+        """specee's compiled CPU kernels where passes run on them (`use_kernels`), else None."""
+        return self.layers[0].self_attn.kernels
+
+    @property
     def uses_kernels(self) -> bool:
-        """Whether passes run on specee's compiled CPU kernels (`use_kernels`)."""
-        return self.layers[0].self_attn.kernels is not None
+        return self.kernels is not None
 
     @property
     def dtype(self) -> torch.dtype:

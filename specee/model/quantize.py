@@ -220,6 +220,18 @@ def quantized_linear(weight: QuantizedWeight, bias: torch.Tensor | None = None, 
     return Int4Linear(weight, bias, keep_rows)
 
 
+def int8_linears(module: nn.Module, kernels) -> nn.Module:
+    """Every nn.Linear of `module` (a drafter's small head) as int8, one scale per output row, on
+    the CPU kernels, in place; `module` itself may be the linear."""
+    for name, linear in [(n, m) for n, m in module.named_modules() if isinstance(m, nn.Linear)]:
+        bias = None if linear.bias is None else linear.bias.detach()
+        quantized = quantized_linear(quantize_int8(linear.weight), bias, kernels=kernels)
+        if not name:
+            return quantized
+        module.set_submodule(name, quantized)
+    return module
+
+
 def check_quantization(name: str, device: torch.device | str = "cpu", group_size: int = DEFAULT_INT4_GROUP_SIZE) -> None:
     if name not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {name!r} (choose from {', '.join(QUANTIZATIONS)})")
