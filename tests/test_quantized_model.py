@@ -152,3 +152,20 @@ def test_every_speculative_method_equals_dense_on_ten_prompts(engines, name):
     for config, (identical, accepted) in speculative_runs(engines[name], TEN_PROMPTS, MAX_TOKENS,
                                                           EVERY_METHOD).items():
         assert identical == len(TEN_PROMPTS) and accepted > 0, f"{config}: {identical}/10 identical"
+
+
+def test_trained_drafters_run_like_their_target(engines):
+    """On the kernels, EAGLE's head, Kangaroo's adapter and their scorers are int8 (read in fp32
+    they cost half an int4 pass a draft step); on PyTorch's kernels they stay dense, packed."""
+    from specee.model.cpu_packing import PackedLinear
+    from specee.model.integer_linear import IntegerLinear
+
+    for name, kind in (("int4", IntegerLinear), (EAGER, PackedLinear)):
+        artifacts = engines[name].artifacts
+        eagle, kangaroo = artifacts.eagle(None), artifacts.kangaroo(None)
+        for linear in (eagle.head.fc, eagle.head.layer.mlp.down_proj, eagle.scorer, kangaroo.adapter.self_attn.qkv_proj,
+                       kangaroo.scorer):
+            assert isinstance(linear, kind), (name, type(linear))
+    assert engines["int4"].artifacts.eagle(None).scorer.bits == 8
+    # What the stats say a draft step reads follows: a byte a weight, not fp32's four.
+    assert engines["int4"].artifacts.eagle(None).pass_bytes * 4 == engines[EAGER].artifacts.eagle(None).pass_bytes
