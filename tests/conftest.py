@@ -7,6 +7,54 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 torch.set_num_threads(2)
 
+import specee.model.loading as loading  # noqa: E402
+from tiers import require_slow, running  # noqa: E402
+
+_default_model_path = loading.default_model_path
+
+
+def _default_model_path_of_a_slow_test():
+    require_slow("the default model")
+    return _default_model_path()
+
+
+# Every way to the default model goes through default_model_path (specee.load, the tokenizer of
+# the GGUF, the benchmarks): modules that import it later get this one.
+loading.default_model_path = _default_model_path_of_a_slow_test
+for _module in list(sys.modules.values()):
+    if getattr(_module, "default_model_path", None) is _default_model_path:
+        _module.default_model_path = _default_model_path_of_a_slow_test
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    running["slow"] = item.get_closest_marker("slow") is not None
+
+
+def _holds_the_default_model(value) -> bool:
+    from specee.server.process import ServerProcess
+
+    if isinstance(value, dict):
+        return any(_holds_the_default_model(v) for v in value.values())
+    return isinstance(value, ServerProcess) or getattr(value, "source", None) == _default_model_path()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item):
+    """A fixture made by an earlier slow test (a session's engine, a module's server) reaches an
+    unmarked test without loading anything: caught here, from the values the test receives."""
+    if not running["slow"]:
+        for name, value in getattr(item, "funcargs", {}).items():
+            if _holds_the_default_model(value):
+                require_slow(f"the default model (fixture {name!r})")
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tmp_path_factory):
+    from helpers import tiny_tokenizer
+
+    return tiny_tokenizer(tmp_path_factory.mktemp("tiny-tokenizer"))
+
 
 @pytest.fixture(scope="session")
 def default_engine():

@@ -1,11 +1,16 @@
-"""Tiny random models for fast tests, built both as Hugging Face and as specee models."""
+"""Tiny random models and a tiny tokenizer for fast tests, built both as Hugging Face and as specee
+models."""
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import torch
 
 from specee.model.config import LlamaConfig
 from specee.model.cpu_packing import pack_linears
 from specee.model.loading import LoadedWeights, build_model
+from specee.tokenizer import Tokenizer
 
 TINY = dict(
     hidden_size=64, intermediate_size=112, num_hidden_layers=3, num_attention_heads=4,
@@ -46,6 +51,58 @@ def specee_from_hf(hf_model, pack: bool = True, dtype=torch.float32):
 def tiny_model(seed: int = 0, pack: bool = True, **overrides):
     """A specee model with random weights (no HF model needed afterwards)."""
     return specee_from_hf(tiny_hf_model(seed, **overrides), pack=pack)
+
+
+TINY_TOKENIZER_TEXT = [
+    "the cat sat on the mat and looked at the dog. " * 3,
+    "Hello there, name three colours: red, green, blue. Count from one to ten in words.",
+    "one two three four five six seven eight nine ten. Repeat exactly: the red fox.",
+]
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def tiny_tokenizer(directory: Path) -> Tokenizer:
+    """A byte-level BPE of 300 tokens with a ChatML template and <|im_end|> as end of sequence:
+    the real tokenizer's kind (any text, multi-byte characters split across tokens) at no cost."""
+    from tokenizers import Tokenizer as FastTokenizer, decoders, models, pre_tokenizers, trainers
+
+    fast = FastTokenizer(models.BPE())
+    fast.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    fast.decoder = decoders.ByteLevel()
+    fast.train_from_iterator(TINY_TOKENIZER_TEXT, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    directory.mkdir(parents=True, exist_ok=True)
+    fast.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "chat_template": CHATML}))
+    return Tokenizer(directory, eos_token_ids=[])
+
+
+def tiny_model_directory(directory: Path, seed: int = 0) -> Path:
+    """A tiny random model in Hugging Face layout (config.json, safetensors, tokenizer files)."""
+    tokenizer = tiny_tokenizer(directory)
+    tiny_hf_model(seed, vocab_size=tokenizer.vocab_size).save_pretrained(directory)
+    return directory
+
+
+GGUF_SHAPE = {"embedding_length": 8, "feed_forward_length": 16, "block_count": 1, "attention.head_count": 2}
+
+
+def write_gguf(path, architecture, metadata, tensor_values: int = 32):
+    """A GGUF file with `metadata` (uint32 values under the architecture's prefix) and one tensor."""
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(str(path), architecture)
+    for key, value in metadata.items():
+        writer.add_uint32(f"{architecture}.{key}", value)
+    writer.add_tensor("token_embd.weight", np.zeros((tensor_values // 8, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
 
 
 def chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor, min_expected: float = 5.0) -> float:

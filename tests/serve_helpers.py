@@ -5,11 +5,13 @@ import os
 from pathlib import Path
 
 from specee.server.process import ServerProcess
+from tiers import require_slow
 
 ROOT = Path(__file__).resolve().parent.parent  # the checkout under test
 
 
 def running_server(*flags: str) -> ServerProcess:
+    require_slow("a server process")
     return ServerProcess(*flags, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
 
 

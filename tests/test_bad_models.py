@@ -3,28 +3,12 @@ half-loaded model."""
 import json
 import shutil
 
-import gguf
-import numpy as np
 import pytest
 
+from helpers import GGUF_SHAPE as SHAPE, tiny_model_directory, write_gguf
 from specee.cli import main
-from specee.model.loading import ModelLoadError, default_model_path, resolve_model_dir
+from specee.model.loading import ModelLoadError, resolve_model_dir
 from specee.tokenizer import Tokenizer
-
-
-def write_gguf(path, architecture, metadata):
-    writer = gguf.GGUFWriter(str(path), architecture)
-    for key, value in metadata.items():
-        writer.add_uint32(f"{architecture}.{key}", value)
-    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
-
-
-SHAPE = {"embedding_length": 8, "feed_forward_length": 16, "block_count": 1, "attention.head_count": 2}
 
 
 def test_gguf_of_another_architecture_is_refused_by_name(tmp_path, monkeypatch):
@@ -44,21 +28,17 @@ def test_gguf_missing_required_metadata_names_it(tmp_path, monkeypatch, capsys):
 
 
 def test_config_missing_a_required_field_names_it(tmp_path, capsys):
-    source = resolve_model_dir(default_model_path())
-    for file in source.iterdir():
-        (tmp_path / file.name).symlink_to(file)
-    (tmp_path / "config.json").unlink()
-    config = json.loads((source / "config.json").read_text())
+    model = tiny_model_directory(tmp_path / "model")
+    config = json.loads((model / "config.json").read_text())
     del config["hidden_size"]
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    code = main(["generate", "hi", "--model", str(tmp_path)])
+    (model / "config.json").write_text(json.dumps(config))
+    code = main(["generate", "hi", "--model", str(model)])
     err = capsys.readouterr().err
     assert code == 2 and "hidden_size" in err and "config.json" in err and "Traceback" not in err
 
 
-def test_a_chat_template_that_raises_is_a_clear_error(tmp_path):
-    source = resolve_model_dir(default_model_path())
-    shutil.copy(source / "tokenizer.json", tmp_path / "tokenizer.json")
+def test_a_chat_template_that_raises_is_a_clear_error(tmp_path, tiny_tokenizer):
+    shutil.copy(tiny_tokenizer.directory / "tokenizer.json", tmp_path / "tokenizer.json")
     (tmp_path / "chat_template.jinja").write_text(
         "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
         "{% for m in messages %}{{ m['content'] }}{% endfor %}"

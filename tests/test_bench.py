@@ -11,7 +11,6 @@ from specee.engine import Engine
 from specee.eval import modes as bench_modes
 from specee.eval.bench import BenchConfig, run_bench
 from specee.eval.report import RECORD_FIELDS
-from specee.model.loading import default_model_path
 from specee.sampling import SamplingParams
 from specee.stats import GenerationStats
 
@@ -25,9 +24,9 @@ class OffByOne(Autoregressive):
 
 
 @pytest.fixture
-def tiny_engine(default_engine):
-    model = tiny_model(seed=3, vocab_size=default_engine.config.vocab_size, num_hidden_layers=2)
-    return Engine(model, default_engine.tokenizer, source=default_model_path())
+def tiny_engine(tiny_tokenizer, tmp_path):
+    model = tiny_model(seed=3, vocab_size=tiny_tokenizer.vocab_size, num_hidden_layers=2)
+    return Engine(model, tiny_tokenizer, source=tmp_path / "tiny")
 
 
 class ShallowLossy(Autoregressive):
@@ -142,8 +141,8 @@ class EndsAfterThree(Autoregressive):
 
 
 @pytest.fixture
-def eos_mode(default_engine):
-    assert 2 in default_engine.tokenizer.eos_token_ids
+def eos_mode(tiny_tokenizer):
+    assert 2 in tiny_tokenizer.eos_token_ids
     EndsAfterThree.runs = 0
     spec = register(StrategySpec("ends", True, lambda engine, options: EndsAfterThree(), "test only"))
     yield spec
@@ -171,13 +170,13 @@ def test_real_use_stops_at_eos_and_fixed_length_is_labelled(tiny_engine, eos_mod
 
 def test_modes_rotate_from_prompt_to_prompt(tiny_engine, tmp_path):
     config = BenchConfig(datasets=[str(write_prompts(tmp_path / "q.jsonl"))], num_prompts=2, max_tokens=3,
-                         modes=["dense", "prompt-lookup", "ngram"], out=tmp_path / "out")
+                         modes=["dense", "prompt-lookup", "prompt-lookup-tree"], out=tmp_path / "out")
     run_bench(tiny_engine, config, explicit_datasets=True)
     records = [json.loads(line) for line in (tmp_path / "out" / "records.jsonl").read_text().splitlines()]
     orders = [by_prompt_order(records, pid) for pid in ("0", "1", "2")]
-    assert orders[0] == {"dense": 0, "prompt-lookup": 1, "ngram": 2}
-    assert orders[1] == {"prompt-lookup": 0, "ngram": 1, "dense": 2}
-    assert orders[2] == {"ngram": 0, "dense": 1, "prompt-lookup": 2}
+    assert orders[0] == {"dense": 0, "prompt-lookup": 1, "prompt-lookup-tree": 2}
+    assert orders[1] == {"prompt-lookup": 0, "prompt-lookup-tree": 1, "dense": 2}
+    assert orders[2] == {"prompt-lookup-tree": 0, "dense": 1, "prompt-lookup": 2}
 
 
 def test_skip_first_takes_later_prompts_of_each_category(tiny_engine, tmp_path):
@@ -206,7 +205,7 @@ def test_a_mode_that_cannot_be_built_for_the_model_is_skipped_with_why(tiny_engi
     assert skipped == ["picky: skipped, its table was trained for another tokenizer"]
 
 
-def test_perplexity_feeds_the_models_own_device(default_engine):
+def test_perplexity_feeds_the_models_own_device():
     """The reference text goes to the device the model lives on (a CUDA model got CPU tensors)."""
     from types import SimpleNamespace
 
@@ -245,13 +244,13 @@ def test_modes_take_options_for_tuning_sweeps(tiny_engine):
     assert skipped and "unknown speculative options" in skipped[0]
 
 
-def test_engine_and_hf_stop_at_the_same_end_of_sequence_unless_told_not_to(default_engine, tmp_path, monkeypatch):
+def test_engine_and_hf_stop_at_the_same_end_of_sequence_unless_told_not_to(tiny_tokenizer, tmp_path, monkeypatch):
     """Real use means every system stops at the same EOS; --ignore-eos runs all to full length."""
     from helpers import specee_from_hf, tiny_hf_model
 
-    hf_model = tiny_hf_model(seed=5, vocab_size=default_engine.config.vocab_size, num_hidden_layers=2)
+    hf_model = tiny_hf_model(seed=5, vocab_size=tiny_tokenizer.vocab_size, num_hidden_layers=2)
     hf_model.save_pretrained(tmp_path / "tiny")
-    engine = Engine(specee_from_hf(hf_model), default_engine.tokenizer, source=tmp_path / "tiny")
+    engine = Engine(specee_from_hf(hf_model), tiny_tokenizer, source=tmp_path / "tiny")
     prompt_ids, params = engine.encode("Tell me a story."), SamplingParams()
     dense = bench_modes.EngineMode(engine, REGISTRY["dense"])
     full = dense.run(prompt_ids, 12, params, ignore_eos=True).token_ids
@@ -264,6 +263,7 @@ def test_engine_and_hf_stop_at_the_same_end_of_sequence_unless_told_not_to(defau
     assert hf.run(prompt_ids, 12, params, ignore_eos=True).token_ids == full
 
 
+@pytest.mark.slow
 def test_hf_baselines_load_the_default_gguf_file(default_engine):
     """Hugging Face reads the GGUF itself (it needs accelerate for that): both HF baselines build
     for the default model instead of being skipped, and agree with our dense decoding."""

@@ -13,9 +13,9 @@ from specee.verification.tree import static_tree
 
 
 @pytest.fixture(scope="module")
-def engine(default_engine):
-    model = tiny_model(seed=2, vocab_size=default_engine.config.vocab_size, num_hidden_layers=2)
-    return Engine(model, default_engine.tokenizer)
+def engine(tiny_tokenizer):
+    model = tiny_model(seed=2, vocab_size=tiny_tokenizer.vocab_size, num_hidden_layers=2)
+    return Engine(model, tiny_tokenizer)
 
 
 @pytest.mark.parametrize("options,message", [
@@ -59,8 +59,11 @@ def test_chain_only_proposer_refuses_trees(engine):
         engine.strategy("staged", draft_model="self:1", tree="auto")
 
 
-def test_bundled_table_loads_for_any_model_with_the_tokenizer(engine):
+@pytest.mark.slow
+def test_bundled_table_loads_for_any_model_with_the_tokenizer(default_engine):
     """The n-gram table is tied to the tokenizer, not to the weights or config around it."""
+    model = tiny_model(seed=2, vocab_size=default_engine.config.vocab_size, num_hidden_layers=2)
+    engine = Engine(model, default_engine.tokenizer)
     strategy = engine.strategy("ngram")
     result = engine.generate("Hello there", max_tokens=4, strategy=strategy, ignore_eos=True)
     assert len(result.token_ids) == 4

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
+from helpers import GGUF_SHAPE, write_gguf
 from specee.cli import main
-from specee.model.loading import default_model_path
 
 
 def run_main(capsys, *argv):
@@ -50,6 +50,7 @@ def test_the_weight_format_defaults_to_auto_and_training_to_dense_weights():
         assert parser.parse_args(["train", artifact, "--out", "x.pt"]).quantization == "none"
 
 
+@pytest.mark.slow
 def test_the_speed_line_names_the_weight_format_and_kernels_that_ran(capsys):
     code, out, err = run_main(capsys, "generate", "hello", "--max-tokens", "8")
     assert code == 0 and "[int4 weights, compiled kernels;" in err
@@ -93,9 +94,9 @@ def test_malformed_number_is_an_argparse_error(capsys):
 
 def test_truncated_gguf_is_a_clear_error(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECEE_CACHE", str(tmp_path / "cache"))
+    whole = write_gguf(tmp_path / "whole.gguf", "llama", GGUF_SHAPE, tensor_values=1_000_000)
     truncated = tmp_path / "truncated.gguf"
-    with open(default_model_path(), "rb") as f:
-        truncated.write_bytes(f.read(3_000_000))
+    truncated.write_bytes(whole.read_bytes()[:3_000_000])  # 4 MB of tensor data, cut short
     code, _, err = run_main(capsys, "generate", "hi", "--model", str(truncated))
     assert code == 2 and "truncated.gguf" in err and "Traceback" not in err
     assert not list((tmp_path / "cache").glob("truncated*"))  # no half-converted cache left behind
@@ -254,16 +255,18 @@ def test_serve_bad_flags_exit_2_before_loading(capsys, flags, message):
 
 @pytest.mark.parametrize("host,warned", [("0.0.0.0", True), ("192.168.1.5", True), ("127.0.0.1", False),
                                          ("::1", False), ("localhost", False)])
-def test_serve_warns_when_it_binds_beyond_loopback_without_a_key(capsys, monkeypatch, host, warned):
+def test_serve_warns_when_it_binds_beyond_loopback_without_a_key(capsys, monkeypatch, tmp_path, host, warned):
     """Nothing binds here: the model load and the server are replaced."""
     import specee.cli as cli
     import specee.server.app as server_app
 
     calls = []
-    monkeypatch.setattr(cli, "_load", lambda args: type("FakeEngine", (), {"source": default_model_path()})())
+    source = tmp_path / "fake-model.gguf"
+    source.write_bytes(b"GGUF")
+    monkeypatch.setattr(cli, "_load", lambda args: type("FakeEngine", (), {"source": source})())
     monkeypatch.setattr(server_app, "serve", lambda engine, config, host, port: calls.append((config, host, port)))
     code, _, err = run_main(capsys, "serve", "--host", host, "--port", "9999", "--temperature", "0.5")
     assert code == 0 and ("without --api-key" in err) == warned
     config, bound_host, port = calls[0]
     assert (bound_host, port) == (host, 9999) and config.defaults.generation["temperature"] == 0.5
-    assert config.model_id == default_model_path().stem
+    assert config.model_id == "fake-model"

@@ -2,6 +2,8 @@
 after the reported ones."""
 import json
 
+import pytest
+
 from specee.drafters.copy_reliability import MAX_MATCH
 from specee.train.copy_prior import MIN_TRIALS, copy_hit_counts, prior_rates
 from specee.train.ngram import dataset_prompts
@@ -26,6 +28,7 @@ def test_prompts_skip_the_reported_ones_in_every_category(tmp_path):
     assert dataset_prompts([str(path)], skip_first=1, limit=2) == ["a 1", "a 2", "b 1", "b 2"]
 
 
+@pytest.mark.slow
 def test_hit_counts_score_every_answer_token_after_a_match(default_engine):
     prompt = "Repeat exactly: the blue whale is the largest animal that has ever lived."
     hits, trials = copy_hit_counts(default_engine, [prompt], max_tokens=24)

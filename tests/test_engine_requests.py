@@ -6,16 +6,15 @@ import torch
 from helpers import tiny_model
 from specee.engine import INITIAL_OUTPUT_SLOTS, Engine
 from specee.model.cache import KVCache
-from specee.model.loading import default_model_path
 
 PROMPTS = ["Repeat exactly: the red fox, the red fox, the red fox.", "Count from one to ten in words."]
 
 
 @pytest.fixture(scope="module")
-def engine(default_engine):
-    """A tiny random model with the real tokenizer, where the real model's answers do not matter."""
-    model = tiny_model(seed=5, vocab_size=default_engine.config.vocab_size, num_hidden_layers=2)
-    return Engine(model, default_engine.tokenizer, source=default_model_path())
+def engine(tiny_tokenizer):
+    """A tiny random model, where the real model's answers do not matter."""
+    model = tiny_model(seed=5, vocab_size=tiny_tokenizer.vocab_size, num_hidden_layers=2)
+    return Engine(model, tiny_tokenizer)
 
 
 @pytest.mark.slow
@@ -90,6 +89,7 @@ def test_events_say_how_many_tokens_were_accepted_drafts(engine):
     assert events[-1].finish_reason == "length"  # cut one token into a step: that token was a draft
 
 
+@pytest.mark.slow
 def test_dense_events_hold_only_the_targets_tokens_and_speculative_ones_lead_with_drafts(default_engine):
     dense = list(default_engine.stream(PROMPTS[0], max_tokens=12, ignore_eos=True))
     assert all(e.drafted == 0 for e in dense)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +15,8 @@ from specee.model.integer_linear import IntegerLinear
 from specee.model.kernels import KernelsUnavailable, build, build_directory, cpu_kernels
 from specee.model.quantize import quantize_int4, quantize_int8, quantized_linear
 from specee.model.rope import apply_rope, rope_angles
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -144,8 +147,9 @@ def test_norm_and_gate_equal_pytorch_and_each_row_alone(kernels):
 
 
 def run_python(code: str, cwd=None, **env) -> subprocess.CompletedProcess:
+    """`code` in a new process that imports the checkout under test, whatever is installed."""
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, **env}, cwd=cwd)
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **env}, cwd=cwd)
 
 
 def test_a_second_process_reuses_the_built_kernels_from_any_working_directory(kernels, tmp_path):

@@ -251,6 +251,7 @@ def test_gguf_blocks_equal_gguf_dequantization(tmp_path, qtype):
                                    rtol=2**-8, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_default_model_tensors_equal_gguf_dequantization():
     """The shipped file's Q4_1 layers and Q8_0 embedding, read as the loader reads them."""
     import gguf

@@ -31,6 +31,8 @@ SPECULATIVE = {
 
 EAGER = "int4:eager"  # the default format on PyTorch's own kernels
 
+pytestmark = pytest.mark.slow  # every test here runs the default model in each weight format
+
 
 @pytest.fixture(scope="module")
 def engines():
@@ -144,7 +146,6 @@ EVERY_METHOD = {
 }
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", FORMATS + (EAGER,))
 def test_every_speculative_method_equals_dense_on_ten_prompts(engines, name):
     from test_speculative_lossless import MAX_TOKENS, PROMPTS as TEN_PROMPTS

@@ -1,12 +1,12 @@
-"""Streaming detokenization with stop strings, on the default model's tokenizer."""
+"""Streaming detokenization with stop strings, on a byte-level BPE tokenizer like the default model's."""
 import pytest
 
 from specee.text_stream import TextStream
 
 
 @pytest.fixture(scope="module")
-def tokenizer(default_engine):
-    return default_engine.tokenizer
+def tokenizer(tiny_tokenizer):
+    return tiny_tokenizer
 
 
 def stream_all(tokenizer, text, stop=()):
