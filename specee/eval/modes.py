@@ -132,8 +132,9 @@ class HFMode:
 
     def _generate(self, ids: torch.Tensor, max_tokens: int, params: SamplingParams, ignore_eos: bool) -> list[int]:
         config = copy.deepcopy(self.model.generation_config)
-        # The same end-of-sequence tokens as our engine; None runs the full length.
-        config.eos_token_id = None if ignore_eos else list(self.engine.tokenizer.eos_token_ids)
+        # The same end-of-sequence tokens as our engine; none runs the full length (an empty list:
+        # generate fills None from the model's own generation config).
+        config.eos_token_id = [] if ignore_eos else list(self.engine.tokenizer.eos_token_ids)
         options = dict(max_new_tokens=max_tokens, pad_token_id=0, do_sample=not params.greedy)
         if not params.greedy:
             options.update(temperature=params.temperature, top_k=params.top_k or None, top_p=params.top_p)
