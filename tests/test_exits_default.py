@@ -5,12 +5,13 @@ import json
 
 import pytest
 
-from helpers import arithmetic_corpus
+from helpers import arithmetic_corpus, tiny_model
 from specee.cli import main
 from specee.exits.predictors import BUNDLED, ExitArtifact
 
 pytestmark = pytest.mark.slow
 
+FAITHFUL_PREFIX = 16  # exits are lossy: the start of the answer must still be dense's (all 32 were)
 PROMPTS = ["Summarize: The cat sat on the mat. The cat sat on the mat because the mat was warm.",
            "Write a Python function that returns the square of a number."]
 
@@ -40,11 +41,16 @@ def test_exits_that_never_fire_equal_dense(default_engine, options):
     assert "spec_method" not in options or accepted > 0
 
 
-def test_bundled_predictors_belong_to_the_default_model(default_engine):
-    artifact = ExitArtifact.load(BUNDLED, default_engine.model)
-    settings = artifact.settings
-    assert settings.candidates == 4 and settings.layers and all(0 <= i < 29 for i in settings.layers)
-    assert artifact.info["held_out_offline_only"]["fidelity"] >= 0.9
+def test_bundled_predictors_exit_early_on_the_default_model_and_refuse_other_weights(default_engine):
+    """What the bundled file promises: on the default model its predictors end passes early while
+    the answer starts as dense's; trained for these weights, it refuses others with a clear message."""
+    dense = default_engine.generate(PROMPTS[0], max_tokens=32, ignore_eos=True)
+    early = default_engine.generate(PROMPTS[0], max_tokens=32, ignore_eos=True, exit="specee")
+    assert min(early.stats.exit_layers) < 30
+    assert early.token_ids[:FAITHFUL_PREFIX] == dense.token_ids[:FAITHFUL_PREFIX]
+    other = tiny_model(seed=1, vocab_size=default_engine.config.vocab_size, num_hidden_layers=2)
+    with pytest.raises(ValueError, match="trained for another model"):
+        ExitArtifact.load(BUNDLED, other)
 
 
 @pytest.mark.parametrize("exit_flags", [["--exit", "specee"], ["--exit", "rule", "--exit-kv", "approx"]])
