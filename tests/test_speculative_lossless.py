@@ -8,19 +8,13 @@ import pytest
 pytestmark = pytest.mark.slow
 
 PROMPTS = [
-    # copying-heavy: drafts from the prompt are often right
+    # copying-heavy: drafts from the prompt are often right, whole chains and branches accepted
     "Repeat the following sentence exactly: The committee approved the budget for the new library on Tuesday.",
-    "Summarize: The city council met on Monday to discuss the new park. Residents asked for more trees, "
-    "benches and a playground. The council agreed to plant trees and add benches, and will vote on the "
-    "playground next month.",
     "Add type hints to this function:\n```python\ndef area(width, height):\n    return width * height\n```",
-    "Fix the bug:\n```python\ndef is_even(n):\n    return n % 2 == 1\n```",
     "Translate to French: I like apples. I like pears. I like apples and pears.",
     # little to copy: almost every draft is rejected
     "Write a haiku about winter.",
     "What is 17 times 23? Think step by step.",
-    "Name a famous painter and describe one of their works.",
-    "Give me three tips for learning to play the guitar.",
     "Why is the sky blue?",
 ]
 MAX_TOKENS = 96
@@ -54,6 +48,9 @@ CONFIGS = {
     "draft self:3 chain": dict(spec_method="draft", draft_model="self:3", num_draft_tokens=2),
     "staged self:3 + prompt lookup": dict(spec_method="staged", draft_model="self:3", num_draft_tokens=3),
 }
+# Copying drafters get whole runs of drafts right on the copy-heavy prompts: some pass keeps more than
+# one draft, so acceptance past the first position is exercised. Shallow drafts rarely manage it.
+DEEP_ACCEPTS = {name for name, options in CONFIGS.items() if options["spec_method"] not in ("draft", "staged")}
 
 
 @pytest.mark.parametrize("config", CONFIGS)
@@ -61,14 +58,17 @@ def test_greedy_speculative_equals_plain_greedy(default_engine, dense, ngram_tab
     options = dict(CONFIGS[config])
     if options["spec_method"] == "ngram":
         options["ngram_model"] = ngram_table
-    proposed = accepted = 0
+    proposed = accepted = longest = 0
     for prompt in PROMPTS:
         result = default_engine.generate(prompt, max_tokens=MAX_TOKENS, ignore_eos=True, **options)
         assert result.token_ids == dense[prompt], f"{config} differs on {prompt!r}"
         proposed += result.stats.draft_tokens_proposed
         accepted += result.stats.draft_tokens_accepted
+        longest = max(longest, *result.stats.accept_lengths)
     # Verification had work to do: drafts were proposed, some kept and some rejected.
     assert 0 < accepted < proposed, f"{config}: {accepted} of {proposed} draft tokens accepted"
+    if config in DEEP_ACCEPTS:
+        assert longest > 2, f"{config}: no pass kept more than {longest - 1} drafts"
 
 
 def test_a_draft_identical_to_the_target_is_always_accepted(default_engine, dense):
@@ -84,7 +84,7 @@ def test_a_draft_identical_to_the_target_is_always_accepted(default_engine, dens
 
 def test_nothing_accepted_still_lossless(default_engine, dense):
     """A one-layer draft is almost always wrong: output unchanged, acceptance near zero."""
-    for prompt in PROMPTS[5:7]:
+    for prompt in PROMPTS[3:5]:
         result = default_engine.generate(prompt, max_tokens=MAX_TOKENS, ignore_eos=True, spec_method="draft",
                                          draft_model="self:1", num_draft_tokens=3)
         assert result.token_ids == dense[prompt]

@@ -11,11 +11,15 @@ from test_speculative_lossless import MAX_TOKENS, PROMPTS
 pytestmark = pytest.mark.slow
 
 
+@pytest.fixture(scope="module")
+def dense_to_eos(default_engine):
+    return {p: default_engine.generate(p, max_tokens=MAX_TOKENS) for p in PROMPTS}
+
+
 @pytest.mark.parametrize("method", ["eagle", "eagle-copy", "kangaroo"])
-def test_greedy_trained_drafters_equal_dense_stopping_at_eos(default_engine, method):
+def test_greedy_trained_drafters_equal_dense_stopping_at_eos(default_engine, dense_to_eos, method):
     proposed = accepted = 0
-    for prompt in PROMPTS:
-        dense = default_engine.generate(prompt, max_tokens=MAX_TOKENS)
+    for prompt, dense in dense_to_eos.items():
         eagle = default_engine.generate(prompt, max_tokens=MAX_TOKENS, spec_method=method)
         assert (eagle.text, eagle.token_ids, eagle.finish_reason) == (dense.text, dense.token_ids, dense.finish_reason)
         assert eagle.completion_tokens == dense.completion_tokens
