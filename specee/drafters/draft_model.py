@@ -163,5 +163,6 @@ def _staged_method(opts, artifacts) -> Drafting:
                                         NgramProposer(table) if table else PromptLookup()))
 
 
-register(SpecMethod("draft", _draft_method, scored=True))
-register(SpecMethod("staged", _staged_method))
+# The target's first 6 layers as the draft model (alone, or sped up by prompt lookup).
+register(SpecMethod("draft", _draft_method, scored=True, bench={"draft-self": {"draft_model": "self:6"}}))
+register(SpecMethod("staged", _staged_method, bench={"staged": {"draft_model": "self:6"}}))

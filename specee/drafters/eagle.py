@@ -251,5 +251,6 @@ def _eagle_method(copy: bool):
     return build
 
 
-register(SpecMethod("eagle", _eagle_method(copy=False), own_tree=True, options=("drafter",)))
-register(SpecMethod("eagle-copy", _eagle_method(copy=True), own_tree=True, options=("drafter", "copy_alone")))
+register(SpecMethod("eagle", _eagle_method(copy=False), own_tree=True, options=("drafter",), bench={"eagle": {}}))
+register(SpecMethod("eagle-copy", _eagle_method(copy=True), own_tree=True, options=("drafter", "copy_alone"),
+                    bench={"eagle-copy": {}}))

@@ -48,4 +48,4 @@ def _hybrid_method(opts, artifacts) -> Drafting:
                                    opts.min_copy_match))
 
 
-register(SpecMethod("hybrid", _hybrid_method, scored=True))
+register(SpecMethod("hybrid", _hybrid_method, scored=True, bench={"hybrid": {}, "hybrid-tree": {"tree": "auto"}}))

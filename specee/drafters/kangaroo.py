@@ -198,4 +198,4 @@ def _kangaroo_method(opts, artifacts) -> Drafting:
                     shallow_layers=settings.layers)
 
 
-register(SpecMethod("kangaroo", _kangaroo_method, scored=True, options=("drafter",)))
+register(SpecMethod("kangaroo", _kangaroo_method, scored=True, options=("drafter",), bench={"kangaroo": {}}))

@@ -305,4 +305,4 @@ def _ngram_method(opts, artifacts) -> Drafting:
     return Drafting(lambda: NgramProposer(table, opts.num_draft_tokens, opts.confidence_threshold))
 
 
-register(SpecMethod("ngram", _ngram_method, scored=True))
+register(SpecMethod("ngram", _ngram_method, scored=True, bench={"ngram": {}, "ngram-tree": {"tree": "auto"}}))

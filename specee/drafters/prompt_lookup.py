@@ -124,4 +124,5 @@ def _prompt_lookup_method(opts, artifacts) -> Drafting:
     return Drafting(lambda: PromptLookup(num_draft_tokens=opts.num_draft_tokens))
 
 
-register(SpecMethod("prompt-lookup", _prompt_lookup_method))
+register(SpecMethod("prompt-lookup", _prompt_lookup_method,
+                    bench={"prompt-lookup": {}, "prompt-lookup-tree": {"tree": "auto"}}))

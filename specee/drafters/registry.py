@@ -4,7 +4,7 @@ so a new drafter is one module that calls `register`. Importing `specee.drafters
 built-in ones."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .base import Proposer
@@ -34,6 +34,7 @@ class SpecMethod:
     scored: bool = False  # a probability per drafted token, which confidence_threshold reads
     own_tree: bool = False  # drafts its own dynamic tree: the tree option does not apply
     options: tuple[str, ...] = ()  # options only some methods read; any other method refuses them
+    bench: dict[str, dict] = field(default_factory=dict)  # `specee bench` modes: name -> options
 
     @property
     def trained(self) -> bool:
