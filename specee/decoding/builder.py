@@ -13,7 +13,7 @@ from ..drafters.eagle import EagleArtifact, EagleModel
 from ..drafters.kangaroo import BUNDLED as BUNDLED_KANGAROO
 from ..drafters.kangaroo import KangarooArtifact, KangarooModel
 from ..drafters.ngram import NgramModel
-from ..drafters.registry import METHODS, SpecMethod, find_method, methods_reading
+from ..drafters.registry import METHODS, SpecMethod, find_method
 from ..loader import dtype_name, load_parts
 from ..model.llama import Transformer
 from ..tokenizer import Tokenizer
@@ -67,7 +67,7 @@ class SpecOptions:
                              "(tree_budget, tree_width and tree_min_prob shape it)")
         for option in dict.fromkeys(o for m in METHODS.values() for o in m.options):
             if getattr(self, option, None) is not None and option not in method.options:
-                *others, last = methods_reading(option)
+                *others, last = [name for name, m in METHODS.items() if option in m.options]
                 names = f"{', '.join(others)} and {last} methods" if others else f"{last} method"
                 raise ValueError(f"{option} applies to the {names}, not {self.method}")
         if self.copy_alone is not None and not 0 <= self.copy_alone <= 1:

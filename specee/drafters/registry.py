@@ -1,7 +1,6 @@
-"""Speculative methods by name. Each drafter module registers the methods it serves beside its
-proposer; the builder, the CLI's --spec-method and the server's spec_method all read this table,
-so a new drafter is one module that calls `register`. Importing `specee.drafters` registers the
-built-in ones."""
+"""Speculative methods by name, each registered by its drafter's module (importing `specee.drafters`
+registers the built-in ones). The builder, the CLI, the server and the bench read this table, so a
+new drafter is one module that calls `register`."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -54,7 +53,3 @@ def find_method(name: str) -> SpecMethod:
     if name not in METHODS:
         raise ValueError(f"unknown speculative method {name!r} (choose from none, {', '.join(METHODS)})")
     return METHODS[name]
-
-
-def methods_reading(option: str) -> list[str]:
-    return [name for name, method in METHODS.items() if option in method.options]
