@@ -55,6 +55,8 @@ def _add_model_options(p: argparse.ArgumentParser, default_quantization: str = "
 
 
 def _add_sampling_options(p: argparse.ArgumentParser) -> None:
+    from .drafters.registry import METHODS  # importing the drafters registers the built-in methods
+
     p.add_argument("--max-tokens", type=int, default=256, help="most tokens to generate (default 256)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=_non_negative_int, default=0, help="sample among the k most likely tokens (0 = off)")
@@ -62,8 +64,7 @@ def _add_sampling_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, help="random seed for sampling")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-sequence (benchmarks)")
-    p.add_argument("--spec-method", default="none",
-                   help="none, prompt-lookup, ngram, hybrid, draft, staged, eagle, eagle-copy or kangaroo (all lossless)")
+    p.add_argument("--spec-method", default="none", help=f"none, {', '.join(METHODS)} (all lossless)")
     p.add_argument("--num-draft-tokens", type=_positive_int,
                    help="draft tokens per step (default 8, adapted; kangaroo: gamma, its artifact's)")
     p.add_argument("--tree", help='verify a tree: "auto" (best-first under --tree-budget) or rank paths "0;1;0,0"')
@@ -379,9 +380,8 @@ def _sampling_kwargs(args) -> dict:
 
 def _validate_sampling(args) -> None:
     # Checked before the model loads, so bad flags fail in milliseconds.
+    from .drafters.registry import METHODS
     from .sampling import SamplingParams
-
-    from .decoding.builder import METHODS
 
     if args.spec_method not in ("none", *METHODS):
         raise UsageError(f"unknown --spec-method {args.spec_method!r} (choose from none, {', '.join(METHODS)})")

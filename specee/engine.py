@@ -98,11 +98,11 @@ class Engine:
 
     def stream(self, prompt: str | Messages | list[int], spec_method: str | None = None, **options) -> "Generation":
         """Options: max_tokens, temperature, top_k, top_p, seed, stop, ignore_eos, chat, and either a
-        ready `strategy` or speculative decoding settings: spec_method (none, prompt-lookup, ngram,
-        hybrid, draft, staged, eagle, eagle-copy, kangaroo) with any of num_draft_tokens, tree ("auto" or rank
-        paths "0;1;0,0"), tree_budget, tree_width, tree_min_prob, draft_model (a path or "self:L"),
-        ngram_model, drafter, copy_alone, confidence_threshold, adaptive; or early exit (lossy): exit
-        ("specee" or "rule") with exit_predictors, exit_threshold, exit_kv, exit_rule."""
+        ready `strategy` or speculative decoding settings: spec_method (none or a registered method,
+        drafters/registry.py) with any of num_draft_tokens, tree ("auto" or rank paths "0;1;0,0"),
+        tree_budget, tree_width, tree_min_prob, draft_model (a path or "self:L"), ngram_model, drafter,
+        copy_alone, confidence_threshold, adaptive; or early exit (lossy): exit ("specee" or "rule")
+        with exit_predictors, exit_threshold, exit_kv, exit_rule."""
         spec = {k: options.pop(k) for k in list(options) if k not in GENERATION_OPTIONS}
         spec = {k: v for k, v in spec.items() if v is not None}
         exit_kind = spec.pop("exit", "none")

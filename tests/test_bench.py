@@ -6,10 +6,10 @@ import torch
 
 from helpers import tiny_model
 from specee.decoding.autoregressive import Autoregressive
-from specee.decoding.registry import REGISTRY, StrategySpec, register
 from specee.engine import Engine
 from specee.eval import modes as bench_modes
 from specee.eval.bench import BenchConfig, run_bench
+from specee.eval.modes import REGISTRY, StrategySpec, register
 from specee.eval.report import RECORD_FIELDS
 from specee.sampling import SamplingParams
 from specee.stats import GenerationStats
@@ -42,14 +42,14 @@ class ShallowLossy(Autoregressive):
 
 @pytest.fixture
 def lossy_mode():
-    spec = register(StrategySpec("shallow", False, lambda engine, options: ShallowLossy(), "test only"))
+    spec = register(StrategySpec("shallow", False, lambda engine, options: ShallowLossy()))
     yield spec
     del REGISTRY[spec.name]
 
 
 @pytest.fixture
 def broken_mode():
-    spec = register(StrategySpec("broken", True, lambda engine, options: OffByOne(), "test only"))
+    spec = register(StrategySpec("broken", True, lambda engine, options: OffByOne()))
     yield spec
     del REGISTRY[spec.name]
 
@@ -144,7 +144,7 @@ class EndsAfterThree(Autoregressive):
 def eos_mode(tiny_tokenizer):
     assert 2 in tiny_tokenizer.eos_token_ids
     EndsAfterThree.runs = 0
-    spec = register(StrategySpec("ends", True, lambda engine, options: EndsAfterThree(), "test only"))
+    spec = register(StrategySpec("ends", True, lambda engine, options: EndsAfterThree()))
     yield spec
     del REGISTRY[spec.name]
 
@@ -196,7 +196,7 @@ def test_a_mode_that_cannot_be_built_for_the_model_is_skipped_with_why(tiny_engi
     def refuse(engine, options):
         raise ValueError("its table was trained for another tokenizer")
 
-    spec = register(StrategySpec("picky", True, refuse, "test only"))
+    spec = register(StrategySpec("picky", True, refuse))
     try:
         modes, skipped = bench_modes.build_modes(tiny_engine, ["dense", "picky"], SamplingParams(), threads=2)
     finally:

@@ -50,7 +50,7 @@ def test_copy_alone_out_of_range_is_refused(capsys):
 
 def test_drafter_flag_with_another_method_is_refused(capsys):
     code = main(["generate", "hello", "--spec-method", "ngram", "--drafter", "x.pt"])
-    assert code == 2 and "applies to the eagle and kangaroo methods" in capsys.readouterr().err
+    assert code == 2 and "applies to the eagle, eagle-copy and kangaroo methods, not ngram" in capsys.readouterr().err
 
 
 def test_train_eagle_from_the_command_line(tmp_path, default_engine, monkeypatch):

@@ -5,39 +5,27 @@ strategy builds a fresh proposer for every generation, so requests never share d
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Callable
 
-from ..drafters.base import Proposer
-from ..drafters.draft_model import DraftModel, StagedDraft
 from ..drafters.eagle import BUNDLED as BUNDLED_EAGLE
-from ..drafters.eagle import EagleArtifact, EagleDrafter, EagleModel
-from ..drafters.hybrid import Hybrid
+from ..drafters.eagle import EagleArtifact, EagleModel
 from ..drafters.kangaroo import BUNDLED as BUNDLED_KANGAROO
-from ..drafters.kangaroo import KangarooArtifact, KangarooDrafter, KangarooModel
-from ..drafters.ngram import NgramModel, NgramProposer
-from ..drafters.prompt_lookup import PromptLookup
+from ..drafters.kangaroo import KangarooArtifact, KangarooModel
+from ..drafters.ngram import NgramModel
+from ..drafters.registry import METHODS, SpecMethod, find_method
 from ..loader import dtype_name, load_parts
 from ..model.llama import Transformer
 from ..tokenizer import Tokenizer
 from ..verification.tree import StaticTree, parse_tree_paths, static_tree
 from .speculative import Speculative
 
-# eagle-copy: the copy alone from this reliability up (a match of 4+ tokens by the copy prior);
-# tuned on the tuning slice (BENCHMARKS.md).
-COPY_ALONE = 0.7
-METHODS = ("prompt-lookup", "ngram", "hybrid", "draft", "staged", "eagle", "eagle-copy", "kangaroo")
-EAGLE_METHODS = ("eagle", "eagle-copy")  # the trained head's own dynamic tree (eagle-copy: mixed with prompt lookup)
-TRAINED_METHODS = (*EAGLE_METHODS, "kangaroo")  # a drafter file from `specee train`
 BUNDLED_NGRAM = Path(__file__).resolve().parent.parent / "artifacts" / "smollm2-135m-instruct.trigram.pt"
-# Methods whose drafter has a probability per drafted token, which --draft-confidence reads.
-SCORED_CHAIN_METHODS = ("ngram", "hybrid", "draft", "kangaroo")
 
 
 @dataclass
 class SpecOptions:
-    method: str
+    method: str  # a registered method (drafters/registry.py)
     num_draft_tokens: int = 8
     tree: str | None = None  # None: chain; "auto": dynamic tree; else rank paths "0;1;0,0"
     # On the 2-core CPU a pass over 5 inputs costs little more than one, over 9 about 1.2-1.4x;
@@ -56,33 +44,35 @@ class SpecOptions:
     min_copy_match: int = 1
     drafter: str | None = None  # a trained drafter file (eagle, kangaroo); default: the bundled one
     # eagle-copy: draft prompt lookup's copy alone, skipping the head, when it is at least this
-    # reliable (default COPY_ALONE).
+    # reliable (default: drafters.eagle.COPY_ALONE).
     copy_alone: float | None = None
+    given: frozenset[str] = field(default=frozenset(), init=False, repr=False)  # the options the user set
 
     @classmethod
     def from_dict(cls, options: dict) -> "SpecOptions":
-        known = {f.name for f in fields(cls)}
+        known = {f.name for f in fields(cls) if f.init}
         unknown = set(options) - known
         if unknown:
             raise ValueError(f"unknown speculative options {sorted(unknown)}")
-        return cls(**options)
+        opts = cls(**options)
+        opts.given = frozenset(options)
+        return opts
 
     def check(self) -> None:
-        if self.method not in METHODS:
-            raise ValueError(f"unknown speculative method {self.method!r} (choose from none, {', '.join(METHODS)})")
+        method = find_method(self.method)
         if self.tree is not None and not self.tree.strip():
             raise ValueError('an empty tree: write --tree auto or rank paths like "0;1;0,0" (or leave it out for a chain)')
-        if self.method in EAGLE_METHODS and self.tree is not None:
+        if method.own_tree and self.tree is not None:
             raise ValueError(f"{self.method} drafts its own dynamic tree: leave the tree option out "
                              "(tree_budget, tree_width and tree_min_prob shape it)")
-        if self.drafter is not None and self.method not in TRAINED_METHODS:
-            raise ValueError(f"a drafter file applies to the eagle and kangaroo methods, not {self.method}")
-        if self.copy_alone is not None:
-            if self.method != "eagle-copy":
-                raise ValueError(f"copy_alone applies to the eagle-copy method, not {self.method}")
-            if not 0 <= self.copy_alone <= 1:
-                raise ValueError(f"copy_alone must be in [0, 1], got {self.copy_alone}")
-        dynamic = self.method in EAGLE_METHODS or (self.tree is not None and self.tree.strip() == "auto")
+        for option in dict.fromkeys(o for m in METHODS.values() for o in m.options):
+            if getattr(self, option, None) is not None and option not in method.options:
+                *others, last = [name for name, m in METHODS.items() if option in m.options]
+                names = f"{', '.join(others)} and {last} methods" if others else f"{last} method"
+                raise ValueError(f"{option} applies to the {names}, not {self.method}")
+        if self.copy_alone is not None and not 0 <= self.copy_alone <= 1:
+            raise ValueError(f"copy_alone must be in [0, 1], got {self.copy_alone}")
+        dynamic = method.own_tree or (self.tree is not None and self.tree.strip() == "auto")
         for name, value in (("tree_min_prob", self.tree_min_prob), ("confidence_threshold", self.confidence_threshold)):
             if not 0 <= value <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {value}")
@@ -97,9 +87,9 @@ class SpecOptions:
         if self.confidence_threshold:
             if self.tree is not None:
                 raise ValueError("confidence_threshold applies to chains; trees stop growing at tree_min_prob")
-            if self.method not in SCORED_CHAIN_METHODS:
+            if not method.scored:
                 raise ValueError(f"confidence_threshold needs a drafter with probabilities "
-                                 f"({', '.join(SCORED_CHAIN_METHODS)}), not {self.method}")
+                                 f"({', '.join(name for name, m in METHODS.items() if m.scored)}), not {self.method}")
 
 
 class Artifacts:
@@ -177,15 +167,15 @@ QUANTIZED_TREE_NODE_COST = 0.3
 QUANTIZED_EAGLE_BUDGET = 3
 
 
-def sized_for_weights(model: Transformer, options: dict) -> dict:
+def sized_for_weights(model: Transformer, method: SpecMethod, options: dict) -> dict:
     """`options` with the draft-size defaults for what the model's extra rows cost filled in."""
     if model.extra_row_cost < COSTLY_ROW:
         return options
-    method, tree = options.get("method"), options.get("tree")
-    if method in EAGLE_METHODS:
+    tree = options.get("tree")
+    if method.own_tree:
         defaults = {"tree_budget": QUANTIZED_EAGLE_BUDGET}
-    elif method == "kangaroo":
-        defaults = {}  # its artifact's gamma and eta
+    elif method.trained:
+        defaults = {}  # its artifact's draft length
     elif tree is None:
         defaults = {"num_draft_tokens": QUANTIZED_CHAIN_LENGTH}
     elif isinstance(tree, str) and tree.strip() == "auto":
@@ -196,74 +186,18 @@ def sized_for_weights(model: Transformer, options: dict) -> dict:
 
 
 def build_speculative(artifacts: Artifacts, options: dict) -> Speculative:
-    options = sized_for_weights(artifacts.model, options)
-    opts = SpecOptions.from_dict(options)
+    """The registered method's proposers in the speculative loop, drafts shaped by the options
+    (or by the drafter, where it settles them itself)."""
+    method = find_method(options.get("method"))
+    opts = SpecOptions.from_dict(sized_for_weights(artifacts.model, method, options))
     opts.check()
-    if opts.method in EAGLE_METHODS:
-        return _eagle(artifacts, opts, given=set(options))
-    if opts.method == "kangaroo":
-        return _kangaroo(artifacts, opts, given=set(options))
-    make_proposer = _proposer_factory(artifacts, opts)
+    drafting = method.build(opts, artifacts)
     tree: StaticTree | str | None = None
     if opts.tree is not None:
         tree = "auto" if opts.tree.strip() == "auto" else static_tree(parse_tree_paths(opts.tree))
     name = opts.method + ("" if tree is None else "-tree")
-    return Speculative(make_proposer, opts.num_draft_tokens, tree, opts.tree_budget, opts.tree_width or 4,
-                       opts.adaptive, name, tree_min_prob=opts.tree_min_prob, node_cost=opts.tree_node_cost)
-
-
-def _eagle(artifacts: Artifacts, opts: SpecOptions, given: set[str]) -> Speculative:
-    """The head's own tree, shaped by the settings stored in its artifact unless options override them."""
-    eagle = artifacts.eagle(opts.drafter)
-    settings = eagle.settings
-    depth = opts.num_draft_tokens if "num_draft_tokens" in given else settings.depth
-    width = opts.tree_width if opts.tree_width else settings.width
-    budget = opts.tree_budget if "tree_budget" in given else settings.budget
-    min_prob = opts.tree_min_prob if "tree_min_prob" in given else settings.min_prob
-    if opts.method == "eagle":
-        return Speculative(lambda: EagleDrafter(eagle, depth, width, budget, min_prob), depth, tree_budget=budget,
-                           tree_width=width, adaptive=False, name="eagle")
-    # Copies may run deeper than the head drafts (the head still stops at `depth`).
-    copy_length = max(depth, opts.num_draft_tokens)
-    copy_alone = COPY_ALONE if opts.copy_alone is None else opts.copy_alone
-
-    def make_proposer() -> EagleDrafter:
-        return EagleDrafter(eagle, depth, width, budget, min_prob, PromptLookup(num_draft_tokens=copy_length),
-                            copy_alone)
-
-    return Speculative(make_proposer, copy_length, tree_budget=budget, tree_width=width, adaptive=False,
-                       name="eagle-copy")
-
-
-def _kangaroo(artifacts: Artifacts, opts: SpecOptions, given: set[str]) -> Speculative:
-    """Chains through the shared shallow layers; eta and gamma from the artifact unless given."""
-    if opts.tree is not None:
-        raise ValueError("kangaroo drafts chains: leave the tree option out")
-    kangaroo = artifacts.kangaroo(opts.drafter)
-    settings = kangaroo.settings
-    gamma = opts.num_draft_tokens if "num_draft_tokens" in given else settings.gamma
-    eta = opts.confidence_threshold if "confidence_threshold" in given else settings.eta
-    return Speculative(lambda: KangarooDrafter(kangaroo, eta, gamma), gamma, adaptive=False, name="kangaroo",
-                       shallow_layers=settings.layers)
-
-
-def _proposer_factory(artifacts: Artifacts, opts: SpecOptions) -> Callable[[], Proposer]:
-    """Loads what the method needs now (so bad paths fail before generation), and returns a
-    function that makes a fresh proposer over it."""
-    n, confidence = opts.num_draft_tokens, opts.confidence_threshold
-    vocab_size = artifacts.model.config.vocab_size
-    if opts.method == "prompt-lookup":
-        return lambda: PromptLookup(num_draft_tokens=n)
-    if opts.method in ("ngram", "hybrid"):
-        table = artifacts.ngram(opts.ngram_model)
-        if opts.method == "ngram":
-            return lambda: NgramProposer(table, n, confidence)
-        return lambda: Hybrid(PromptLookup(num_draft_tokens=n), NgramProposer(table, n, confidence),
-                              opts.min_copy_match)
-    model, layers = artifacts.draft_model(opts.draft_model)
-    if opts.method == "draft":
-        return lambda: DraftModel(model, layers, confidence, vocab_size)
-    inner_table = artifacts.ngram(opts.ngram_model) if opts.ngram_model else None
-    # The cheap proposer inside staged drafting: the n-gram table when given, else prompt lookup.
-    return lambda: StagedDraft(DraftModel(model, layers, vocab_size=vocab_size),
-                               NgramProposer(inner_table) if inner_table else PromptLookup())
+    return Speculative(drafting.make_proposer, drafting.num_draft_tokens or opts.num_draft_tokens, tree,
+                       drafting.tree_budget or opts.tree_budget, drafting.tree_width or opts.tree_width or 4,
+                       opts.adaptive if drafting.adaptive is None else drafting.adaptive, name,
+                       tree_min_prob=opts.tree_min_prob, node_cost=opts.tree_node_cost,
+                       shallow_layers=drafting.shallow_layers)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterator, NamedTuple
 
 import torch
 
@@ -97,57 +97,95 @@ class Speculative:
                                 min_prob=self.tree_min_prob, node_cost=self.node_cost)
         return self.tree.fill(expand)
 
-    def decode(self, state: DecodeState) -> Iterator[list[int]]:
-        model, cache, sampler, stats = state.model, state.cache, state.sampler, state.stats
-        tokens = state.tokens
+    def start_proposer(self, tokens: list[int], sampler, cache, hidden, shallow) -> Proposer:
+        """A fresh proposer after the prefill of `tokens`, given the target's states a drafter
+        reads (`hidden`, the last layer's) or shares (`shallow`, with the cache they are in)."""
         proposer = self.make_proposer()
         proposer.reset(tokens, sampler)
         if proposer.wants_features:
-            proposer.observe(state.hidden)
+            proposer.observe(hidden)
         if self.shallow_layers:
-            proposer.share_target(cache, state.shallow)
-            deep = range(self.shallow_layers, model.config.num_hidden_layers)
-            deep_bytes = model.layers_bytes(deep) + model.head_bytes
+            proposer.share_target(cache, shallow)
+        return proposer
+
+    def decode(self, state: DecodeState, verifier: FullPass | None = None) -> Iterator[list[int]]:
+        """Draft, verify, extend: the one speculative loop. `verifier` (default: one full pass) runs
+        the target over the root and the draft, accepts, and rewinds the cache to the accepted path."""
+        tokens, stats = state.tokens, state.stats
+        proposer = self.start_proposer(tokens, state.sampler, state.cache, state.hidden, state.shallow)
+        verifier = verifier or FullPass(state, self.shallow_layers)
         length = DraftLength(self.num_draft_tokens, self.num_draft_tokens, self.adaptive)
-        root = int(sampler.pick(state.logits)[0])
+        root = int(state.sampler.pick(state.logits)[0])
         tokens.append(root)
         yield [root]
+        verifier.update(tokens, 0)
         while True:
-            prefix = cache.length  # the cache holds everything before the root (until the drafter runs)
             began = time.perf_counter()
             draft = self.draft(proposer, tokens, length.current)
             drafted = time.perf_counter()
             layout = TreeLayout.of(draft)
-            is_chain = draft.is_chain
-            positions = layout.positions(prefix).to(model.device)
-            mask = None if is_chain else layout.attention_mask().to(model.device)
-            if draft.shallow is None:
-                ids = torch.tensor([tokens[-1], *draft.tokens], device=model.device)  # [n + 1]
-                hidden = model.hidden(ids, positions, cache, mask)  # [n + 1, hidden]: the forward, in its pieces
-                pass_bytes = model.weight_bytes
-            else:  # the drafter ran the shallow layers for these inputs, in this cache
-                hidden = model.run_layers(draft.shallow, positions, cache, mask, deep)
-                pass_bytes = deep_bytes
-            logits = model.logits(model.norm(hidden))  # [n + 1, vocab]
-            verified = time.perf_counter()
-            if sampler.greedy:
-                accepted, next_token = accept_greedy(draft, logits.argmax(-1))
-            else:
-                accepted, next_token = accept_sampling(draft, sampler.probs(logits), sampler.generator)
-            if is_chain:
-                cache.truncate(prefix + 1 + len(accepted))
-            else:
-                cache.keep(prefix, [prefix] + [prefix + 1 + node for node in accepted])
-            new = [draft.tokens[node] for node in accepted] + [next_token]
-            if proposer.wants_features:
-                proposer.observe(hidden[[0] + [1 + node for node in accepted]])
+            verified = verifier.verify(tokens, draft, layout)
+            accepted = verified.accepted
+            new = [draft.tokens[node] for node in accepted] + [verified.next_token]
+            if proposer.wants_features:  # the accepted path's states, where the pass ended
+                proposer.observe(verified.hidden[verified.rows])
             tokens.extend(new)
             proposed = max(layout.depths, default=0)
             stats.record_pass(proposed, len(accepted))
             stats.draft_s += drafted - began
-            stats.verify_s += verified - drafted
+            stats.verify_s += time.perf_counter() - drafted
             stats.draft_nodes += len(draft)
-            stats.weight_bytes += pass_bytes + proposer.take_bytes_read()
+            stats.weight_bytes += proposer.take_bytes_read()
             length.update(proposed, len(accepted))
             proposer.update(tokens, len(accepted))
+            verifier.update(tokens, len(accepted))
             yield new
+
+
+class Verified(NamedTuple):
+    accepted: list[int]  # the accepted draft nodes, root to leaf
+    next_token: int  # the target's own token after them
+    logits: torch.Tensor  # [rows, vocab] the pass's logits (row 0: the root's) ...
+    hidden: torch.Tensor  # [rows, hidden] ... and its states where it ended
+    rows: list[int]  # the rows of the root and the accepted nodes
+
+
+class FullPass:
+    """Verification by one target pass (above a self-drafter's shared layers, which it ran)."""
+
+    def __init__(self, state: DecodeState, shallow_layers: int | None) -> None:
+        self.model, self.cache, self.sampler, self.stats = state.model, state.cache, state.sampler, state.stats
+        self.shallow_layers = shallow_layers or 0
+        self.deep = range(self.shallow_layers, self.model.config.num_hidden_layers)
+        self.deep_bytes = self.model.layers_bytes(self.deep) + self.model.head_bytes
+
+    def verify(self, tokens: list[int], draft: Draft, layout: TreeLayout) -> Verified:
+        model, cache = self.model, self.cache
+        prefix = cache.lengths[self.shallow_layers]  # the layers the pass runs hold everything before the root
+        positions = layout.positions(prefix).to(model.device)
+        mask = None if draft.is_chain else layout.attention_mask().to(model.device)
+        if draft.shallow is None:
+            ids = torch.tensor([tokens[-1], *draft.tokens], device=model.device)  # [n + 1]
+            hidden = model.hidden(ids, positions, cache, mask)  # [n + 1, hidden]: the forward, in its pieces
+            self.stats.weight_bytes += model.weight_bytes
+        else:  # the drafter ran the shallow layers for these inputs, in this cache
+            hidden = model.run_layers(draft.shallow, positions, cache, mask, self.deep)
+            self.stats.weight_bytes += self.deep_bytes
+        logits = model.logits(model.norm(hidden))  # [n + 1, vocab]
+        if self.sampler.greedy:
+            accepted, next_token = accept_greedy(draft, logits.argmax(-1))
+        else:
+            accepted, next_token = accept_sampling(draft, self.sampler.probs(logits), self.sampler.generator)
+        keep_path(cache, prefix, draft, accepted)
+        return Verified(accepted, next_token, logits, hidden, [0] + [1 + node for node in accepted])
+
+    def update(self, tokens: list[int], num_accepted: int) -> None:
+        """Told after each step, as proposers are (a verifier with a drafter of its own follows)."""
+
+
+def keep_path(cache, prefix: int, draft: Draft, accepted: list[int]) -> None:
+    """Rewind the cache to the root (at `prefix`) and the accepted draft nodes."""
+    if draft.is_chain:
+        cache.truncate(prefix + 1 + len(accepted))
+    else:
+        cache.keep(prefix, [prefix] + [prefix + 1 + node for node in accepted])

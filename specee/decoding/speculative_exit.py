@@ -17,20 +17,18 @@ where the pass stopped, since the layers above never ran.
 """
 from __future__ import annotations
 
-import time
 from typing import Callable, Iterator
 
 import torch
 
-from ..drafters.base import Proposer
 from ..model.llama import Transformer
 from ..stats import GenerationStats
 from ..verification.acceptance import accept_greedy
 from ..verification.draft import Draft
 from ..verification.tree import TreeLayout
 from .base import DecodeState
-from .early_exit import Candidates, Check, ExitPass, ExitPolicy, PassResult, Settle
-from .speculative import MAX_DRAFT_NODES, DraftLength, Speculative
+from .early_exit import Candidates, Check, ExitPass, ExitPolicy, Settle
+from .speculative import MAX_DRAFT_NODES, Speculative, Verified, keep_path
 
 
 class SpeculativeExit:
@@ -47,69 +45,79 @@ class SpeculativeExit:
         self.name = name
 
     def decode(self, state: DecodeState) -> Iterator[list[int]]:
+        """The speculative loop, its passes verified with exits."""
         if not state.sampler.greedy:
             raise ValueError("exits inside speculative verification run greedy only (temperature 0)")
-        model, cache, stats, tokens = state.model, state.cache, state.stats, state.tokens
-        spec = self.speculative
-        proposer, guesser = spec.make_proposer(), self.candidates.make_proposer()
-        proposer.reset(tokens, state.sampler)
-        guesser.reset(tokens, state.sampler)
-        if proposer.wants_features:
-            proposer.observe(state.hidden)
-        if spec.shallow_layers:
-            proposer.share_target(cache, state.shallow)
-        runner = ExitPass(model, cache, self.make_policy(), self.kv, stats)
-        length = DraftLength(spec.num_draft_tokens, spec.num_draft_tokens, spec.adaptive)
-        root = int(state.sampler.pick(state.logits)[0])
-        tokens.append(root)
-        yield [root]
-        guesser.update(tokens, 0)
-        while True:
-            began = time.perf_counter()
-            draft = spec.draft(proposer, tokens, length.current)
-            drafted = time.perf_counter()
-            layout = TreeLayout.of(draft)
-            accepted, next_token, result = self.verify(runner, guesser, tokens, draft, layout)
-            new = [draft.tokens[node] for node in accepted] + [next_token]
-            if proposer.wants_features:  # the accepted path's states, where the pass stopped
-                proposer.observe(result.hidden[[result.kept.index(row) for row in [0, *(1 + n for n in accepted)]]])
-            tokens.extend(new)
-            proposed = max(layout.depths, default=0)
-            stats.record_pass(proposed, len(accepted))
-            stats.exit_layers.append(result.layers)
-            stats.draft_s += drafted - began
-            stats.verify_s += time.perf_counter() - drafted
-            stats.draft_nodes += len(draft)
-            stats.weight_bytes += proposer.take_bytes_read()
-            length.update(proposed, len(accepted))
-            proposer.update(tokens, len(accepted))
-            guesser.update(tokens, len(accepted))
-            yield new
+        runner = ExitPass(state.model, state.cache, self.make_policy(), self.kv, state.stats)
+        return self.speculative.decode(state, ExitVerifier(self, runner, state.tokens, state.sampler))
 
-    def verify(self, runner: ExitPass, guesser: Proposer, context: list[int], draft: Draft, layout: TreeLayout
-               ) -> tuple[list[int], int, PassResult]:
+    def teacher_forced(self, model: Transformer, ids: list[int], prefix: int) -> tuple[torch.Tensor, GenerationStats]:
+        """Score `ids` as `EarlyExit.teacher_forced` does. Each position's logits come from a
+        verification pass with exits over [ids[t]] + the draft after ids[:t + 1]: the root row's,
+        where the pass settled. The pass's other rows are then forgotten, as after a step that
+        accepted no draft token."""
+        if not 1 <= prefix < len(ids):
+            raise ValueError(f"teacher forcing needs 1 <= prefix < {len(ids)}, got {prefix}")
+        spec = self.speculative
+        stats = GenerationStats()
+        out = []
+        with torch.inference_mode():
+            cache = model.new_cache(len(ids) + MAX_DRAFT_NODES + 1)
+            _, hidden, shallow = model.prefill(ids[:prefix], cache, spec.shallow_layers)
+            proposer = spec.start_proposer(ids[:prefix], None, cache, hidden, shallow)
+            runner = ExitPass(model, cache, self.make_policy(), self.kv, stats)
+            verifier = ExitVerifier(self, runner, ids[:prefix], None)
+            for t in range(prefix, len(ids) - 1):
+                context = ids[: t + 1]
+                if t > prefix:
+                    proposer.update(context, 0)
+                    verifier.update(context, 0)
+                draft = spec.draft(proposer, context, spec.num_draft_tokens)
+                verified = verifier.verify(context, draft, TreeLayout.of(draft))
+                runner.rewind(t + 1)
+                if proposer.wants_features:
+                    proposer.observe(verified.hidden[:1])
+                out.append(verified.logits[:1])
+        return torch.cat(out), stats
+
+
+class ExitVerifier:
+    """Verification passes with exits for one generation: each row's candidates from its own
+    guesser, the pass run by `runner`."""
+
+    def __init__(self, strategy: SpeculativeExit, runner: ExitPass, prompt: list[int], sampler) -> None:
+        self.candidates, self.shallow_layers = strategy.candidates, strategy.shallow_layers or 0
+        self.runner = runner
+        self.guesser = strategy.candidates.make_proposer()
+        self.guesser.reset(prompt, sampler)
+
+    def update(self, tokens: list[int], num_accepted: int) -> None:
+        self.guesser.update(tokens, num_accepted)
+
+    def verify(self, context: list[int], draft: Draft, layout: TreeLayout) -> Verified:
         """One verification pass with exits over [context[-1]] + `draft`, the cache rewound to the
-        accepted path (`layout`: the draft's): (the accepted draft nodes, the next token, the pass)."""
-        model = runner.model
+        accepted path (`layout`: the draft's)."""
+        runner, model = self.runner, self.runner.model
         nodes = [-1, *range(len(draft))]  # the draft node of each row; the root is -1
-        picks = [self.candidates.pick(guesser, context + [draft.tokens[n] for n in layout.path_to(node)], model.device,
-                                      [draft.tokens[child] for child in layout.children(node)]) for node in nodes]
+        picks = [self.candidates.pick(self.guesser, context + [draft.tokens[n] for n in layout.path_to(node)],
+                                      model.device, [draft.tokens[child] for child in layout.children(node)])
+                 for node in nodes]
         candidates = torch.stack([ids for ids, _ in picks])  # [rows, K]
         drafter_probs = torch.tensor([prob for _, prob in picks])
         tree = None if draft.is_chain else layout.attention_mask().to(model.device)
         depths = None if draft.is_chain else [0, *layout.depths]
-        position = runner.cache.lengths[self.shallow_layers or 0]
+        position = runner.cache.lengths[self.shallow_layers]
         result = runner.run([context[-1], *draft.tokens], candidates, drafter_probs,
                             self._settle(runner, layout, draft, candidates), tree, depths, draft.shallow,
-                            self.shallow_layers or 0)
+                            self.shallow_layers)
+        runner.stats.exit_layers.append(result.layers)
         if result.layers < runner.num_layers:  # exited: the pass kept the settled path and its bonus row
-            return [row - 1 for row in result.kept[1:]], int(result.logits[-1].argmax()), result
-        accepted, next_token = accept_greedy(draft, result.logits.argmax(-1))
-        if draft.is_chain:
-            runner.cache.truncate(position + 1 + len(accepted))
+            accepted, next_token = [row - 1 for row in result.kept[1:]], int(result.logits[-1].argmax())
         else:
-            runner.cache.keep(position, [position] + [position + 1 + node for node in accepted])
-        return accepted, next_token, result
+            accepted, next_token = accept_greedy(draft, result.logits.argmax(-1))
+            keep_path(runner.cache, position, draft, accepted)
+        return Verified(accepted, next_token, result.logits, result.hidden,
+                        [result.kept.index(row) for row in [0, *(1 + node for node in accepted)]])
 
     @staticmethod
     def _settle(runner: ExitPass, layout: TreeLayout, draft: Draft, candidates: torch.Tensor) -> Settle:
@@ -146,38 +154,3 @@ class SpeculativeExit:
             return path, top[[index[row] for row in path]]
 
         return settle
-
-    def teacher_forced(self, model: Transformer, ids: list[int], prefix: int) -> tuple[torch.Tensor, GenerationStats]:
-        """Score `ids` as `EarlyExit.teacher_forced` does. Each position's logits come from a
-        verification pass with exits over [ids[t]] + the draft after ids[:t + 1]: the root row's,
-        where the pass settled. The pass's other rows are then forgotten, as after a step that
-        accepted no draft token."""
-        if not 1 <= prefix < len(ids):
-            raise ValueError(f"teacher forcing needs 1 <= prefix < {len(ids)}, got {prefix}")
-        spec = self.speculative
-        stats = GenerationStats()
-        proposer, guesser = spec.make_proposer(), self.candidates.make_proposer()
-        out = []
-        with torch.inference_mode():
-            cache = model.new_cache(len(ids) + MAX_DRAFT_NODES + 1)
-            _, hidden, shallow = model.prefill(ids[:prefix], cache, spec.shallow_layers)
-            proposer.reset(ids[:prefix], None)
-            guesser.reset(ids[:prefix], None)
-            if proposer.wants_features:
-                proposer.observe(hidden)
-            if spec.shallow_layers:
-                proposer.share_target(cache, shallow)
-            runner = ExitPass(model, cache, self.make_policy(), self.kv, stats)
-            for t in range(prefix, len(ids) - 1):
-                context = ids[: t + 1]
-                if t > prefix:
-                    proposer.update(context, 0)
-                    guesser.update(context, 0)
-                draft = spec.draft(proposer, context, spec.num_draft_tokens)
-                _, _, result = self.verify(runner, guesser, context, draft, TreeLayout.of(draft))
-                runner.rewind(t + 1)
-                if proposer.wants_features:
-                    proposer.observe(result.hidden[:1])
-                stats.exit_layers.append(result.layers)
-                out.append(result.logits[:1])
-        return torch.cat(out), stats

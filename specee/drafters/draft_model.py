@@ -10,6 +10,9 @@ from ..model.llama import Transformer
 from ..sampling import Sampler
 from ..verification.draft import Draft
 from .base import Proposer
+from .ngram import NgramProposer
+from .prompt_lookup import PromptLookup
+from .registry import Drafting, SpecMethod, register
 
 # Draft-cache slots allocated at the start of a generation; the cache grows when it fills.
 INITIAL_CACHE_SLOTS = 512
@@ -143,3 +146,23 @@ class StagedDraft(Proposer):
 
     def update(self, context: list[int], num_accepted: int) -> None:
         self.inner.update(context, num_accepted)
+
+
+def _draft_method(opts, artifacts) -> Drafting:
+    model, layers = artifacts.draft_model(opts.draft_model)
+    vocab_size = artifacts.model.config.vocab_size
+    return Drafting(lambda: DraftModel(model, layers, opts.confidence_threshold, vocab_size))
+
+
+def _staged_method(opts, artifacts) -> Drafting:
+    """The draft model sped up by a cheap proposer: the n-gram table when given, else prompt lookup."""
+    model, layers = artifacts.draft_model(opts.draft_model)
+    table = artifacts.ngram(opts.ngram_model) if opts.ngram_model else None
+    vocab_size = artifacts.model.config.vocab_size
+    return Drafting(lambda: StagedDraft(DraftModel(model, layers, vocab_size=vocab_size),
+                                        NgramProposer(table) if table else PromptLookup()))
+
+
+# The target's first 6 layers as the draft model (alone, or sped up by prompt lookup).
+register(SpecMethod("draft", _draft_method, scored=True, bench={"draft-self": {"draft_model": "self:6"}}))
+register(SpecMethod("staged", _staged_method, bench={"staged": {"draft_model": "self:6"}}))

@@ -27,6 +27,7 @@ from ..sampling import Sampler
 from ..verification.draft import Draft
 from .base import Proposer
 from .prompt_lookup import PromptLookup
+from .registry import Drafting, SpecMethod, register
 from .trained import TrainedArtifact, drafter_cache, reduced_scorer, run_like_target, weight_element_size
 
 BUNDLED = Path(__file__).resolve().parent.parent / "artifacts" / "smollm2-135m-instruct.eagle.pt"
@@ -221,3 +222,35 @@ def merge_path(nodes: list[DraftNode], tokens: list[int], token_log_prob: float)
         else:
             nodes[same].score = max(nodes[same].score, score)
         parent = same
+
+
+# eagle-copy: the copy alone from this reliability up (a match of 4+ tokens by the copy prior);
+# tuned on the tuning slice (BENCHMARKS.md).
+COPY_ALONE = 0.7
+
+
+def _eagle_method(copy: bool):
+    def build(opts, artifacts) -> Drafting:
+        """The head's own tree, shaped by the settings stored in its artifact unless options
+        override them; with `copy`, prompt lookup's copies mixed in, which may run deeper than the
+        head drafts (the head still stops at `depth`)."""
+        eagle = artifacts.eagle(opts.drafter)
+        settings, given = eagle.settings, opts.given
+        depth = opts.num_draft_tokens if "num_draft_tokens" in given else settings.depth
+        width = opts.tree_width or settings.width
+        budget = opts.tree_budget if "tree_budget" in given else settings.budget
+        min_prob = opts.tree_min_prob if "tree_min_prob" in given else settings.min_prob
+        if not copy:
+            return Drafting(lambda: EagleDrafter(eagle, depth, width, budget, min_prob), depth, budget, width, False)
+        copy_length = max(depth, opts.num_draft_tokens)
+        copy_alone = COPY_ALONE if opts.copy_alone is None else opts.copy_alone
+        return Drafting(lambda: EagleDrafter(eagle, depth, width, budget, min_prob,
+                                             PromptLookup(num_draft_tokens=copy_length), copy_alone),
+                        copy_length, budget, width, False)
+
+    return build
+
+
+register(SpecMethod("eagle", _eagle_method(copy=False), own_tree=True, options=("drafter",), bench={"eagle": {}}))
+register(SpecMethod("eagle-copy", _eagle_method(copy=True), own_tree=True, options=("drafter", "copy_alone"),
+                    bench={"eagle-copy": {}}))

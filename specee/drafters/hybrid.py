@@ -6,7 +6,7 @@ from ..verification.draft import Draft
 from .base import Proposer
 from .ngram import NgramProposer
 from .prompt_lookup import PromptLookup
-
+from .registry import Drafting, SpecMethod, register
 
 
 class Hybrid(Proposer):
@@ -40,3 +40,12 @@ class Hybrid(Proposer):
     def update(self, context: list[int], num_accepted: int) -> None:
         self.lookup.update(context, num_accepted)
         self.table.update(context, num_accepted)
+
+
+def _hybrid_method(opts, artifacts) -> Drafting:
+    table, n = artifacts.ngram(opts.ngram_model), opts.num_draft_tokens
+    return Drafting(lambda: Hybrid(PromptLookup(num_draft_tokens=n), NgramProposer(table, n, opts.confidence_threshold),
+                                   opts.min_copy_match))
+
+
+register(SpecMethod("hybrid", _hybrid_method, scored=True, bench={"hybrid": {}, "hybrid-tree": {"tree": "auto"}}))

@@ -29,6 +29,7 @@ from ..model.llama import Attention, RMSNorm, Transformer
 from ..sampling import Sampler
 from ..verification.draft import Draft
 from .base import Proposer
+from .registry import Drafting, SpecMethod, register
 from .trained import TrainedArtifact, drafter_cache, reduced_scorer, run_like_target, weight_element_size
 
 BUNDLED = Path(__file__).resolve().parent.parent / "artifacts" / "smollm2-135m-instruct.kangaroo.pt"
@@ -183,3 +184,18 @@ class KangarooDrafter(Proposer):
         self.fed = min(self.fed, committed)
         self.adapter_cache.truncate(self.fed)
         self.pending = shallow[self.fed - root:committed - root]
+
+
+def _kangaroo_method(opts, artifacts) -> Drafting:
+    """Chains through the shared shallow layers; eta and gamma from the artifact unless given."""
+    if opts.tree is not None:
+        raise ValueError("kangaroo drafts chains: leave the tree option out")
+    kangaroo = artifacts.kangaroo(opts.drafter)
+    settings, given = kangaroo.settings, opts.given
+    gamma = opts.num_draft_tokens if "num_draft_tokens" in given else settings.gamma
+    eta = opts.confidence_threshold if "confidence_threshold" in given else settings.eta
+    return Drafting(lambda: KangarooDrafter(kangaroo, eta, gamma), gamma, adaptive=False,
+                    shallow_layers=settings.layers)
+
+
+register(SpecMethod("kangaroo", _kangaroo_method, scored=True, options=("drafter",), bench={"kangaroo": {}}))

@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from ..verification.draft import Draft
 from .base import Proposer
+from .registry import Drafting, SpecMethod, register
 
 FORMAT = "specee-ngram"
 FORMAT_VERSION = 1
@@ -297,3 +298,11 @@ class NgramProposer(Proposer):
 
     def candidates(self, context: list[int], k: int) -> list[tuple[int, float]]:
         return self.model.top_k(context[len(context) - (self.model.order - 1) :], k)
+
+
+def _ngram_method(opts, artifacts) -> Drafting:
+    table = artifacts.ngram(opts.ngram_model)
+    return Drafting(lambda: NgramProposer(table, opts.num_draft_tokens, opts.confidence_threshold))
+
+
+register(SpecMethod("ngram", _ngram_method, scored=True, bench={"ngram": {}, "ngram-tree": {"tree": "auto"}}))

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from ..verification.draft import Draft
 from .base import Proposer
 from .copy_reliability import MAX_MATCH, CopyReliability
+from .registry import Drafting, SpecMethod, register
 from .suffix_index import SuffixIndex
 
 # A match's length is read off this many of its latest occurrences (the longest agreement wins).
@@ -117,3 +118,11 @@ def ranked_continuations(context: list[int], follows: list[int], k: int) -> list
         counts[context[position]] = counts.get(context[position], 0) + 1
     ranked = sorted(counts.items(), key=lambda item: -item[1])[:k]  # stable: keeps latest-first ties
     return [(token, count / len(follows)) for token, count in ranked]
+
+
+def _prompt_lookup_method(opts, artifacts) -> Drafting:
+    return Drafting(lambda: PromptLookup(num_draft_tokens=opts.num_draft_tokens))
+
+
+register(SpecMethod("prompt-lookup", _prompt_lookup_method,
+                    bench={"prompt-lookup": {}, "prompt-lookup-tree": {"tree": "auto"}}))

@@ -7,15 +7,58 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 
-from ..decoding.registry import REGISTRY, StrategySpec
+from ..decoding.base import Strategy
+from ..drafters.registry import METHODS
 from ..engine import Engine
 from ..sampling import SamplingParams
 
 LLAMA_CPP_INSTALL = "pip install 'specee[llamacpp]' (builds llama.cpp from source, ~15 minutes on 2 cores)"
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    """A named decoding mode: a strategy with fixed options. `specee bench` runs every registered
+    one, so a new mode needs no benchmark code."""
+
+    name: str
+    lossless: bool
+    build: Callable[[Engine, dict], Strategy]  # (engine, options over the mode's own) -> a ready strategy
+
+
+REGISTRY: dict[str, StrategySpec] = {}
+
+
+def register(spec: StrategySpec) -> StrategySpec:
+    REGISTRY[spec.name] = spec
+    return spec
+
+
+def engine_mode(name: str, **defaults) -> StrategySpec:
+    """`engine.strategy` with these options; exits are lossy by nature."""
+    return register(StrategySpec(name, "exit" not in defaults,
+                                 lambda engine, options: engine.strategy(**(defaults | options))))
+
+
+engine_mode("dense")  # one target pass per token
+for _method in METHODS.values():  # the modes each drafter module declares (drafters/registry.py)
+    for _name, _options in _method.bench.items():
+        engine_mode(_name, spec_method=_method.name, **_options)
+# Early exit by the bundled per-layer predictors on prompt-lookup/trigram candidates; the skipped
+# layers' KV exact (caught up by the next pass) unless approx (computed from the exit state).
+engine_mode("exit-specee", exit="specee")
+engine_mode("exit-specee-approx", exit="specee", exit_kv="approx")
+# The draft-token rule: top token >= 0.99 or draft token >= 0.9, from 7/8 of the depth.
+engine_mode("exit-rule", exit="rule")
+# Speculation whose verification passes exit early (trees: hyper-tokens; Kangaroo: above its layers).
+engine_mode("hybrid+exit-specee", exit="specee", spec_method="hybrid")
+engine_mode("hybrid+exit-rule", exit="rule", spec_method="hybrid")
+engine_mode("hybrid-tree+exit-specee", exit="specee", spec_method="hybrid", tree="auto")
+engine_mode("eagle-copy+exit-specee", exit="specee", spec_method="eagle-copy")
+engine_mode("kangaroo+exit-specee", exit="specee", spec_method="kangaroo")
 
 
 @dataclass

@@ -6,8 +6,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ..decoding.builder import METHODS
 from ..decoding.speculative import MAX_DRAFT_NODES
+from ..drafters.registry import find_method
+
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 
 
@@ -38,8 +39,8 @@ class SpecOptions(Strict):
     @field_validator("spec_method")
     @classmethod
     def _known_method(cls, method):
-        if method is not None and method not in ("none", *METHODS):
-            raise ValueError(f"unknown spec_method {method!r} (choose from none, {', '.join(METHODS)})")
+        if method not in (None, "none"):
+            find_method(method)  # read at each request, so methods registered after import count
         return method
 
 
