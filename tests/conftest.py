@@ -5,7 +5,8 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-torch.set_num_threads(2)
+# Two test runs side by side each take one core: SPECEE_TEST_THREADS=1 (two threads a core run 10x slower).
+torch.set_num_threads(int(os.environ.get("SPECEE_TEST_THREADS", 2)))
 
 import specee.model.loading as loading  # noqa: E402
 from tiers import require_slow, running  # noqa: E402
