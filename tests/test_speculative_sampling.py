@@ -144,7 +144,12 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", CASES)
+# The fast tier samples one chain and one tree; every other drafter and setting runs in the full run.
+FAST_CASES = ("chain, temperature", "static tree, temperature")
+
+
+@pytest.mark.parametrize("case", [pytest.param(case, marks=() if case in FAST_CASES else pytest.mark.slow)
+                                  for case in CASES])
 def test_speculative_sampling_matches_plain_sampling(model, case):
     make_strategy, params = CASES[case]
     expected = exact_joint(model, params)
@@ -231,11 +236,13 @@ def second_token_counts(draft_class) -> torch.Tensor:
     return counts
 
 
+@pytest.mark.slow
 def test_draft_confidence_keeps_the_target_distribution():
     counts = second_token_counts(DraftModel)
     assert chi_square_p_value(counts, torch.tensor([0.5, 0.5])) > P_VALUE_THRESHOLD
 
 
+@pytest.mark.slow
 def test_the_confidence_test_catches_a_bias_of_five_points():
     counts = second_token_counts(ConfidenceAfterDrawing)
     assert chi_square_p_value(counts, torch.tensor([0.5, 0.5])) < P_VALUE_THRESHOLD
