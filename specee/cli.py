@@ -55,6 +55,7 @@ def _add_model_options(p: argparse.ArgumentParser, default_quantization: str = "
 
 
 def _add_sampling_options(p: argparse.ArgumentParser) -> None:
+    from .decoding.config import add_flags
     from .drafters.registry import METHODS  # importing the drafters registers the built-in methods
 
     p.add_argument("--max-tokens", type=int, default=256, help="most tokens to generate (default 256)")
@@ -64,42 +65,7 @@ def _add_sampling_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, help="random seed for sampling")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-sequence (benchmarks)")
-    p.add_argument("--spec-method", default="none", help=f"none, {', '.join(METHODS)} (all lossless)")
-    p.add_argument("--num-draft-tokens", type=_positive_int,
-                   help="draft tokens per step (default 8, adapted; kangaroo: gamma, its artifact's)")
-    p.add_argument("--tree", help='verify a tree: "auto" (best-first under --tree-budget) or rank paths "0;1;0,0"')
-    p.add_argument("--tree-budget", type=_positive_int, help="draft nodes per tree (default 4)")
-    p.add_argument("--draft-model", help="draft model path, or self:L for the target's first L layers")
-    p.add_argument("--ngram-model", help="n-gram table from `specee train ngram` (default: the bundled one)")
-    p.add_argument("--drafter", help="trained drafter from `specee train eagle` or `specee train kangaroo` "
-                                     "(default: the bundled one)")
-    p.add_argument("--copy-alone", type=float,
-                   help="eagle-copy: draft prompt lookup's copy alone (no head pass) when it is at least this "
-                        "reliable (default 0.7; 1 = always mix)")
-    p.add_argument("--tree-width", type=_positive_int,
-                   help="--tree auto and eagle: candidates per expanded node (default 4; eagle: its artifact's)")
-    p.add_argument("--draft-confidence", type=float,
-                   help="chains (ngram, hybrid, draft, kangaroo): the last token drafted is the first whose "
-                        "drafter top probability is below this (kangaroo: eta, its artifact's)")
-    p.add_argument("--tree-min-prob", type=float,
-                   help="--tree auto and eagle: stop growing where the best path's probability is below this "
-                        "(eagle: its artifact's, 0.5 for the bundled head)")
-    p.add_argument("--tree-node-cost", type=float,
-                   help="--tree auto: one more node's cost as a fraction of a one-token pass; growth stops "
-                        "when a node would lower the expected tokens per pass cost (default 0: budget only)")
-    p.add_argument("--exit", default="none",
-                   help="early exit (lossy): none, specee (trained per-layer predictors) or rule (the draft-token "
-                        "rule, no training); with a --spec-method, inside the verification of its chains or trees "
-                        "(greedy) (default none)")
-    p.add_argument("--exit-predictors", help="predictors from `specee train exits` (default: the bundled ones)")
-    p.add_argument("--exit-threshold", type=float,
-                   help="--exit specee: exit where a predictor's output is above this (default: the predictors' own; "
-                        "above 1 never exits)")
-    p.add_argument("--exit-kv", choices=("exact", "approx"),
-                   help="skipped layers' KV: exact (caught up in the next pass, default) or approx (from the exit state)")
-    p.add_argument("--exit-rule", help="--exit rule: P1,P2[,W[,L]]: exit when the top token's probability reaches P1 "
-                                       "or the draft token's P2 (W: weight of the drafter's own probability; L: the "
-                                       "first layer checked, default 7/8 of the depth) (default 0.99,0.9)")
+    add_flags(p, tuple(METHODS))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -367,36 +333,24 @@ def cmd_bench_serve(args) -> int:
 
 
 def _sampling_kwargs(args) -> dict:
-    return dict(
-        max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-        seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos, spec_method=args.spec_method,
-        num_draft_tokens=args.num_draft_tokens, tree=args.tree, tree_budget=args.tree_budget,
-        draft_model=args.draft_model, ngram_model=args.ngram_model, confidence_threshold=args.draft_confidence,
-        tree_node_cost=args.tree_node_cost, tree_min_prob=args.tree_min_prob, tree_width=args.tree_width,
-        drafter=args.drafter, copy_alone=args.copy_alone, exit=args.exit, exit_predictors=args.exit_predictors,
-        exit_threshold=args.exit_threshold, exit_kv=args.exit_kv, exit_rule=args.exit_rule,
-    )
+    return dict(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos)
 
 
 def _validate_sampling(args) -> None:
-    # Checked before the model loads, so bad flags fail in milliseconds.
-    from .drafters.registry import METHODS
+    """Checked before the model loads, so bad flags fail in milliseconds; sets args.config, the
+    decoding configuration."""
+    from .decoding.config import from_flags
     from .sampling import SamplingParams
 
-    if args.spec_method not in ("none", *METHODS):
-        raise UsageError(f"unknown --spec-method {args.spec_method!r} (choose from none, {', '.join(METHODS)})")
+    try:
+        args.config = from_flags(args)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     if args.max_tokens <= 0:
         raise UsageError(f"--max-tokens must be a positive integer, got {args.max_tokens}")
-    if args.exit not in ("none", "specee", "rule"):
-        raise UsageError(f"unknown --exit {args.exit!r} (choose from none, specee, rule)")
-    if args.exit != "none" and args.spec_method != "none" and args.temperature > 0:
+    if args.config.greedy_only and args.temperature > 0:
         raise UsageError("--exit inside speculative verification runs greedy only: use --temperature 0")
-    given = [f"--{name.replace('_', '-')}" for name in ("exit_predictors", "exit_threshold", "exit_kv", "exit_rule")
-             if getattr(args, name) is not None]
-    if given and args.exit == "none":
-        raise UsageError(f"{', '.join(given)} need --exit specee or --exit rule")
-    if args.tree_node_cost is not None and args.tree_node_cost < 0:
-        raise UsageError(f"--tree-node-cost must be >= 0, got {args.tree_node_cost}")
     try:
         SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     except ValueError as e:
@@ -461,7 +415,7 @@ def cmd_generate(args) -> int:
     if not prompt.strip():
         raise UsageError("the prompt is empty")
     engine = _load(args)
-    stream = engine.stream(prompt, chat=not args.no_chat, **_sampling_kwargs(args))
+    stream = engine.stream(prompt, args.config, chat=not args.no_chat, **_sampling_kwargs(args))
     for event in stream:
         sys.stdout.write(event.text)
         sys.stdout.flush()
@@ -486,7 +440,7 @@ def cmd_chat(args) -> int:
         if not line.strip():
             break
         messages.append({"role": "user", "content": line})
-        stream = engine.stream(messages, **_sampling_kwargs(args))
+        stream = engine.stream(messages, args.config, **_sampling_kwargs(args))
         for event in stream:
             sys.stdout.write(event.text)
             sys.stdout.flush()
@@ -520,7 +474,7 @@ def cmd_serve(args) -> int:
     source = engine.source
     config = ServerConfig(
         model_id=source.stem if source and source.is_file() else (source.name if source else "specee"),
-        defaults=Defaults.from_options(_sampling_kwargs(args)),
+        defaults=Defaults(_sampling_kwargs(args), args.config),
         api_key=args.api_key, max_queue=args.max_queue, request_timeout=args.request_timeout,
     )
     serve(engine, config, args.host, args.port)

@@ -12,8 +12,8 @@ import torch
 from .decoding.autoregressive import Autoregressive
 from .decoding.base import DecodeState, Strategy
 from .decoding.builder import Artifacts, build_speculative
+from .decoding.config import MAX_DRAFT_NODES, SpecConfig
 from .decoding.exit_builder import build_early_exit
-from .decoding.speculative import MAX_DRAFT_NODES
 from .loader import load_parts
 from .model.cache import KVCache
 from .model.llama import Transformer
@@ -96,40 +96,30 @@ class Engine:
             pass
         return stream.result
 
-    def stream(self, prompt: str | Messages | list[int], spec_method: str | None = None, **options) -> "Generation":
+    def stream(self, prompt: str | Messages | list[int], config: SpecConfig | str | None = None,
+               **options) -> "Generation":
         """Options: max_tokens, temperature, top_k, top_p, seed, stop, ignore_eos, chat, and either a
-        ready `strategy` or speculative decoding settings: spec_method (none or a registered method,
-        drafters/registry.py) with any of num_draft_tokens, tree ("auto" or rank paths "0;1;0,0"),
-        tree_budget, tree_width, tree_min_prob, draft_model (a path or "self:L"), ngram_model, drafter,
-        copy_alone, confidence_threshold, adaptive; or early exit (lossy): exit ("specee" or "rule")
-        with exit_predictors, exit_threshold, exit_kv, exit_rule."""
+        ready `strategy` or a decoding configuration: a SpecConfig, or its keywords (spec_method,
+        tree, ..., exit, exit_kv, ...; decoding/config.py declares them all)."""
         spec = {k: options.pop(k) for k in list(options) if k not in GENERATION_OPTIONS}
-        spec = {k: v for k, v in spec.items() if v is not None}
-        exit_kind = spec.pop("exit", "none")
-        if spec_method not in (None, "none") or exit_kind != "none":
-            options["strategy"] = self.strategy(spec_method, exit=exit_kind, **spec)
-        elif spec:
-            raise ValueError(f"options {sorted(spec)} need a spec_method or an exit (or are unknown)")
+        if config is not None or spec:
+            options["strategy"] = self.strategy(config, **spec)
         return Generation(self, prompt, **options)
 
-    def strategy(self, spec_method: str | None = None, exit: str | None = None, **options) -> Strategy:
-        """The decoding strategy for these options. Tables, draft models and predictors load once
-        per engine; the strategy itself holds no per-request state, so it may be reused and shared.
-
-        Early exit: exit ("none", "specee", "rule") with exit_predictors, exit_threshold, exit_kv
-        ("exact", "approx") and exit_rule ("P1,P2[,W]")."""
-        options = {k: v for k, v in options.items() if v is not None}
-        exit_options = {k.removeprefix("exit_"): options.pop(k) for k in list(options) if k.startswith("exit_")}
-        if exit not in (None, "none"):
-            speculative = None
-            if spec_method not in (None, "none"):
-                speculative = build_speculative(self.artifacts, {"method": spec_method, **options})
-            return build_early_exit(self.artifacts, {"kind": exit, **exit_options}, speculative)
-        if exit_options:
-            raise ValueError(f"options {sorted('exit_' + k for k in exit_options)} need an exit (specee or rule)")
-        if spec_method in (None, "none"):
+    def strategy(self, config: SpecConfig | str | None = None, **keywords) -> Strategy:
+        """The decoding strategy for a configuration, given whole or as keywords (a method name
+        first stands for spec_method). Tables, draft models and predictors load once per engine;
+        the strategy holds no per-request state, so it may be reused and shared."""
+        if not isinstance(config, SpecConfig):
+            config = SpecConfig.from_keywords({"spec_method": config, **keywords} if config else keywords)
+        elif keywords:
+            config = config.merged(keywords)
+        if config.exit.kind != "none":
+            speculative = None if config.method == "none" else build_speculative(self.artifacts, config)
+            return build_early_exit(self.artifacts, config.exit, speculative)
+        if config.method == "none":
             return Autoregressive()
-        return build_speculative(self.artifacts, {"method": spec_method, **options})
+        return build_speculative(self.artifacts, config)
 
     def new_cache(self, prompt_tokens: int, max_tokens: int) -> KVCache:
         """A cache for one generation: room for all it may write, allocated as it goes."""

@@ -241,7 +241,7 @@ def test_modes_take_options_for_tuning_sweeps(tiny_engine):
     with pytest.raises(ValueError, match="key=value"):
         bench_modes.parse_mode("hybrid[tree_budget]")
     _, skipped = bench_modes.build_modes(tiny_engine, ["prompt-lookup[colour=red]"], SamplingParams(), threads=2)
-    assert skipped and "unknown speculative options" in skipped[0]
+    assert skipped and "unknown options" in skipped[0]
 
 
 def test_engine_and_hf_stop_at_the_same_end_of_sequence_unless_told_not_to(tiny_tokenizer, tmp_path, monkeypatch):

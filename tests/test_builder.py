@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from helpers import tiny_model
-from specee.decoding.builder import SpecOptions
+from specee.decoding.config import SpecConfig
 from specee.drafters.base import Proposer
 from specee.drafters.draft_model import DraftModel, fit_vocabulary
 from specee.engine import Engine
@@ -27,8 +27,8 @@ def engine(tiny_tokenizer):
     (dict(tree="auto", tree_min_prob=1.5), r"tree_min_prob must be in \[0, 1\]"),
     (dict(confidence_threshold=0.5), "needs a drafter with probabilities"),
     (dict(method="ngram", tree="auto", confidence_threshold=0.5), "trees stop growing at tree_min_prob"),
-    (dict(method="teleport"), "unknown speculative method"),
-    (dict(colour="red"), "unknown speculative options"),
+    (dict(method="teleport"), "unknown spec_method 'teleport'"),
+    (dict(colour="red"), "unknown options"),
 ])
 def test_options_that_would_be_ignored_are_refused(engine, options, message):
     options = {"method": "prompt-lookup", **options}
@@ -97,9 +97,9 @@ def test_padded_draft_vocabulary_scores_the_targets_tokens(engine):
     assert fit_vocabulary(logits, 4)[0, 3] == float("-inf")
 
 
-def test_spec_options_reject_unknown_fields():
-    with pytest.raises(ValueError, match="unknown speculative options"):
-        SpecOptions.from_dict({"method": "ngram", "warp": 9})
+def test_spec_config_rejects_unknown_keywords():
+    with pytest.raises(ValueError, match=r"unknown options \['warp'\]"):
+        SpecConfig.from_keywords({"spec_method": "ngram", "warp": 9})
 
 
 @pytest.mark.slow

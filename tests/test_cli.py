@@ -161,9 +161,9 @@ def test_chat_keeps_the_conversation(capsys, monkeypatch, default_engine):
     seen = []
     real_stream = default_engine.stream
 
-    def recording_stream(messages, **options):
+    def recording_stream(messages, *config, **options):
         seen.append([dict(m) for m in messages])
-        return real_stream(messages, **options)
+        return real_stream(messages, *config, **options)
 
     lines = iter(["My name is Ada.", "What is my name?"])
 

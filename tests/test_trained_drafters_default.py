@@ -34,7 +34,7 @@ def test_greedy_trained_drafters_equal_dense_stopping_at_eos(default_engine, den
     ("eagle", ["--copy-alone", "0.5"], "copy_alone applies to the eagle-copy method"),
     ("kangaroo", ["--tree", "auto"], "kangaroo drafts chains"),
     ("kangaroo", ["--drafter", "/no/such/adapter.pt"], "does not exist"),
-    ("kangaroo", ["--draft-confidence", "1.5"], "confidence_threshold must be in [0, 1]"),
+    ("kangaroo", ["--draft-confidence", "1.5"], "--draft-confidence must be in [0, 1]"),
 ])
 def test_bad_trained_drafter_flags_exit_2_with_a_message(capsys, method, flags, message):
     code = main(["generate", "hello", "--max-tokens", "4", "--spec-method", method, *flags])
@@ -45,7 +45,7 @@ def test_bad_trained_drafter_flags_exit_2_with_a_message(capsys, method, flags, 
 def test_copy_alone_out_of_range_is_refused(capsys):
     code = main(["generate", "hello", "--max-tokens", "4", "--spec-method", "eagle-copy", "--copy-alone", "2"])
     err = capsys.readouterr().err
-    assert code == 2 and "copy_alone must be in [0, 1]" in err and "Traceback" not in err
+    assert code == 2 and "--copy-alone must be in [0, 1]" in err and "Traceback" not in err
 
 
 def test_drafter_flag_with_another_method_is_refused(capsys):

@@ -6,54 +6,32 @@ drafter would cost a pass of its own per token, more than exits can save on this
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-
 from ..drafters.hybrid import Hybrid
 from ..drafters.ngram import NgramProposer
 from ..drafters.prompt_lookup import PromptLookup
 from ..exits.policy import LearnedExit, RuleExit, RuleSettings
 from ..exits.predictors import BUNDLED, ExitArtifact, ExitPredictors
 from .builder import Artifacts, given_or_bundled
-from .early_exit import KV_MODES, Candidates, EarlyExit
+from .config import ExitConfig
+from .early_exit import Candidates, EarlyExit
 from .speculative import Speculative
 from .speculative_exit import SpeculativeExit
 
-EXIT_KINDS = ("specee", "rule")
 RULE_CANDIDATES = 4
 
 
-@dataclass
-class ExitOptions:
-    kind: str
-    predictors: str | None = None  # a file from `specee train exits`; default: the bundled one
-    threshold: float | None = None  # default: the artifact's
-    kv: str = "exact"
-    rule: str | None = None  # "P1,P2[,W]" for the rule
-
-    def check(self) -> None:
-        if self.kind not in EXIT_KINDS:
-            raise ValueError(f"unknown exit {self.kind!r} (choose from none, {', '.join(EXIT_KINDS)})")
-        if self.kv not in KV_MODES:
-            raise ValueError(f"exit KV must be one of {', '.join(KV_MODES)}, got {self.kv!r}")
-        if self.kind == "rule" and (self.predictors is not None or self.threshold is not None):
-            raise ValueError("the exit rule has no predictors or threshold: set it with the rule option (P1,P2[,W])")
-        if self.kind == "specee" and self.rule is not None:
-            raise ValueError("the rule option applies to the rule exit, not specee")
-        if self.threshold is not None and not 0 <= self.threshold:
-            raise ValueError(f"exit threshold must be >= 0 (above 1: never exit), got {self.threshold}")
-
-    def rule_settings(self) -> RuleSettings:
-        if self.rule is None:
-            return RuleSettings()
-        try:
-            values = [float(v) for v in str(self.rule).split(",")]
-        except ValueError:
-            values = []
-        if len(values) not in (2, 3, 4) or (len(values) == 4 and not values[3].is_integer()):
-            raise ValueError(f"exit rule {self.rule!r}: write P1,P2[,W[,L]] (e.g. 0.8,0.5; L: a layer number)")
-        settings = RuleSettings(*values[:3], *(int(v) for v in values[3:]))
-        settings.check()
-        return settings
+def rule_settings(rule: str | None) -> RuleSettings:
+    if rule is None:
+        return RuleSettings()
+    try:
+        values = [float(v) for v in str(rule).split(",")]
+    except ValueError:
+        values = []
+    if len(values) not in (2, 3, 4) or (len(values) == 4 and not values[3].is_integer()):
+        raise ValueError(f"exit rule {rule!r}: write P1,P2[,W[,L]] (e.g. 0.8,0.5; L: a layer number)")
+    settings = RuleSettings(*values[:3], *(int(v) for v in values[3:]))
+    settings.check()
+    return settings
 
 
 def exit_predictors(artifacts: Artifacts, path: str | None) -> tuple[ExitArtifact, ExitPredictors]:
@@ -68,29 +46,24 @@ def exit_predictors(artifacts: Artifacts, path: str | None) -> tuple[ExitArtifac
     return artifacts.trained("exits", path, load)
 
 
-def build_early_exit(artifacts: Artifacts, options: dict, speculative: Speculative | None = None
+def build_early_exit(artifacts: Artifacts, config: ExitConfig, speculative: Speculative | None = None
                      ) -> EarlyExit | SpeculativeExit:
     """Exits in plain decoding, or inside the verification passes of `speculative`."""
-    known = {f.name for f in fields(ExitOptions)}
-    unknown = set(options) - known
-    if unknown:
-        raise ValueError(f"unknown exit options {sorted('exit_' + k for k in unknown)}")
-    opts = ExitOptions(**options)
-    opts.check()
     model = artifacts.model
     num_layers = model.config.num_hidden_layers - 1  # layers with a decision (the last needs none)
-    if opts.kind == "specee":
-        artifact, predictors = exit_predictors(artifacts, opts.predictors)
+    kv = config.kv or "exact"
+    if config.kind == "specee":
+        artifact, predictors = exit_predictors(artifacts, config.predictors)
         if predictors.num_layers != num_layers:
             raise ValueError(f"the exit predictors cover {predictors.num_layers} layers, the model has {num_layers + 1}")
         settings = artifact.settings
-        threshold = settings.threshold if opts.threshold is None else opts.threshold
+        threshold = settings.threshold if config.threshold is None else config.threshold
         candidates = settings.candidates
 
         def make_policy():
             return LearnedExit(predictors, settings, threshold)
     else:
-        rule = opts.rule_settings()
+        rule = rule_settings(config.rule)
         candidates = RULE_CANDIDATES
 
         def make_policy():
@@ -98,11 +71,11 @@ def build_early_exit(artifacts: Artifacts, options: dict, speculative: Speculati
 
         make_policy()  # a bad first layer fails here, not when a generation starts
 
-    name = f"exit-{opts.kind}" + ("-approx" if opts.kv == "approx" else "")
+    name = f"exit-{config.kind}" + ("-approx" if kv == "approx" else "")
     if speculative is not None:
-        return SpeculativeExit(speculative, exit_candidates(artifacts, candidates), make_policy, opts.kv,
+        return SpeculativeExit(speculative, exit_candidates(artifacts, candidates), make_policy, kv,
                                name=f"{speculative.name}+{name}")
-    return EarlyExit(exit_candidates(artifacts, candidates), make_policy, opts.kv, name=name)
+    return EarlyExit(exit_candidates(artifacts, candidates), make_policy, kv, name=name)
 
 
 def exit_candidates(artifacts: Artifacts, k: int) -> Candidates:

@@ -19,8 +19,8 @@ from ..verification.acceptance import accept_greedy, accept_sampling
 from ..verification.draft import Draft
 from ..verification.tree import StaticTree, TreeLayout, dynamic_tree
 from .base import DecodeState
+from .config import MAX_DRAFT_NODES
 
-MAX_DRAFT_NODES = 64  # verification writes this many cache slots past the output at most
 
 
 @dataclass

@@ -227,6 +227,7 @@ def merge_path(nodes: list[DraftNode], tokens: list[int], token_log_prob: float)
 # eagle-copy: the copy alone from this reliability up (a match of 4+ tokens by the copy prior);
 # tuned on the tuning slice (BENCHMARKS.md).
 COPY_ALONE = 0.7
+COPY_LENGTH = 8  # eagle-copy: copies run this deep unless the user sets a draft length
 
 
 def _eagle_method(copy: bool):
@@ -235,14 +236,14 @@ def _eagle_method(copy: bool):
         override them; with `copy`, prompt lookup's copies mixed in, which may run deeper than the
         head drafts (the head still stops at `depth`)."""
         eagle = artifacts.eagle(opts.drafter)
-        settings, given = eagle.settings, opts.given
-        depth = opts.num_draft_tokens if "num_draft_tokens" in given else settings.depth
+        settings = eagle.settings
+        depth = opts.num_draft_tokens or settings.depth
         width = opts.tree_width or settings.width
-        budget = opts.tree_budget if "tree_budget" in given else settings.budget
-        min_prob = opts.tree_min_prob if "tree_min_prob" in given else settings.min_prob
+        budget = opts.tree_budget or settings.budget
+        min_prob = settings.min_prob if opts.tree_min_prob is None else opts.tree_min_prob
         if not copy:
             return Drafting(lambda: EagleDrafter(eagle, depth, width, budget, min_prob), depth, budget, width, False)
-        copy_length = max(depth, opts.num_draft_tokens)
+        copy_length = max(depth, opts.num_draft_tokens or COPY_LENGTH)
         copy_alone = COPY_ALONE if opts.copy_alone is None else opts.copy_alone
         return Drafting(lambda: EagleDrafter(eagle, depth, width, budget, min_prob,
                                              PromptLookup(num_draft_tokens=copy_length), copy_alone),

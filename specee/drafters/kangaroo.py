@@ -191,9 +191,9 @@ def _kangaroo_method(opts, artifacts) -> Drafting:
     if opts.tree is not None:
         raise ValueError("kangaroo drafts chains: leave the tree option out")
     kangaroo = artifacts.kangaroo(opts.drafter)
-    settings, given = kangaroo.settings, opts.given
-    gamma = opts.num_draft_tokens if "num_draft_tokens" in given else settings.gamma
-    eta = opts.confidence_threshold if "confidence_threshold" in given else settings.eta
+    settings = kangaroo.settings
+    gamma = opts.num_draft_tokens or settings.gamma
+    eta = settings.eta if opts.confidence_threshold is None else opts.confidence_threshold
     return Drafting(lambda: KangarooDrafter(kangaroo, eta, gamma), gamma, adaptive=False,
                     shallow_layers=settings.layers)
 

@@ -26,8 +26,8 @@ class Drafting:
 @dataclass(frozen=True)
 class SpecMethod:
     name: str
-    # (options, artifacts) -> Drafting. `options`: the checked SpecOptions, whose `given` names
-    # what the user set; `artifacts`: the engine's tables and models, loaded once (with .model and
+    # (config, artifacts) -> Drafting. `config`: the checked, resolved SpecConfig (a trained
+    # drafter's sizes left unset unless the user set them); `artifacts`: the engine's tables and models, loaded once (with .model and
     # .tokenizer). It loads what it needs now, so a bad path fails before any generation.
     build: Callable[[Any, Any], Drafting]
     scored: bool = False  # a probability per drafted token, which confidence_threshold reads

@@ -7,14 +7,13 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from ..engine import GENERATION_OPTIONS, Engine, Event, Generation, Result
+from ..decoding.config import SpecConfig
+from ..engine import Engine, Event, Generation, Result
 from ..text_stream import TextStream
 from .schemas import BadRequest, ChatRequest, CompletionRequest, Sampling
 
-# Distinct speculative option sets whose strategies are kept (strategies hold no request state).
+# Distinct speculative configurations whose strategies are kept (strategies hold no request state).
 STRATEGY_CACHE_SIZE = 32
-# Server-side speculative options a request cannot set (they name files on the server).
-SERVER_ONLY_SPEC = ("ngram_model", "drafter", "exit_predictors")
 
 
 @dataclass
@@ -22,37 +21,22 @@ class Defaults:
     """What a request gets for what it leaves out: the `specee serve` flags."""
 
     generation: dict = field(default_factory=lambda: {"max_tokens": 256})  # max_tokens, temperature, ...
-    spec: dict = field(default_factory=dict)  # spec_method, tree, ... (None values dropped)
-
-    @classmethod
-    def from_options(cls, options: dict) -> "Defaults":
-        """Split the CLI's generation keywords into sampling and speculative defaults."""
-        generation = {k: v for k, v in options.items() if k in GENERATION_OPTIONS}
-        spec = {k: v for k, v in options.items() if k not in GENERATION_OPTIONS and v is not None}
-        return cls(generation, spec)
+    spec: SpecConfig = field(default_factory=SpecConfig)
 
 
 class Planner:
-    """Builds each request's Generation; strategies are built once per distinct option set."""
+    """Builds each request's Generation; strategies are built once per distinct configuration."""
 
     def __init__(self, engine: Engine, defaults: Defaults) -> None:
         self.engine = engine
         self.defaults = defaults
-        self._strategy = functools.lru_cache(maxsize=STRATEGY_CACHE_SIZE)(self._build_strategy)
+        self._strategy = functools.lru_cache(maxsize=STRATEGY_CACHE_SIZE)(engine.strategy)
         # Bad server flags fail at start (a ValueError, as on the command line), not on a request.
-        self._strategy(tuple(sorted(defaults.spec.items())))
-
-    def _build_strategy(self, key: tuple):
-        return self.engine.strategy(**dict(key))
+        self._strategy(defaults.spec)
 
     def strategy_for(self, requested: dict | None):
-        spec = dict(self.defaults.spec)
-        if requested:
-            if "spec_method" in requested:  # a method of its own: the server's options would not fit it
-                spec = {k: v for k, v in spec.items() if k in SERVER_ONLY_SPEC}
-            spec.update(requested)
         try:
-            return self._strategy(tuple(sorted(spec.items())))
+            return self._strategy(self.defaults.spec.merged(requested) if requested else self.defaults.spec)
         except ValueError as e:
             raise BadRequest(f"specee: {e}", param="specee", code="invalid_value") from None
 

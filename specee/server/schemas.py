@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ..decoding.speculative import MAX_DRAFT_NODES
+from ..decoding.config import request_schema
 from ..drafters.registry import find_method
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
@@ -16,32 +16,11 @@ class Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
 
-class SpecOptions(Strict):
-    """The `specee` extension field: speculative and early-exit options for this request. A request
-    that names a spec_method replaces the server's defaults; one that does not adjusts them. Paths
-    to tables, draft models or exit predictors are server flags only, so a client cannot make the
-    server read its files."""
-
-    spec_method: str | None = None
-    num_draft_tokens: int | None = Field(None, ge=1, le=MAX_DRAFT_NODES)
-    tree: str | None = Field(None, max_length=400)
-    tree_budget: int | None = Field(None, ge=1, le=MAX_DRAFT_NODES)
-    tree_width: int | None = Field(None, ge=1, le=MAX_DRAFT_NODES)
-    draft_model: str | None = Field(None, pattern=r"^self:[0-9]{1,4}$")
-    confidence_threshold: float | None = Field(None, ge=0, le=1)
-    tree_min_prob: float | None = Field(None, ge=0, le=1)
-    tree_node_cost: float | None = Field(None, ge=0, le=100)
-    exit: Literal["none", "specee", "rule"] | None = None  # early exit (lossy); its predictors are the server's
-    exit_threshold: float | None = Field(None, ge=0, le=10)
-    exit_kv: Literal["exact", "approx"] | None = None
-    exit_rule: str | None = Field(None, max_length=40)
-
-    @field_validator("spec_method")
-    @classmethod
-    def _known_method(cls, method):
-        if method not in (None, "none"):
-            find_method(method)  # read at each request, so methods registered after import count
-        return method
+# The `specee` extension field: speculative and early-exit options for this request, declared in
+# decoding/config.py. A request that names a spec_method replaces the server's defaults; one that
+# does not adjusts them. Paths to tables, draft models or exit predictors are server flags only, so
+# a client cannot make the server read its files.
+SpecOptions = request_schema(Strict, find_method)  # methods are read at each request, so late ones count
 
 
 class StreamOptions(Strict):
