@@ -135,7 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     ngram.add_argument("--order", type=_positive_int, default=3)
     ngram.add_argument("--out", required=True, help="output file")
     eagle = train_sub.add_parser("eagle", help="an EAGLE-style feature head for --spec-method eagle")
-    _add_drafter_training_options(eagle, minutes=30.0)
+    _add_training_options(eagle, minutes=30.0)
+    eagle.add_argument("--resume", action="store_true", help="continue from OUT's checkpoint (.ckpt)")
     eagle.add_argument("--init", help="go on training this head (a second stage; keeps its vocabulary and settings)")
     eagle.add_argument("--unroll", type=_positive_int, default=1,
                        help="draft levels per training step, the head reading its own estimates (default 1)")
@@ -145,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
         eagle.add_argument(f"--{name}", type=kind, help=f"drafting default stored in the artifact: {text}")
     kangaroo = train_sub.add_parser("kangaroo", help="a Kangaroo adapter on the target's first layers for "
                                     "--spec-method kangaroo")
-    _add_drafter_training_options(kangaroo, minutes=20.0)
+    _add_training_options(kangaroo, minutes=20.0)
+    kangaroo.add_argument("--resume", action="store_true", help="continue from OUT's checkpoint (.ckpt)")
     kangaroo.add_argument("--layers", type=_positive_int, default=2,
                           help="l: the target's first layers the drafter shares (default 2)")
     kangaroo.add_argument("--eta", type=float, default=0.6,
@@ -154,15 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     kangaroo.add_argument("--gamma", type=_positive_int, default=6,
                           help="drafting default stored in the artifact: most draft tokens per step (default 6)")
     exits = train_sub.add_parser("exits", help="per-layer early-exit predictors for --exit specee")
-    _add_model_options(exits, TRAINING_QUANTIZATION)
-    exits.add_argument("--out", required=True, help="output file")
-    exits.add_argument("--corpus", action="append", default=[], help="text or Spec-Bench .jsonl file (repeatable)")
-    exits.add_argument("--no-sharegpt", action="store_true", help="leave out the ShareGPT conversations")
-    exits.add_argument("--tokens", type=_positive_int, default=60_000,
-                       help="corpus tokens (default 60000; every layer's full head runs on each)")
-    exits.add_argument("--minutes", type=float, default=5.0, help="predictor training time after collection (default 5)")
-    exits.add_argument("--epochs", type=_positive_int, default=30, help="most passes over the data (default 30)")
-    exits.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 0.001)")
+    _add_training_options(exits, minutes=5.0, tokens=60_000, epochs=30)
     exits.add_argument("--candidates", type=_positive_int, default=4, help="K: the drafter's guesses per token (default 4)")
     exits.add_argument("--fidelity", type=float, default=0.99,
                        help="the stored threshold is the lowest whose held-out exit fidelity reaches this (default 0.99)")
@@ -171,7 +165,6 @@ def build_parser() -> argparse.ArgumentParser:
     exits.add_argument("--balance-classes", action="store_true",
                        help="weight each layer's positives by its negatives/positives ratio (default: calibrated "
                             "outputs, the threshold handles the imbalance)")
-    exits.add_argument("--seed", type=int, default=0)
     prior = train_sub.add_parser("copy-prior", help="measure prompt lookup's copy hit rate by match length "
                                  "(the prior of drafters/copy_reliability.py)")
     _add_model_options(prior, TRAINING_QUANTIZATION)
@@ -182,20 +175,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_drafter_training_options(p: argparse.ArgumentParser, minutes: float) -> None:
+def _add_training_options(p: argparse.ArgumentParser, minutes: float, tokens: int = 400_000, epochs: int = 10) -> None:
     _add_model_options(p, TRAINING_QUANTIZATION)
     p.add_argument("--out", required=True, help="output file")
     p.add_argument("--corpus", action="append", default=[], help="text or Spec-Bench .jsonl file (repeatable)")
     p.add_argument("--no-sharegpt", action="store_true", help="leave out the ShareGPT conversations")
-    p.add_argument("--tokens", type=_positive_int, default=400_000, help="corpus tokens (default 400000)")
+    p.add_argument("--tokens", type=_positive_int, default=tokens, help=f"corpus tokens (default {tokens})")
     p.add_argument("--minutes", type=float, default=minutes, help=f"training time after collection (default {minutes:g})")
-    p.add_argument("--epochs", type=_positive_int, default=10, help="most passes over the corpus (default 10)")
-    p.add_argument("--resume", action="store_true", help="continue from OUT's checkpoint (.ckpt)")
+    p.add_argument("--epochs", type=_positive_int, default=epochs, help=f"most passes over the corpus (default {epochs})")
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 0.001)")
     p.add_argument("--seed", type=int, default=0)
 
 
-def _check_drafter_training_options(args) -> None:
+def _check_training_options(args) -> None:
     if not args.minutes > 0:
         raise UsageError(f"--minutes must be > 0, got {args.minutes}")
     if args.no_sharegpt and not args.corpus:
@@ -234,7 +226,7 @@ def _train_eagle(args) -> int:
     from .drafters.eagle import EagleArtifact, EagleSettings
     from .train.eagle import EagleTrainConfig, train_eagle
 
-    _check_drafter_training_options(args)
+    _check_training_options(args)
     if args.min_prob is not None and not 0 <= args.min_prob <= 1:
         raise UsageError(f"--min-prob must be in [0, 1], got {args.min_prob}")
     engine = _load(args)
@@ -254,7 +246,7 @@ def _train_kangaroo(args) -> int:
     from .drafters.kangaroo import KangarooSettings
     from .train.kangaroo import KangarooTrainConfig, train_kangaroo
 
-    _check_drafter_training_options(args)
+    _check_training_options(args)
     if not 0 <= args.eta <= 1:
         raise UsageError(f"--eta must be in [0, 1], got {args.eta}")
     engine = _load(args)
@@ -274,7 +266,7 @@ def _train_exits(args) -> int:
     from .decoding.exit_builder import exit_candidates
     from .train.exits import ExitTrainConfig, train_exits
 
-    _check_drafter_training_options(args)
+    _check_training_options(args)
     for name in ("fidelity", "coverage"):
         if not 0 < getattr(args, name) <= 1:
             raise UsageError(f"--{name} must be in (0, 1], got {getattr(args, name)}")
