@@ -12,8 +12,8 @@ import torch
 from .decoding.autoregressive import Autoregressive
 from .decoding.base import DecodeState, Strategy
 from .decoding.builder import Artifacts, build_speculative
-from .decoding.exit_builder import build_early_exit
 from .decoding.speculative import MAX_DRAFT_NODES
+from .exits.builder import build_early_exit
 from .loader import load_parts
 from .model.cache import KVCache
 from .model.llama import Transformer

@@ -9,16 +9,18 @@ import torch
 from helpers import decode, tiny_model
 from specee.decoding.autoregressive import Autoregressive
 from specee.decoding.base import DecodeState
-from specee.decoding.early_exit import Candidates, EarlyExit, ExitPass
 from specee.decoding.speculative import Speculative
-from specee.decoding.speculative_exit import SpeculativeExit
 from specee.drafters.draft_model import DraftModel
 from specee.drafters.kangaroo import Adapter, KangarooArtifact, KangarooDrafter, KangarooModel, KangarooSettings
 from specee.drafters.prompt_lookup import PromptLookup
+from specee.exits.autoregressive import EarlyExit
+from specee.exits.candidates import Candidates
 from specee.exits.features import layer_features
 from specee.exits.policy import LearnedExit, RuleExit, RuleSettings
 from specee.exits.predictors import ExitArtifact, ExitPredictors, ExitSettings
+from specee.exits.runner import ExitPass
 from specee.exits.scheduler import LayerScheduler
+from specee.exits.speculative import SpeculativeExit
 from specee.model.fingerprint import weights_fingerprint
 from specee.sampling import Sampler, SamplingParams
 from specee.stats import GenerationStats

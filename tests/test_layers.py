@@ -13,6 +13,7 @@ LAYERS = [
     ("cli", "eval", "train"),
     ("server",),  # the HTTP face of the engine; the CLI starts it, it never calls back up
     ("engine",),
+    ("exits.builder", "exits.autoregressive", "exits.speculative"),  # exit strategies: the loops with exits
     ("decoding", "loader"),
     ("drafters", "exits"),
     ("verification",),
@@ -21,8 +22,7 @@ LAYERS = [
 
 
 def layer_of(module: str) -> int:
-    first = module.split(".")[0]
-    return next(i for i, names in enumerate(LAYERS) if first in names)
+    return next(i for i, names in enumerate(LAYERS) if any(module == n or module.startswith(n + ".") for n in names))
 
 
 def imports_of(path: Path) -> set[str]:

@@ -21,14 +21,15 @@ from typing import Callable, Iterator
 
 import torch
 
+from ..decoding.base import DecodeState
+from ..decoding.speculative import MAX_DRAFT_NODES, Speculative, Verified, keep_path
 from ..model.llama import Transformer
 from ..stats import GenerationStats
 from ..verification.acceptance import accept_greedy
 from ..verification.draft import Draft
 from ..verification.tree import TreeLayout
-from .base import DecodeState
-from .early_exit import Candidates, Check, ExitPass, ExitPolicy, Settle
-from .speculative import MAX_DRAFT_NODES, Speculative, Verified, keep_path
+from .candidates import Candidates
+from .runner import Check, ExitPass, ExitPolicy, Settle
 
 
 class SpeculativeExit:

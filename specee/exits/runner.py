@@ -1,15 +1,11 @@
-"""Early exit (SpecEE) in plain autoregressive decoding: one pass per token, stopped after the
-first layer whose exit policy fires and whose full-head check agrees (the full-vocabulary argmax
-there is one of the candidates; that argmax is the token). Lossy: its cost is measured by the
-benchmark (exit fidelity, perplexity, divergence from dense), never assumed.
-
-Candidates: the drafter's top K guesses for the next token, filled up with the tokens the model
-emits most often when the drafter has fewer.
+"""One pass of the target stopped early: after each scheduled layer the exit policy is asked,
+row by row, whether to stop, and a firing row's full-head check decides whether the exit stands.
+The pass runs one token (plain decoding) or a draft's rows (verification).
 
 KV of the layers an exit skipped:
-- exact: the exited token's state waits; the next pass that reaches its first missing layer
-  takes it along in one batch (LayerSkip), so the cache ends up as full passes would have
-  written it for the tokens actually emitted.
+- exact: the exited rows' states wait; the next pass that reaches their first missing layer takes
+  them along in one batch (LayerSkip), so the cache ends up as full passes would have written it
+  for the tokens actually emitted.
 - approx: the skipped layers' keys and values are computed from the exit state at once.
 
 Per scheduled layer the decision reads one number back from the device (the predictor's output);
@@ -19,17 +15,15 @@ from __future__ import annotations
 
 import itertools
 import time
-from typing import Callable, Iterator, NamedTuple, Protocol
+from typing import Callable, NamedTuple, Protocol
 
 import torch
 
-from ..drafters.base import Proposer
-from ..exits.features import candidate_logits, exit_features
 from ..model.cache import KVCache
 from ..model.llama import AttentionBias, Transformer
 from ..model.rope import RopeAngles
 from ..stats import GenerationStats
-from .base import DecodeState
+from .features import candidate_logits, exit_features
 
 KV_MODES = ("exact", "approx")
 
@@ -219,100 +213,3 @@ class ExitPass:
         self.pending_states = waiting if kept_states is None else torch.cat((kept_states, waiting))
         self.pending_positions = self.pending_positions[:start] + list(range(first, end))
         self.pending_levels = self.pending_levels[:start] + [layer + 1] * waiting.shape[0]
-
-
-class Candidates:
-    """Where the exit decision's K candidates come from: a drafter's top K guesses for the next
-    token, filled up with `fallback` tokens (the model's most common) when it has fewer."""
-
-    def __init__(self, make_proposer: Callable[[], Proposer], fallback: list[int], k: int = 4) -> None:
-        if k < 1:
-            raise ValueError(f"exit candidates must be >= 1, got {k}")
-        if len(set(fallback)) < k:
-            raise ValueError(f"{k} candidates need at least {k} distinct fallback tokens")
-        self.make_proposer = make_proposer
-        self.fallback = list(fallback)
-        self.k = k
-
-    def pick(self, proposer: Proposer, context: list[int], device, leading: list[int] = ()) -> tuple[torch.Tensor, float]:
-        """(the K candidate ids for the token after `context`, the drafter's probability of the
-        first). `leading`: tokens that come first whatever the drafter says (the draft tokens being
-        verified after this position), at most K of them."""
-        guesses = proposer.candidates(context, self.k)
-        ids = [token for token, _ in guesses]
-        if leading:
-            probability = next((prob for token, prob in guesses if token == leading[0]), 0.0)
-            ids = list(dict.fromkeys([*leading, *ids]))[: self.k]
-            guesses = [(leading[0], probability)]
-        for token in self.fallback:
-            if len(ids) >= self.k:
-                break
-            if token not in ids:
-                ids.append(token)
-        return torch.tensor(ids, device=device), guesses[0][1] if guesses else 0.0
-
-    def table(self, ids: list[int], device) -> torch.Tensor:
-        """[T, K]: the candidates for the token after each position of `ids` (teacher forcing)."""
-        proposer = self.make_proposer()
-        proposer.reset(ids[:1], None)
-        rows = []
-        for t in range(len(ids)):
-            if t:
-                proposer.update(ids[: t + 1], 0)
-            rows.append(self.pick(proposer, ids[: t + 1], device)[0])
-        return torch.stack(rows)
-
-
-class EarlyExit:
-    """Autoregressive decoding with early exits; a recipe like Speculative (fresh drafter and
-    policy per generation)."""
-
-    lossless = False
-
-    def __init__(self, candidates: Candidates, make_policy: Callable[[], ExitPolicy], kv: str = "exact",
-                 name: str = "exit") -> None:
-        if kv not in KV_MODES:
-            raise ValueError(f"exit KV must be one of {', '.join(KV_MODES)}, got {kv!r}")
-        self.candidates = candidates
-        self.make_policy = make_policy
-        self.kv = kv
-        self.name = name
-
-    def decode(self, state: DecodeState) -> Iterator[list[int]]:
-        model, tokens, stats = state.model, state.tokens, state.stats
-        proposer = self.candidates.make_proposer()
-        proposer.reset(tokens, state.sampler)
-        runner = ExitPass(model, state.cache, self.make_policy(), self.kv, stats)
-        logits = state.logits
-        while True:
-            token = int(state.sampler.pick(logits)[0])
-            tokens.append(token)
-            yield [token]
-            proposer.update(tokens, 0)
-            candidates, drafter_prob = self.candidates.pick(proposer, tokens, model.device)
-            logits, layers = runner.step(token, candidates, drafter_prob)
-            stats.target_passes += 1
-            stats.exit_layers.append(layers)
-
-    def teacher_forced(self, model: Transformer, ids: list[int], prefix: int) -> tuple[torch.Tensor, GenerationStats]:
-        """Score `ids` as decoding with exits would have had it emitted them: ids[:prefix] are
-        prefilled by full passes (a prompt), then ids[prefix:-1] are fed one by one with exits.
-        Returns the logits predicting ids[prefix + 1:] ([len(ids) - 1 - prefix, vocab]) and the
-        run's stats (exit layers)."""
-        if not 1 <= prefix < len(ids):
-            raise ValueError(f"teacher forcing needs 1 <= prefix < {len(ids)}, got {prefix}")
-        stats = GenerationStats()
-        proposer = self.candidates.make_proposer()
-        proposer.reset(ids[:prefix], None)
-        out = []
-        with torch.inference_mode():
-            cache = model.new_cache(len(ids))
-            model(torch.tensor(ids[:prefix], device=model.device), torch.arange(prefix, device=model.device), cache)
-            runner = ExitPass(model, cache, self.make_policy(), self.kv, stats)
-            for t in range(prefix, len(ids) - 1):
-                proposer.update(ids[: t + 1], 0)
-                candidates, drafter_prob = self.candidates.pick(proposer, ids[: t + 1], model.device)
-                logits, layers = runner.step(ids[t], candidates, drafter_prob)
-                stats.exit_layers.append(layers)
-                out.append(logits)
-        return torch.cat(out), stats

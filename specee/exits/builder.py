@@ -11,12 +11,14 @@ from dataclasses import dataclass, fields
 from ..drafters.hybrid import Hybrid
 from ..drafters.ngram import NgramProposer
 from ..drafters.prompt_lookup import PromptLookup
-from ..exits.policy import LearnedExit, RuleExit, RuleSettings
-from ..exits.predictors import BUNDLED, ExitArtifact, ExitPredictors
-from .builder import Artifacts, given_or_bundled
-from .early_exit import KV_MODES, Candidates, EarlyExit
-from .speculative import Speculative
-from .speculative_exit import SpeculativeExit
+from ..decoding.builder import Artifacts, given_or_bundled
+from ..decoding.speculative import Speculative
+from .autoregressive import EarlyExit
+from .candidates import Candidates
+from .policy import LearnedExit, RuleExit, RuleSettings
+from .predictors import BUNDLED, ExitArtifact, ExitPredictors
+from .runner import KV_MODES
+from .speculative import SpeculativeExit
 
 EXIT_KINDS = ("specee", "rule")
 RULE_CANDIDATES = 4
