@@ -13,6 +13,7 @@ from specee.decoding.speculative import Speculative
 from specee.drafters.draft_model import DraftModel
 from specee.drafters.kangaroo import Adapter, KangarooArtifact, KangarooDrafter, KangarooModel, KangarooSettings
 from specee.drafters.prompt_lookup import PromptLookup
+from specee.eval.teacher_forcing import teacher_forced
 from specee.exits.autoregressive import EarlyExit
 from specee.exits.candidates import Candidates
 from specee.exits.features import layer_features
@@ -393,11 +394,18 @@ def test_verification_exits_refuse_sampling(model):
 
 
 
-@pytest.mark.parametrize("kind", ["chain", "tree", "kangaroo"])
-def test_teacher_forcing_verification_exits_scores_the_root_row(model, kind):
-    """Teacher forcing a verification mode gives each position the root row's logits where its
-    pass settled: the dense model's when no policy fires; the cut model's when every row exits at
-    the first decision."""
+def exit_strategy(policy, kind, everything=False, model=None):
+    """Exits in plain decoding ("plain"), or inside verification (`verified_exit`'s kinds)."""
+    if kind == "plain":
+        return EarlyExit(candidates(everything=everything), policy)
+    return verified_exit(policy, kind, everything=everything, model=model)
+
+
+@pytest.mark.parametrize("kind", ["plain", "chain", "tree", "kangaroo"])
+def test_teacher_forcing_scores_where_each_pass_settled(model, kind):
+    """Teacher forcing gives each position the logits where its pass settled (a verification
+    mode's root row): the dense model's when no policy fires; the cut model's when every row exits
+    at the first decision."""
     ids = [5, 9, 14, 5, 9, 14, 5, 9, 30, 31, 5, 9, 14, 5, 60, 61]
     prefix = 4
     with torch.inference_mode():
@@ -405,11 +413,11 @@ def test_teacher_forcing_verification_exits_scores_the_root_row(model, kind):
         cut = KANGAROO_LAYERS + 1 if kind == "kangaroo" else 1
         h = model.hidden(torch.tensor(ids), torch.arange(len(ids)), model.new_cache(32), layers=range(cut))
         shallow = model.logits(model.norm(h))[prefix:-1]
-    never = verified_exit(lambda: RuleExit(RuleSettings(1.01, 1.01, first_layer=0), LAYERS - 1), kind, model=model)
-    logits, stats = never.teacher_forced(model, ids, prefix)
+    never = exit_strategy(lambda: RuleExit(RuleSettings(1.01, 1.01, first_layer=0), LAYERS - 1), kind, model=model)
+    logits, stats = teacher_forced(never, model, ids, prefix)
     torch.testing.assert_close(logits, dense, rtol=1e-4, atol=1e-4)
     assert stats.exit_layers == [LAYERS] * len(dense)
-    always = verified_exit(lambda: ExitAt(0, rate=1.0), kind, everything=True, model=model)
-    logits, stats = always.teacher_forced(model, ids, prefix)
+    always = exit_strategy(lambda: ExitAt(0, rate=1.0), kind, everything=True, model=model)
+    logits, stats = teacher_forced(always, model, ids, prefix)
     torch.testing.assert_close(logits, shallow, rtol=1e-4, atol=1e-4)
     assert stats.exit_layers == [cut] * len(dense)

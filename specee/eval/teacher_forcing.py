@@ -8,12 +8,84 @@ passes (as a prompt is), so the lossy mode runs one pass per scored token, as it
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 
+from ..decoding.speculative import MAX_DRAFT_NODES
 from ..engine import Engine
+from ..exits.autoregressive import EarlyExit
+from ..exits.runner import ExitPass
+from ..exits.speculative import ExitVerifier, SpeculativeExit
+from ..model.llama import Transformer
+from ..stats import GenerationStats
+from ..verification.tree import TreeLayout
 
 QUALITY_TOKENS = 64
+TEACHER_FORCED = (EarlyExit, SpeculativeExit)  # the lossy strategies `teacher_forced` scores
+# A position's context (ids[:t + 1]) -> the logits predicting ids[t + 1] [1, vocab].
+Score = Callable[[list[int]], torch.Tensor]
+
+
+def teacher_forced(strategy: EarlyExit | SpeculativeExit, model: Transformer, ids: list[int], prefix: int
+                   ) -> tuple[torch.Tensor, GenerationStats]:
+    """Score `ids` as decoding with `strategy`'s exits would have had it emit them: ids[:prefix] are
+    prefilled by full passes (a prompt), then ids[prefix:-1] are fed one by one with exits.
+    Returns the logits predicting ids[prefix + 1:] ([len(ids) - 1 - prefix, vocab]) and the run's
+    stats (exit layers)."""
+    if not 1 <= prefix < len(ids):
+        raise ValueError(f"teacher forcing needs 1 <= prefix < {len(ids)}, got {prefix}")
+    stats = GenerationStats()
+    prompt = ids[:prefix]
+    with torch.inference_mode():
+        cache = model.new_cache(len(ids) + MAX_DRAFT_NODES + 1)
+        _, hidden, shallow = model.prefill(prompt, cache, getattr(strategy, "shallow_layers", None))
+        runner = ExitPass(model, cache, strategy.make_policy(), strategy.kv, stats)
+        if isinstance(strategy, SpeculativeExit):
+            score = _verified(strategy, runner, prompt, hidden, shallow)
+        else:
+            score = _plain(strategy, runner, prompt)
+        logits = torch.cat([score(ids[: t + 1]) for t in range(prefix, len(ids) - 1)])
+    return logits, stats
+
+
+def _plain(strategy: EarlyExit, runner: ExitPass, prompt: list[int]) -> Score:
+    """Each position's logits from one pass with exits, as plain decoding with exits runs it."""
+    candidates = strategy.candidates
+    proposer = candidates.make_proposer()
+    proposer.reset(prompt, None)
+
+    def score(context: list[int]) -> torch.Tensor:
+        proposer.update(context, 0)
+        ids, drafter_prob = candidates.pick(proposer, context, runner.model.device)
+        logits, layers = runner.step(context[-1], ids, drafter_prob)
+        runner.stats.exit_layers.append(layers)
+        return logits
+
+    return score
+
+
+def _verified(strategy: SpeculativeExit, runner: ExitPass, prompt: list[int], hidden: torch.Tensor,
+              shallow: torch.Tensor | None) -> Score:
+    """Each position's logits from a verification pass with exits over [ids[t]] + the draft after
+    ids[:t + 1]: the root row's, where the pass settled. The pass's other rows are then forgotten,
+    as after a step that accepted no draft token."""
+    spec = strategy.speculative
+    proposer = spec.start_proposer(prompt, None, runner.cache, hidden, shallow)
+    verifier = ExitVerifier(strategy, runner, prompt, None)
+
+    def score(context: list[int]) -> torch.Tensor:
+        if len(context) > len(prompt) + 1:
+            proposer.update(context, 0)
+            verifier.update(context, 0)
+        draft = spec.draft(proposer, context, spec.num_draft_tokens)
+        verified = verifier.verify(context, draft, TreeLayout.of(draft))
+        runner.rewind(len(context))
+        if proposer.wants_features:
+            proposer.observe(verified.hidden[:1])
+        return verified.logits[:1]
+
+    return score
 
 
 def dense_logits(engine: Engine, ids: list[int]) -> torch.Tensor:
@@ -53,7 +125,7 @@ def dense_scores(engine: Engine, texts: list[tuple[list[int], int]]) -> list[tup
 def quality(engine: Engine, texts: list[tuple[list[int], int]], strategy=None,
             dense: list[tuple[float, torch.Tensor] | None] | None = None) -> dict:
     """Perplexity over `texts` ((ids, prefix) pairs from `scored`) under dense and, for a lossy
-    strategy with `teacher_forced`, under it, with how many tokens exited early and how many of
+    strategy `teacher_forced` scores, under it, with how many tokens exited early and how many of
     those gave the full model's argmax. `dense`: the texts' `dense_scores`, if already computed."""
     dense = dense_scores(engine, texts) if dense is None else dense
     totals = {"dense": 0.0, "lossy": 0.0}
@@ -66,7 +138,7 @@ def quality(engine: Engine, texts: list[tuple[list[int], int]], strategy=None,
         totals["dense"] += dense_nll
         count += len(targets)
         if strategy is not None:
-            lossy, stats = strategy.teacher_forced(engine.model, ids, prefix)
+            lossy, stats = teacher_forced(strategy, engine.model, ids, prefix)
             totals["lossy"] += nll(lossy, targets)
             exits = torch.tensor(stats.exit_layers, device=lossy.device) < engine.model.config.num_hidden_layers
             exited += int(exits.sum())

@@ -7,11 +7,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterator
 
-import torch
-
 from ..decoding.base import DecodeState
-from ..model.llama import Transformer
-from ..stats import GenerationStats
 from .candidates import Candidates
 from .runner import KV_MODES, ExitPass, ExitPolicy
 
@@ -46,26 +42,3 @@ class EarlyExit:
             logits, layers = runner.step(token, candidates, drafter_prob)
             stats.target_passes += 1
             stats.exit_layers.append(layers)
-
-    def teacher_forced(self, model: Transformer, ids: list[int], prefix: int) -> tuple[torch.Tensor, GenerationStats]:
-        """Score `ids` as decoding with exits would have had it emitted them: ids[:prefix] are
-        prefilled by full passes (a prompt), then ids[prefix:-1] are fed one by one with exits.
-        Returns the logits predicting ids[prefix + 1:] ([len(ids) - 1 - prefix, vocab]) and the
-        run's stats (exit layers)."""
-        if not 1 <= prefix < len(ids):
-            raise ValueError(f"teacher forcing needs 1 <= prefix < {len(ids)}, got {prefix}")
-        stats = GenerationStats()
-        proposer = self.candidates.make_proposer()
-        proposer.reset(ids[:prefix], None)
-        out = []
-        with torch.inference_mode():
-            cache = model.new_cache(len(ids))
-            model(torch.tensor(ids[:prefix], device=model.device), torch.arange(prefix, device=model.device), cache)
-            runner = ExitPass(model, cache, self.make_policy(), self.kv, stats)
-            for t in range(prefix, len(ids) - 1):
-                proposer.update(ids[: t + 1], 0)
-                candidates, drafter_prob = self.candidates.pick(proposer, ids[: t + 1], model.device)
-                logits, layers = runner.step(ids[t], candidates, drafter_prob)
-                stats.exit_layers.append(layers)
-                out.append(logits)
-        return torch.cat(out), stats
