@@ -171,12 +171,12 @@ def test_exact_kv_catches_up_so_a_full_pass_equals_dense(model):
         runner = ExitPass(model, cache, ExitAt(7, rate=0.5), "exact", stats)
         for token in fed:
             runner.step(token, torch.arange(VOCAB))
-        assert runner.pending_positions and any(n < len(prompt + fed) for n in cache.lengths)  # layers lag now
+        assert cache.deferred.positions and any(n < len(prompt + fed) for n in cache.lengths)  # layers lag now
         runner.policy = RuleExit(RuleSettings(2.0, 2.0), LAYERS - 1)  # never exits
         logits, layers = runner.step(99 % VOCAB, torch.arange(4))
         tokens = prompt + fed + [99 % VOCAB]
         reference = model(torch.tensor(tokens), torch.arange(len(tokens)), model.new_cache(64))[-1:]
-    assert layers == LAYERS and set(cache.lengths) == {len(tokens)} and not runner.pending_positions
+    assert layers == LAYERS and set(cache.lengths) == {len(tokens)} and not cache.deferred.positions
     torch.testing.assert_close(logits, reference, rtol=1e-4, atol=1e-4)
 
 

@@ -80,7 +80,7 @@ def _verified(strategy: SpeculativeExit, runner: ExitPass, prompt: list[int], hi
             verifier.update(context, 0)
         draft = spec.draft(proposer, context, spec.num_draft_tokens)
         verified = verifier.verify(context, draft, TreeLayout.of(draft))
-        runner.rewind(len(context))
+        runner.cache.truncate(len(context))
         if proposer.wants_features:
             proposer.observe(verified.hidden[:1])
         return verified.logits[:1]

@@ -3,9 +3,9 @@ row by row, whether to stop, and a firing row's full-head check decides whether 
 The pass runs one token (plain decoding) or a draft's rows (verification).
 
 KV of the layers an exit skipped:
-- exact: the exited rows' states wait; the next pass that reaches their first missing layer takes
-  them along in one batch (LayerSkip), so the cache ends up as full passes would have written it
-  for the tokens actually emitted.
+- exact: the exited rows' states wait beside the cache (KVCache.deferred); the next pass that
+  reaches their first missing layer takes them along in one batch (LayerSkip), so the cache ends
+  up as full passes would have written it for the tokens actually emitted.
 - approx: the skipped layers' keys and values are computed from the exit state at once.
 
 Per scheduled layer the decision reads one number back from the device (the predictor's output);
@@ -64,11 +64,6 @@ class ExitPass:
         self.model, self.cache, self.policy, self.kv, self.stats = model, cache, policy, kv, stats
         self.num_layers = model.config.num_hidden_layers
         self.group = model.config.num_attention_heads // model.config.num_key_value_heads
-        # Exact KV: positions whose deeper layers have not run, ascending; the first layer each
-        # misses (non-increasing with position) and its input state there.
-        self.pending_positions: list[int] = []
-        self.pending_levels: list[int] = []
-        self.pending_states: torch.Tensor | None = None
         self.on_features = on_features  # tests: sees (layer, features) of every decision
         # Weight bytes of layers 0..i, for each i (what a pass that exits after layer i read).
         self.layer_bytes = list(itertools.accumulate(model.layers_bytes(range(i, i + 1))
@@ -114,14 +109,15 @@ class ExitPass:
         after the first `first_layer` layers, which a drafter has already run in this cache
         (Kangaroo); else the pass starts from the embeddings."""
         model, cache, stats, policy = self.model, self.cache, self.stats, self.policy
+        deferred = cache.deferred
         T = len(tokens)
-        position = cache.lengths[first_layer]  # pending positions only ever lag above first_layer
-        pending = len(self.pending_positions)
+        position = cache.lengths[first_layer]  # deferred positions only ever lag above first_layer
+        num_deferred = len(deferred.positions)
         offsets = torch.arange(T) if depths is None else torch.tensor(depths)
-        positions = torch.cat((torch.tensor(self.pending_positions, dtype=torch.long), position + offsets))
-        all_angles = model.angles(positions.to(model.device))  # rows: pending, then tokens
+        positions = torch.cat((torch.tensor(deferred.positions, dtype=torch.long), position + offsets))
+        all_angles = model.angles(positions.to(model.device))  # rows: deferred, then tokens
         batch = model.embed(torch.tensor(tokens, device=model.device)) if shallow is None else shallow
-        start = pending  # index of the first pending position in the batch
+        start = num_deferred  # index of the first deferred row in the batch
         active = policy.active()
         rows = model.head_rows(candidates.flatten()).view(*candidates.shape, -1)  # [T, K, hidden]
         below = candidate_logits(model, batch, rows).softmax(-1) if active[first_layer] else None
@@ -129,12 +125,12 @@ class ExitPass:
         last = self.num_layers - 1
         for i in range(first_layer, self.num_layers):
             joined = start
-            while joined > 0 and self.pending_levels[joined - 1] <= i:
+            while joined > 0 and deferred.levels[joined - 1] <= i:
                 joined -= 1
             if joined < start:
-                batch = torch.cat((self.pending_states[joined:start], batch))
+                batch = torch.cat((deferred.states[joined:start], batch))
                 start = joined
-            first = self.pending_positions[start] if start < pending else position
+            first = deferred.positions[start] if start < num_deferred else position
             if cache.lengths[i] != first:
                 raise RuntimeError(f"layer {i} holds {cache.lengths[i]} positions, the pass writes from {first}")
             if batch.shape[0] != bias_rows:
@@ -167,26 +163,18 @@ class ExitPass:
                 policy.exited(i)
                 stats.weight_bytes += self._bytes(first_layer, i)  # the check already counted the head
                 return PassResult(exit_logits, i + 1, kept, states)
-        self.pending_positions, self.pending_levels, self.pending_states = [], [], None
+        deferred.clear()
         stats.weight_bytes += self._bytes(first_layer, last) + model.head_bytes
         states = batch[-T:]
         return PassResult(model.logits(model.norm(states)), self.num_layers, list(range(T)), states)
-
-    def rewind(self, length: int) -> None:
-        """Forget every position at or after `length`, in the cache and among the pending ones."""
-        self.cache.truncate(length)
-        keep = sum(1 for p in self.pending_positions if p < length)
-        self.pending_positions = self.pending_positions[:keep]
-        self.pending_levels = self.pending_levels[:keep]
-        self.pending_states = self.pending_states[:keep] if keep else None
 
     def _bytes(self, first_layer: int, layer: int) -> int:
         """Weight bytes of layers first_layer..layer."""
         return self.layer_bytes[layer] - (self.layer_bytes[first_layer - 1] if first_layer else 0)
 
     def _bias(self, joined: int, T: int, tree: torch.Tensor | None) -> AttentionBias:
-        """The attention of a batch: `joined` pending rows (causal, first), then the pass's rows
-        (causal, or following `tree`), which see every pending row."""
+        """The attention of a batch: `joined` deferred rows (causal, first), then the pass's rows
+        (causal, or following `tree`), which see every deferred row."""
         if tree is None:
             return AttentionBias(None, joined + T, self.group)
         n = joined + tree.shape[0]
@@ -197,7 +185,7 @@ class ExitPass:
     def _skip(self, layer: int, waiting: torch.Tensor, start: int, first: int, position: int, kept: list[int]) -> None:
         """After an exit at `layer` keeping rows `kept` of the pass that began at `position`:
         those rows move to consecutive positions, the rest are forgotten; the `waiting` states
-        (pending positions from `first` on, then the kept rows) wait for the layers above (exact),
+        (deferred positions from `first` on, then the kept rows) wait for the layers above (exact),
         or the layers above get keys and values from them (approx)."""
         end = position + len(kept)
         if kept == list(range(len(kept))):
@@ -209,7 +197,4 @@ class ExitPass:
             for j in range(layer + 1, self.num_layers):
                 self.model.layers[j].write_kv(waiting, angles, self.cache)
             return
-        kept_states = self.pending_states[:start] if start else None
-        self.pending_states = waiting if kept_states is None else torch.cat((kept_states, waiting))
-        self.pending_positions = self.pending_positions[:start] + list(range(first, end))
-        self.pending_levels = self.pending_levels[:start] + [layer + 1] * waiting.shape[0]
+        self.cache.deferred.defer(start, waiting, first, layer + 1)
