@@ -17,7 +17,7 @@ LAYERS = [
     ("decoding", "loader"),
     ("drafters", "exits"),
     ("verification",),
-    ("model", "sampling", "tokenizer", "text_stream", "stats"),
+    ("model", "sampling", "tokenizer", "text_stream", "stats", "artifact_header"),
 ]
 
 

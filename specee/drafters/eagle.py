@@ -20,6 +20,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from ..artifact_header import ArtifactKind
 from ..model.cache import KVCache
 from ..model.config import LlamaConfig
 from ..model.llama import DecoderLayer, Transformer
@@ -60,11 +61,8 @@ class EagleSettings:
 class EagleArtifact(TrainedArtifact):
     """A trained head for one model (`weights`: the EagleHead's state)."""
 
-    FORMAT: ClassVar[str] = "specee-eagle"
-    VERSION: ClassVar[int] = 1
+    HEADER: ClassVar[ArtifactKind] = ArtifactKind("specee-eagle", 1, "EAGLE drafter", "specee train eagle")
     SETTINGS: ClassVar[type] = EagleSettings
-    KIND: ClassVar[str] = "EAGLE drafter"
-    TRAIN: ClassVar[str] = "specee train eagle"
 
 
 class EagleModel:

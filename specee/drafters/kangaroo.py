@@ -23,6 +23,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from ..artifact_header import ArtifactKind
 from ..model.cache import KVCache
 from ..model.config import LlamaConfig
 from ..model.llama import Attention, RMSNorm, Transformer
@@ -61,11 +62,8 @@ class KangarooSettings:
 class KangarooArtifact(TrainedArtifact):
     """A trained adapter for one model (`weights`: the Adapter's state)."""
 
-    FORMAT: ClassVar[str] = "specee-kangaroo"
-    VERSION: ClassVar[int] = 1
+    HEADER: ClassVar[ArtifactKind] = ArtifactKind("specee-kangaroo", 1, "Kangaroo drafter", "specee train kangaroo")
     SETTINGS: ClassVar[type] = KangarooSettings
-    KIND: ClassVar[str] = "Kangaroo drafter"
-    TRAIN: ClassVar[str] = "specee train kangaroo"
 
 
 class KangarooModel:
