@@ -14,7 +14,7 @@ LAYERS = [
     ("server",),  # the HTTP face of the engine; the CLI starts it, it never calls back up
     ("engine",),
     ("exits.builder", "exits.autoregressive", "exits.speculative"),  # exit strategies: the loops with exits
-    ("decoding", "loader"),
+    ("decoding", "loader", "artifact_store"),
     ("drafters", "exits"),
     ("verification",),
     ("model", "sampling", "tokenizer", "text_stream", "stats", "artifact_header"),

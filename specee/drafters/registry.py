@@ -27,8 +27,8 @@ class Drafting:
 class SpecMethod:
     name: str
     # (options, artifacts) -> Drafting. `options`: the checked SpecOptions, whose `given` names
-    # what the user set; `artifacts`: the engine's tables and models, loaded once (with .model and
-    # .tokenizer). It loads what it needs now, so a bad path fails before any generation.
+    # what the user set; `artifacts`: the engine's ArtifactStore (tables and models, loaded once;
+    # .model, .tokenizer). It loads what it needs now, so a bad path fails before any generation.
     build: Callable[[Any, Any], Drafting]
     scored: bool = False  # a probability per drafted token, which confidence_threshold reads
     own_tree: bool = False  # drafts its own dynamic tree: the tree option does not apply

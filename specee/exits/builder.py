@@ -11,12 +11,11 @@ from dataclasses import dataclass, fields
 from ..drafters.hybrid import Hybrid
 from ..drafters.ngram import NgramProposer
 from ..drafters.prompt_lookup import PromptLookup
-from ..decoding.builder import Artifacts, given_or_bundled
+from ..artifact_store import ArtifactStore
 from ..decoding.speculative import Speculative
 from .autoregressive import EarlyExit
 from .candidates import Candidates
 from .policy import LearnedExit, RuleExit, RuleSettings
-from .predictors import BUNDLED, ExitArtifact, ExitPredictors
 from .runner import KV_MODES
 from .speculative import SpeculativeExit
 
@@ -58,19 +57,7 @@ class ExitOptions:
         return settings
 
 
-def exit_predictors(artifacts: Artifacts, path: str | None) -> tuple[ExitArtifact, ExitPredictors]:
-    """The artifact and its predictors on the model's device, loaded once per engine."""
-    path = given_or_bundled(path, BUNDLED, "--exit specee needs --exit-predictors FILE (train one with "
-                                            "`specee train exits`)")
-
-    def load(p):
-        artifact = ExitArtifact.load(p, artifacts.model)
-        return artifact, artifact.predictors(artifacts.model.device)
-
-    return artifacts.trained("exits", path, load)
-
-
-def build_early_exit(artifacts: Artifacts, options: dict, speculative: Speculative | None = None
+def build_early_exit(artifacts: ArtifactStore, options: dict, speculative: Speculative | None = None
                      ) -> EarlyExit | SpeculativeExit:
     """Exits in plain decoding, or inside the verification passes of `speculative`."""
     known = {f.name for f in fields(ExitOptions)}
@@ -82,7 +69,7 @@ def build_early_exit(artifacts: Artifacts, options: dict, speculative: Speculati
     model = artifacts.model
     num_layers = model.config.num_hidden_layers - 1  # layers with a decision (the last needs none)
     if opts.kind == "specee":
-        artifact, predictors = exit_predictors(artifacts, opts.predictors)
+        artifact, predictors = artifacts.exit_predictors(opts.predictors)
         if predictors.num_layers != num_layers:
             raise ValueError(f"the exit predictors cover {predictors.num_layers} layers, the model has {num_layers + 1}")
         settings = artifact.settings
@@ -107,7 +94,7 @@ def build_early_exit(artifacts: Artifacts, options: dict, speculative: Speculati
     return EarlyExit(exit_candidates(artifacts, candidates), make_policy, opts.kv, name=name)
 
 
-def exit_candidates(artifacts: Artifacts, k: int) -> Candidates:
+def exit_candidates(artifacts: ArtifactStore, k: int) -> Candidates:
     """Prompt lookup's and the bundled trigram table's guesses, filled up with the table's most
     common tokens (decoding and `specee train exits` alike)."""
     table = artifacts.ngram(None)
