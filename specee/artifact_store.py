@@ -27,9 +27,8 @@ class ArtifactStore:
         self._loaded: dict[tuple[str, str], object] = {}
 
     def ngram(self, path: str | None) -> NgramModel:
-        path = given_or_bundled(path, BUNDLED_NGRAM, "the ngram method needs --ngram-model FILE (train one with "
-                                                      "`specee train ngram`)")
-        return self._once("ngram", path, lambda p: NgramModel.load(p, self.tokenizer.fingerprint))
+        return self._load("ngram", path, lambda p: NgramModel.load(p, self.tokenizer.fingerprint),
+                          BUNDLED_NGRAM, "the ngram method needs --ngram-model FILE")
 
     def draft_model(self, spec: str | None) -> tuple[Transformer, int | None]:
         """(draft weights, layers to use: None for all) for a path or "self:L"."""
@@ -40,7 +39,7 @@ class ArtifactStore:
                 return self.model, int(spec.removeprefix("self:"))
             except ValueError:
                 raise ValueError(f"--draft-model {spec!r}: write self:L with L a number of layers") from None
-        return self._once("draft", spec, self._load_draft_model), None
+        return self._load("draft", spec, self._load_draft_model), None
 
     def _load_draft_model(self, path: str) -> Transformer:
         parts = load_parts(path, dtype=dtype_name(self.model.dtype), device=self.model.device.type)
@@ -49,39 +48,29 @@ class ArtifactStore:
         return parts.model
 
     def eagle(self, path: str | None) -> EagleModel:
-        return self._trained_drafter("eagle", path, BUNDLED_EAGLE, EagleArtifact, EagleModel)
+        return self._load("eagle", path, lambda p: EagleModel(self.model, EagleArtifact.load(p, self.model)),
+                          BUNDLED_EAGLE, "the eagle method needs --drafter FILE")
 
     def kangaroo(self, path: str | None) -> KangarooModel:
-        return self._trained_drafter("kangaroo", path, BUNDLED_KANGAROO, KangarooArtifact, KangarooModel)
-
-    def _trained_drafter(self, kind: str, path: str | None, bundled: Path, artifact, loaded):
-        path = given_or_bundled(path, bundled, f"the {kind} method needs --drafter FILE (train one with "
-                                                f"`specee train {kind}`)")
-        return self._once(kind, path, lambda p: loaded(self.model, artifact.load(p, self.model)))
+        return self._load("kangaroo", path, lambda p: KangarooModel(self.model, KangarooArtifact.load(p, self.model)),
+                          BUNDLED_KANGAROO, "the kangaroo method needs --drafter FILE")
 
     def exit_predictors(self, path: str | None) -> tuple[ExitArtifact, ExitPredictors]:
         """The artifact and its predictors on the model's device."""
-        path = given_or_bundled(path, BUNDLED_EXITS, "--exit specee needs --exit-predictors FILE (train one with "
-                                                      "`specee train exits`)")
-
         def load(p):
             artifact = ExitArtifact.load(p, self.model)
             return artifact, artifact.predictors(self.model.device)
 
-        return self._once("exits", path, load)
+        return self._load("exits", path, load, BUNDLED_EXITS, "--exit specee needs --exit-predictors FILE")
 
-    def _once(self, kind: str, path: str | Path, load: Callable):
-        """What `load(path)` gives, loaded once per (kind, path)."""
+    def _load(self, kind: str, path: str | None, load: Callable, bundled: Path | None = None, missing: str = ""):
+        """What `load` gives for the file the user named, else for the one bundled with specee (`missing`
+        says which option names one when there is none); loaded once per (kind, file)."""
+        if path is None:
+            if not bundled.exists():
+                raise ValueError(f"{missing} (train one with `specee train {kind}`)")
+            path = bundled
         key = (kind, str(path))
         if key not in self._loaded:
             self._loaded[key] = load(path)
         return self._loaded[key]
-
-
-def given_or_bundled(path: str | None, bundled: Path, missing: str) -> str | Path:
-    """The file the user named, else the one shipped with specee (an error when it is absent)."""
-    if path is not None:
-        return path
-    if not bundled.exists():
-        raise ValueError(missing)
-    return bundled

@@ -29,7 +29,7 @@ from ..verification.draft import Draft
 from .base import Proposer
 from .prompt_lookup import PromptLookup
 from .registry import Drafting, SpecMethod, register
-from .trained import TrainedArtifact, drafter_cache, reduced_scorer, run_like_target, weight_element_size
+from .trained import TrainedArtifact, drafter_cache, load_trained
 
 BUNDLED = Path(__file__).resolve().parent.parent / "artifacts" / "smollm2-135m-instruct.eagle.pt"
 INITIAL_CACHE_SLOTS = 512
@@ -69,18 +69,8 @@ class EagleModel:
     """The loaded head, ready to draft for one target: shared read-only by every request."""
 
     def __init__(self, target: Transformer, artifact: EagleArtifact) -> None:
-        self.target = target
-        self.artifact = artifact
-        self.settings = artifact.settings
-        head = EagleHead(target.config)
-        head.load_state_dict({k: v.float() for k, v in artifact.weights.items()})
-        head = head.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
-        head = run_like_target(head, target)
-        self.vocab = artifact.vocab.to(target.device)
-        self.head, self.scorer = head, reduced_scorer(target, self.vocab)
-        element_size = weight_element_size(target)
-        self.pass_bytes = (sum(p.numel() for p in artifact.weights.values())
-                           + self.vocab.numel() * target.config.hidden_size) * element_size
+        self.target, self.artifact, self.settings = target, artifact, artifact.settings
+        self.head, self.vocab, self.scorer, self.pass_bytes = load_trained(EagleHead(target.config), artifact, target)
 
     def log_probs(self, estimates: torch.Tensor) -> torch.Tensor:
         """[T, hidden] estimated hidden states -> [T, N] log-probabilities over the reduced vocabulary."""

@@ -173,10 +173,7 @@ class NgramModel:
     def load(path: str | Path, fingerprint: str) -> "NgramModel":
         """Load a table trained for the tokenizer with `fingerprint`; anything else is a ValueError."""
         saved = HEADER.load(path, fingerprint)
-        tables = [
-            OrderTable(**{name: tensor.numpy() for name, tensor in table.items()})
-            for table in saved["tables"]
-        ]
+        tables = [OrderTable(**{name: tensor.numpy() for name, tensor in table.items()}) for table in saved["tables"]]
         return NgramModel(saved["order"], saved["vocab_size"], saved["unigram"].numpy(), tables)
 
 

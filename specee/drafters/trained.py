@@ -54,16 +54,24 @@ class TrainedArtifact:
                    saved["info"])
 
 
+def load_trained(module: nn.Module, artifact: TrainedArtifact, target: Transformer
+                 ) -> tuple[nn.Module, torch.Tensor, nn.Module, int]:
+    """(`module` holding the artifact's weights and run like the target, the reduced vocabulary on
+    the target's device, its scorer, the weight bytes one pass of the module and the scorer reads)."""
+    module.load_state_dict({k: v.float() for k, v in artifact.weights.items()})
+    module = run_like_target(module.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False), target)
+    vocab = artifact.vocab.to(target.device)
+    # Bytes per weight as run_like_target runs the matrices (scales left out).
+    element_size = 1 if target.kernels is not None else target.norm.weight.element_size()
+    weights = sum(p.numel() for p in artifact.weights.values()) + vocab.numel() * target.config.hidden_size
+    return module, vocab, reduced_scorer(target, vocab), weights * element_size
+
+
 def reduced_scorer(target: Transformer, vocab: torch.Tensor) -> nn.Module:
     """A linear layer giving the target's (pre-softmax) logits of the tokens `vocab` only."""
     scorer = nn.Linear(target.config.hidden_size, len(vocab), bias=False, device=target.device)
     scorer.weight = nn.Parameter(target.head_rows(vocab.to(target.device)).detach().clone(), requires_grad=False)
     return run_like_target(scorer, target)
-
-
-def weight_element_size(target: Transformer) -> int:
-    """Bytes per weight of a drafter's matrices as `run_like_target` runs them (scales left out)."""
-    return 1 if target.kernels is not None else target.norm.weight.element_size()
 
 
 def run_like_target(module: nn.Module, target: Transformer) -> nn.Module:

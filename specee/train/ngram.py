@@ -56,7 +56,8 @@ def train_ngram(
     model = NgramModel.train(sequences, engine.tokenizer.vocab_size, order=order)
     out.parent.mkdir(parents=True, exist_ok=True)
     tokens = sum(len(s) for s in sequences)
-    model.save(out, engine.tokenizer.fingerprint, dict(corpus=list(corpus), datasets=list(datasets),
-                                                       self_generated=generate, sequences=len(sequences), tokens=tokens))
+    info = dict(corpus=list(corpus), datasets=list(datasets), self_generated=generate, sequences=len(sequences),
+                tokens=tokens)
+    model.save(out, engine.tokenizer.fingerprint, info)
     print(f"n-gram table (order {order}) from {len(sequences)} sequences, {tokens} tokens -> {out}", file=sys.stderr)
     return model
