@@ -93,8 +93,8 @@ def test_a_rollback_forgets_the_deferred_rows_past_it():
     for layer, written in enumerate([8, 7, 5]):  # positions 5 and 6 miss layer 2, position 7 layers 1-2
         cache.append(layer, torch.zeros(written, 1, 2), torch.zeros(written, 1, 2))
     states = torch.arange(8.0).view(4, 2)
-    cache.deferred.defer(0, states[:3], first=5, level=2)
-    cache.deferred.defer(2, states[3:], first=7, level=1)  # position 7 exited earlier in a later pass
+    cache.deferred.defer(states[:3], first=5, level=2)
+    cache.deferred.defer(states[3:], first=7, level=1)  # position 7 exited earlier in a later pass
     assert cache.deferred.positions == [5, 6, 7] and cache.deferred.levels == [2, 2, 1]
     torch.testing.assert_close(cache.deferred.states, states[[0, 1, 3]])
     cache.trim(1)

@@ -159,11 +159,11 @@ class ExitPass:
             if settled is not None:
                 kept, exit_logits = settled
                 states = batch[-T:][kept]
-                self._skip(i, torch.cat((batch[: batch.shape[0] - T], states)), start, first, position, kept)
+                self._skip(i, torch.cat((batch[: batch.shape[0] - T], states)), first, position, kept)
                 policy.exited(i)
                 stats.weight_bytes += self._bytes(first_layer, i)  # the check already counted the head
                 return PassResult(exit_logits, i + 1, kept, states)
-        deferred.clear()
+        deferred.truncate(0)  # the full pass caught every deferred row up
         stats.weight_bytes += self._bytes(first_layer, last) + model.head_bytes
         states = batch[-T:]
         return PassResult(model.logits(model.norm(states)), self.num_layers, list(range(T)), states)
@@ -182,7 +182,7 @@ class ExitPass:
         mask[joined:, joined:] = tree
         return AttentionBias(mask, n, self.group)
 
-    def _skip(self, layer: int, waiting: torch.Tensor, start: int, first: int, position: int, kept: list[int]) -> None:
+    def _skip(self, layer: int, waiting: torch.Tensor, first: int, position: int, kept: list[int]) -> None:
         """After an exit at `layer` keeping rows `kept` of the pass that began at `position`:
         those rows move to consecutive positions, the rest are forgotten; the `waiting` states
         (deferred positions from `first` on, then the kept rows) wait for the layers above (exact),
@@ -197,4 +197,4 @@ class ExitPass:
             for j in range(layer + 1, self.num_layers):
                 self.model.layers[j].write_kv(waiting, angles, self.cache)
             return
-        self.cache.deferred.defer(start, waiting, first, layer + 1)
+        self.cache.deferred.defer(waiting, first, layer + 1)

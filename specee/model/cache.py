@@ -15,26 +15,22 @@ class DeferredRows:
     (non-increasing with position) and its input state there."""
 
     def __init__(self) -> None:
-        self.clear()
-
-    def clear(self) -> None:
         self.positions: list[int] = []
         self.levels: list[int] = []
         self.states: torch.Tensor | None = None  # [len(positions), hidden]
 
-    def defer(self, row: int, states: torch.Tensor, first: int, level: int) -> None:
-        """Keep the rows before `row`; then `states` [n, hidden] wait at positions first .. first +
-        n - 1, each missing the layers from `level` on."""
-        kept = self.states[:row] if row else None
-        self.states = states if kept is None else torch.cat((kept, states))
-        self.positions = self.positions[:row] + list(range(first, first + states.shape[0]))
-        self.levels = self.levels[:row] + [level] * states.shape[0]
+    def defer(self, states: torch.Tensor, first: int, level: int) -> None:
+        """`states` [n, hidden] wait at positions first .. first + n - 1 (the rows there before give
+        way), each missing the layers from `level` on."""
+        self.truncate(first)
+        self.states = states if self.states is None else torch.cat((self.states, states))
+        self.positions += range(first, first + len(states))
+        self.levels += [level] * len(states)
 
     def truncate(self, length: int) -> None:
         """Forget the rows at or after position `length`."""
         keep = sum(1 for p in self.positions if p < length)
-        self.positions = self.positions[:keep]
-        self.levels = self.levels[:keep]
+        self.positions, self.levels = self.positions[:keep], self.levels[:keep]
         self.states = self.states[:keep] if keep else None
 
 
@@ -142,7 +138,3 @@ class KVCache:
                 self.values[i, :, start : start + n] = self.values[i].index_select(1, index)
         for i in layers:
             self.lengths[i] = start + n
-
-    def reset(self) -> None:
-        self.lengths = [0] * self.num_layers
-        self.deferred.clear()
