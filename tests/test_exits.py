@@ -60,6 +60,17 @@ class ExitAt:
         pass
 
 
+def exit_when_fired(layer, fired, check):
+    """A one-row pass's settle rule when every check agrees: the row exits wherever its policy fires."""
+    return ([0], check([0])[0]) if fired[0] else None
+
+
+def one_token(runner, token, rows):
+    """Feed `token` alone with candidates `rows` [K]: the pass's (logits [1, vocab], layers run)."""
+    result = runner.run([token], rows[None], torch.zeros(1), exit_when_fired)
+    return result.logits, result.layers
+
+
 def candidates(k=4, everything=False):
     """Prompt lookup's guesses; with `everything`, the whole vocabulary (every check passes)."""
     k = VOCAB if everything else k
@@ -83,7 +94,8 @@ def test_features_equal_a_slow_reference(model):
         cache = model.new_cache(32)
         model(torch.tensor(prompt), torch.arange(len(prompt)), cache)
         policy = RuleExit(RuleSettings(2.0, 2.0, first_layer=0), LAYERS - 1)  # decides everywhere, never exits
-        ExitPass(model, cache, policy, "exact", GenerationStats(), lambda i, f: seen.__setitem__(i, f)).step(token, rows)
+        one_token(ExitPass(model, cache, policy, "exact", GenerationStats(), lambda i, f: seen.__setitem__(i, f)), token,
+                  rows)
         # Slow reference: every state of a full pass, the full head, the candidates' columns.
         ref_cache = model.new_cache(32)
         model(torch.tensor(prompt), torch.arange(len(prompt)), ref_cache)
@@ -170,10 +182,10 @@ def test_exact_kv_catches_up_so_a_full_pass_equals_dense(model):
         model(torch.tensor(prompt), torch.arange(len(prompt)), cache)
         runner = ExitPass(model, cache, ExitAt(7, rate=0.5), "exact", stats)
         for token in fed:
-            runner.step(token, torch.arange(VOCAB))
+            one_token(runner, token, torch.arange(VOCAB))
         assert cache.deferred.positions and any(n < len(prompt + fed) for n in cache.lengths)  # layers lag now
         runner.policy = RuleExit(RuleSettings(2.0, 2.0), LAYERS - 1)  # never exits
-        logits, layers = runner.step(99 % VOCAB, torch.arange(4))
+        logits, layers = one_token(runner, 99 % VOCAB, torch.arange(4))
         tokens = prompt + fed + [99 % VOCAB]
         reference = model(torch.tensor(tokens), torch.arange(len(tokens)), model.new_cache(64))[-1:]
     assert layers == LAYERS and set(cache.lengths) == {len(tokens)} and not cache.deferred.positions

@@ -8,7 +8,7 @@ passes (as a prompt is), so the lossy mode runs one pass per scored token, as it
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Iterator
 
 import torch
 
@@ -19,12 +19,11 @@ from ..exits.runner import ExitPass
 from ..exits.speculative import ExitVerifier, SpeculativeExit
 from ..model.llama import Transformer
 from ..stats import GenerationStats
+from ..verification.draft import Draft
 from ..verification.tree import TreeLayout
 
 QUALITY_TOKENS = 64
 TEACHER_FORCED = (EarlyExit, SpeculativeExit)  # the lossy strategies `teacher_forced` scores
-# A position's context (ids[:t + 1]) -> the logits predicting ids[t + 1] [1, vocab].
-Score = Callable[[list[int]], torch.Tensor]
 
 
 def teacher_forced(strategy: EarlyExit | SpeculativeExit, model: Transformer, ids: list[int], prefix: int
@@ -36,46 +35,38 @@ def teacher_forced(strategy: EarlyExit | SpeculativeExit, model: Transformer, id
     if not 1 <= prefix < len(ids):
         raise ValueError(f"teacher forcing needs 1 <= prefix < {len(ids)}, got {prefix}")
     stats = GenerationStats()
-    prompt = ids[:prefix]
+    contexts = [ids[: t + 1] for t in range(prefix, len(ids) - 1)]
     with torch.inference_mode():
         cache = model.new_cache(len(ids) + MAX_DRAFT_NODES + 1)
-        _, hidden, shallow = model.prefill(prompt, cache, getattr(strategy, "shallow_layers", None))
+        _, hidden, shallow = model.prefill(ids[:prefix], cache, getattr(strategy, "shallow_layers", None))
         runner = ExitPass(model, cache, strategy.make_policy(), strategy.kv, stats)
         if isinstance(strategy, SpeculativeExit):
-            score = _verified(strategy, runner, prompt, hidden, shallow)
+            logits = torch.cat(list(_verified(strategy, runner, contexts, hidden, shallow)))
         else:
-            score = _plain(strategy, runner, prompt)
-        logits = torch.cat([score(ids[: t + 1]) for t in range(prefix, len(ids) - 1)])
+            logits = torch.cat(list(_plain(strategy, runner, contexts)))
     return logits, stats
 
 
-def _plain(strategy: EarlyExit, runner: ExitPass, prompt: list[int]) -> Score:
-    """Each position's logits from one pass with exits, as plain decoding with exits runs it."""
-    candidates = strategy.candidates
-    proposer = candidates.make_proposer()
-    proposer.reset(prompt, None)
-
-    def score(context: list[int]) -> torch.Tensor:
-        proposer.update(context, 0)
-        ids, drafter_prob = candidates.pick(proposer, context, runner.model.device)
-        logits, layers = runner.step(context[-1], ids, drafter_prob)
-        runner.stats.exit_layers.append(layers)
-        return logits
-
-    return score
+def _plain(strategy: EarlyExit, runner: ExitPass, contexts: list[list[int]]) -> Iterator[torch.Tensor]:
+    """Each context's logits for the next token [1, vocab] from one pass with exits over its last
+    token and no draft, as plain decoding with exits runs it."""
+    verifier = ExitVerifier(strategy.candidates, runner, contexts[0][:-1], None)
+    no_draft = Draft.empty()
+    for context in contexts:
+        verifier.update(context, 0)
+        yield verifier.verify(context, no_draft, TreeLayout.of(no_draft)).logits
 
 
-def _verified(strategy: SpeculativeExit, runner: ExitPass, prompt: list[int], hidden: torch.Tensor,
-              shallow: torch.Tensor | None) -> Score:
-    """Each position's logits from a verification pass with exits over [ids[t]] + the draft after
-    ids[:t + 1]: the root row's, where the pass settled. The pass's other rows are then forgotten,
-    as after a step that accepted no draft token."""
-    spec = strategy.speculative
+def _verified(strategy: SpeculativeExit, runner: ExitPass, contexts: list[list[int]], hidden: torch.Tensor,
+              shallow: torch.Tensor | None) -> Iterator[torch.Tensor]:
+    """Each context's logits for the next token from a verification pass with exits over its last
+    token and the draft after it: the root row's, where the pass settled. The pass's other rows are
+    then forgotten, as after a step that accepted no draft token."""
+    spec, prompt = strategy.speculative, contexts[0][:-1]
     proposer = spec.start_proposer(prompt, None, runner.cache, hidden, shallow)
-    verifier = ExitVerifier(strategy, runner, prompt, None)
-
-    def score(context: list[int]) -> torch.Tensor:
-        if len(context) > len(prompt) + 1:
+    verifier = ExitVerifier(strategy.candidates, runner, prompt, None, strategy.shallow_layers)
+    for t, context in enumerate(contexts):
+        if t:
             proposer.update(context, 0)
             verifier.update(context, 0)
         draft = spec.draft(proposer, context, spec.num_draft_tokens)
@@ -83,9 +74,7 @@ def _verified(strategy: SpeculativeExit, runner: ExitPass, prompt: list[int], hi
         runner.cache.truncate(len(context))
         if proposer.wants_features:
             proposer.observe(verified.hidden[:1])
-        return verified.logits[:1]
-
-    return score
+        yield verified.logits[:1]
 
 
 def dense_logits(engine: Engine, ids: list[int]) -> torch.Tensor:

@@ -1,15 +1,19 @@
 """Early exit (SpecEE) in plain autoregressive decoding: one pass per token, stopped after the
 first layer whose exit policy fires and whose full-head check agrees (the full-vocabulary argmax
-there is one of the candidates; that argmax is the token). Lossy: its cost is measured by the
-benchmark (exit fidelity, perplexity, divergence from dense), never assumed.
+there is one of the candidates; that argmax is the token). Each pass is a verification pass over
+no draft, so plain and speculative decoding settle an exit by one rule. Lossy: its cost is
+measured by the benchmark (exit fidelity, perplexity, divergence from dense), never assumed.
 """
 from __future__ import annotations
 
 from typing import Callable, Iterator
 
 from ..decoding.base import DecodeState
+from ..verification.draft import Draft
+from ..verification.tree import TreeLayout
 from .candidates import Candidates
-from .runner import KV_MODES, ExitPass, ExitPolicy
+from .runner import ExitPass, ExitPolicy
+from .speculative import ExitVerifier
 
 
 class EarlyExit:
@@ -20,25 +24,22 @@ class EarlyExit:
 
     def __init__(self, candidates: Candidates, make_policy: Callable[[], ExitPolicy], kv: str = "exact",
                  name: str = "exit") -> None:
-        if kv not in KV_MODES:
-            raise ValueError(f"exit KV must be one of {', '.join(KV_MODES)}, got {kv!r}")
         self.candidates = candidates
         self.make_policy = make_policy
         self.kv = kv
         self.name = name
 
     def decode(self, state: DecodeState) -> Iterator[list[int]]:
-        model, tokens, stats = state.model, state.tokens, state.stats
-        proposer = self.candidates.make_proposer()
-        proposer.reset(tokens, state.sampler)
-        runner = ExitPass(model, state.cache, self.make_policy(), self.kv, stats)
+        tokens, stats = state.tokens, state.stats
+        runner = ExitPass(state.model, state.cache, self.make_policy(), self.kv, stats)
+        verifier = ExitVerifier(self.candidates, runner, tokens, state.sampler)
+        no_draft = Draft.empty()
+        layout = TreeLayout.of(no_draft)
         logits = state.logits
         while True:
             token = int(state.sampler.pick(logits)[0])
             tokens.append(token)
             yield [token]
-            proposer.update(tokens, 0)
-            candidates, drafter_prob = self.candidates.pick(proposer, tokens, model.device)
-            logits, layers = runner.step(token, candidates, drafter_prob)
+            verifier.update(tokens, 0)
+            logits = verifier.verify(tokens, no_draft, layout).logits
             stats.target_passes += 1
-            stats.exit_layers.append(layers)

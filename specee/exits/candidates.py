@@ -1,5 +1,5 @@
-"""Where an exit decision's K candidate tokens come from: the drafter's top K guesses for the next
-token, filled up with the tokens the model emits most often when the drafter has fewer."""
+"""Where an exit decision's K candidate tokens come from: a drafter's top K guesses for the next
+token, filled up with `fallback` tokens (the model's most common) when it has fewer."""
 from __future__ import annotations
 
 from typing import Callable
@@ -10,9 +10,6 @@ from ..drafters.base import Proposer
 
 
 class Candidates:
-    """Where the exit decision's K candidates come from: a drafter's top K guesses for the next
-    token, filled up with `fallback` tokens (the model's most common) when it has fewer."""
-
     def __init__(self, make_proposer: Callable[[], Proposer], fallback: list[int], k: int = 4) -> None:
         if k < 1:
             raise ValueError(f"exit candidates must be >= 1, got {k}")

@@ -69,23 +69,6 @@ class ExitPass:
         self.layer_bytes = list(itertools.accumulate(model.layers_bytes(range(i, i + 1))
                                                      for i in range(self.num_layers)))
 
-    def step(self, token: int, candidates: torch.Tensor, drafter_prob: float = 0.0) -> tuple[torch.Tensor, int]:
-        """Feed `token` at the next position; returns (logits for the token after it [1, vocab],
-        layers run). `candidates` [K]: token ids the exit decision is about."""
-        candidate_ids = set(candidates.tolist())
-
-        def settle(layer: int, fired: torch.Tensor, check: Check):
-            if not fired[0]:
-                return None
-            full, confirmed = check([0])
-            if not confirmed[0] or int(full.argmax(-1)) not in candidate_ids:
-                return None
-            self.stats.exit_checks_agreed += 1
-            return [0], full
-
-        result = self.run([token], candidates[None], torch.tensor([drafter_prob]), settle)
-        return result.logits, result.layers
-
     def _check(self, states: torch.Tensor, first: torch.Tensor, drafter_probs: torch.Tensor
                ) -> tuple[torch.Tensor, list[bool]]:
         """The full head on fired rows' states [n, hidden] at an exit layer (counted as a check):

@@ -48,17 +48,19 @@ class SpeculativeExit:
         if not state.sampler.greedy:
             raise ValueError("exits inside speculative verification run greedy only (temperature 0)")
         runner = ExitPass(state.model, state.cache, self.make_policy(), self.kv, state.stats)
-        return self.speculative.decode(state, ExitVerifier(self, runner, state.tokens, state.sampler))
+        return self.speculative.decode(state, ExitVerifier(self.candidates, runner, state.tokens, state.sampler,
+                                                           self.shallow_layers))
 
 
 class ExitVerifier:
     """Verification passes with exits for one generation: each row's candidates from its own
-    guesser, the pass run by `runner`."""
+    guesser, the pass run by `runner` (above the `shallow_layers` a drafter ran itself)."""
 
-    def __init__(self, strategy: SpeculativeExit, runner: ExitPass, prompt: list[int], sampler) -> None:
-        self.candidates, self.shallow_layers = strategy.candidates, strategy.shallow_layers or 0
+    def __init__(self, candidates: Candidates, runner: ExitPass, prompt: list[int], sampler,
+                 shallow_layers: int | None = None) -> None:
+        self.candidates, self.shallow_layers = candidates, shallow_layers or 0
         self.runner = runner
-        self.guesser = strategy.candidates.make_proposer()
+        self.guesser = candidates.make_proposer()
         self.guesser.reset(prompt, sampler)
 
     def update(self, tokens: list[int], num_accepted: int) -> None:
