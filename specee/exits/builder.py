@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from ..artifact_store import ArtifactStore
+from ..decoding.speculative import Speculative
 from ..drafters.hybrid import Hybrid
 from ..drafters.ngram import NgramProposer
 from ..drafters.prompt_lookup import PromptLookup
-from ..artifact_store import ArtifactStore
-from ..decoding.speculative import Speculative
 from .autoregressive import EarlyExit
 from .candidates import Candidates
 from .policy import LearnedExit, RuleExit, RuleSettings
