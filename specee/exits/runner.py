@@ -1,6 +1,6 @@
 """One pass of the target stopped early: after each scheduled layer the exit policy is asked,
 row by row, whether to stop, and a firing row's full-head check decides whether the exit stands.
-The pass runs one token (plain decoding) or a draft's rows (verification).
+The pass runs the last token and a draft's rows (none in plain decoding).
 
 KV of the layers an exit skipped:
 - exact: the exited rows' states wait beside the cache (KVCache.deferred); the next pass that
@@ -55,7 +55,7 @@ Settle = Callable[[int, torch.Tensor, Check], "tuple[list[int], torch.Tensor] | 
 
 
 class ExitPass:
-    """Runs one generation's passes (a token, or a draft's rows), stopping them early."""
+    """Runs one generation's passes (the last token and a draft's rows), stopping them early."""
 
     def __init__(self, model: Transformer, cache: KVCache, policy: ExitPolicy, kv: str, stats: GenerationStats,
                  on_features: Callable[[int, torch.Tensor], None] | None = None) -> None:
