@@ -263,7 +263,7 @@ def _train_kangaroo(args) -> int:
 def _train_exits(args) -> int:
     from pathlib import Path
 
-    from .decoding.exit_builder import exit_candidates
+    from .exits.builder import exit_candidates
     from .train.exits import ExitTrainConfig, train_exits
 
     _check_training_options(args)

@@ -9,11 +9,12 @@ from typing import Iterator
 
 import torch
 
+from .artifact_store import ArtifactStore
 from .decoding.autoregressive import Autoregressive
 from .decoding.base import DecodeState, Strategy
-from .decoding.builder import Artifacts, build_speculative
+from .decoding.builder import build_speculative
 from .decoding.config import MAX_DRAFT_NODES, SpecConfig
-from .decoding.exit_builder import build_early_exit
+from .exits.builder import build_early_exit
 from .loader import load_parts
 from .model.cache import KVCache
 from .model.llama import Transformer
@@ -77,7 +78,7 @@ class Engine:
         self.tokenizer = tokenizer
         self.source = source  # the GGUF file or model directory it was loaded from
         self.quantization = quantization  # how the matrices are stored: none, int8, int4 or gguf
-        self.artifacts = Artifacts(model, tokenizer)
+        self.artifacts = ArtifactStore(model, tokenizer)
 
     @property
     def config(self):

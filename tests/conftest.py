@@ -33,7 +33,7 @@ def pytest_runtest_setup(item):
 
 
 def _holds_the_default_model(value) -> bool:
-    from specee.server.process import ServerProcess
+    from specee.eval.server_process import ServerProcess
 
     if isinstance(value, dict):
         return any(_holds_the_default_model(v) for v in value.values())

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from specee.server.process import ServerProcess
+from specee.eval.server_process import ServerProcess
 from tiers import require_slow
 
 ROOT = Path(__file__).resolve().parent.parent  # the checkout under test

@@ -6,13 +6,15 @@ import torch
 
 from helpers import tiny_model
 from specee.decoding.autoregressive import Autoregressive
+from specee.drafters.prompt_lookup import PromptLookup
 from specee.engine import Engine
 from specee.eval import modes as bench_modes
 from specee.eval.bench import BenchConfig, run_bench
 from specee.eval.modes import REGISTRY, StrategySpec, register
 from specee.eval.report import RECORD_FIELDS
+from specee.exits.autoregressive import EarlyExit
+from specee.exits.candidates import Candidates
 from specee.sampling import SamplingParams
-from specee.stats import GenerationStats
 
 
 class OffByOne(Autoregressive):
@@ -29,20 +31,33 @@ def tiny_engine(tiny_tokenizer, tmp_path):
     return Engine(model, tiny_tokenizer, source=tmp_path / "tiny")
 
 
-class ShallowLossy(Autoregressive):
-    """A lossy mode for the test: decodes densely but scores text with the first layer only,
-    exiting there on every other token."""
+class EveryOtherPass:
+    """An exit policy for a 2-layer model: asks to exit after the first layer on every other pass."""
 
-    def teacher_forced(self, model, ids, prefix):
-        cache = model.new_cache(len(ids))
-        h = model.hidden(torch.tensor(ids), torch.arange(len(ids)), cache, layers=range(1))
-        stats = GenerationStats(exit_layers=[1 if i % 2 else 2 for i in range(prefix, len(ids) - 1)])
-        return model.logits(model.norm(h))[prefix:-1], stats
+    def __init__(self) -> None:
+        self.passes = 0
+
+    def active(self):
+        return [True]
+
+    def fires(self, layer, features, probs, drafter_probs):
+        self.passes += 1
+        return torch.full((len(features),), self.passes % 2 == 0)
+
+    def confirms(self, logits, first, drafter_probs):
+        return torch.ones(len(logits), dtype=torch.bool)
+
+    def exited(self, layer):
+        pass
 
 
 @pytest.fixture
-def lossy_mode():
-    spec = register(StrategySpec("shallow", False, lambda engine, options: ShallowLossy()))
+def lossy_mode(tiny_tokenizer):
+    """Early exit after the first of two layers on every other token: every token is a candidate,
+    so each exit the policy asks for stands."""
+    vocab = list(range(tiny_tokenizer.vocab_size))
+    strategy = EarlyExit(Candidates(PromptLookup, vocab, len(vocab)), EveryOtherPass)
+    spec = register(StrategySpec("shallow", False, lambda engine, options: strategy))
     yield spec
     del REGISTRY[spec.name]
 

@@ -87,6 +87,23 @@ def test_layers_keep_their_own_lengths():
     assert cache.lengths == [4, 4, 3]
 
 
+def test_a_rollback_forgets_the_deferred_rows_past_it():
+    """Rows an early exit deferred go with their positions: trim and truncate forget them too."""
+    cache = KVCache(num_layers=3, num_kv_heads=1, head_dim=2, max_len=16)
+    for layer, written in enumerate([8, 7, 5]):  # positions 5 and 6 miss layer 2, position 7 layers 1-2
+        cache.append(layer, torch.zeros(written, 1, 2), torch.zeros(written, 1, 2))
+    states = torch.arange(8.0).view(4, 2)
+    cache.deferred.defer(states[:3], first=5, level=2)
+    cache.deferred.defer(states[3:], first=7, level=1)  # position 7 exited earlier in a later pass
+    assert cache.deferred.positions == [5, 6, 7] and cache.deferred.levels == [2, 2, 1]
+    torch.testing.assert_close(cache.deferred.states, states[[0, 1, 3]])
+    cache.trim(1)
+    assert cache.lengths == [7, 7, 5] and cache.deferred.positions == [5, 6] and cache.deferred.levels == [2, 2]
+    torch.testing.assert_close(cache.deferred.states, states[:2])
+    cache.truncate(5)
+    assert cache.deferred.positions == [] and cache.deferred.states is None
+
+
 def test_appending_past_the_end_is_an_error():
     cache = KVCache(1, 1, 2, max_len=4)
     with pytest.raises(ValueError, match="full"):

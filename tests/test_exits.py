@@ -9,16 +9,19 @@ import torch
 from helpers import decode, tiny_model
 from specee.decoding.autoregressive import Autoregressive
 from specee.decoding.base import DecodeState
-from specee.decoding.early_exit import Candidates, EarlyExit, ExitPass
 from specee.decoding.speculative import Speculative
-from specee.decoding.speculative_exit import SpeculativeExit
 from specee.drafters.draft_model import DraftModel
 from specee.drafters.kangaroo import Adapter, KangarooArtifact, KangarooDrafter, KangarooModel, KangarooSettings
 from specee.drafters.prompt_lookup import PromptLookup
+from specee.eval.teacher_forcing import teacher_forced
+from specee.exits.autoregressive import EarlyExit
+from specee.exits.candidates import Candidates
 from specee.exits.features import layer_features
 from specee.exits.policy import LearnedExit, RuleExit, RuleSettings
 from specee.exits.predictors import ExitArtifact, ExitPredictors, ExitSettings
+from specee.exits.runner import ExitPass
 from specee.exits.scheduler import LayerScheduler
+from specee.exits.speculative import SpeculativeExit
 from specee.model.fingerprint import weights_fingerprint
 from specee.sampling import Sampler, SamplingParams
 from specee.stats import GenerationStats
@@ -57,6 +60,17 @@ class ExitAt:
         pass
 
 
+def exit_when_fired(layer, fired, check):
+    """A one-row pass's settle rule when every check agrees: the row exits wherever its policy fires."""
+    return ([0], check([0])[0]) if fired[0] else None
+
+
+def one_token(runner, token, rows):
+    """Feed `token` alone with candidates `rows` [K]: the pass's (logits [1, vocab], layers run)."""
+    result = runner.run([token], rows[None], torch.zeros(1), exit_when_fired)
+    return result.logits, result.layers
+
+
 def candidates(k=4, everything=False):
     """Prompt lookup's guesses; with `everything`, the whole vocabulary (every check passes)."""
     k = VOCAB if everything else k
@@ -80,7 +94,8 @@ def test_features_equal_a_slow_reference(model):
         cache = model.new_cache(32)
         model(torch.tensor(prompt), torch.arange(len(prompt)), cache)
         policy = RuleExit(RuleSettings(2.0, 2.0, first_layer=0), LAYERS - 1)  # decides everywhere, never exits
-        ExitPass(model, cache, policy, "exact", GenerationStats(), lambda i, f: seen.__setitem__(i, f)).step(token, rows)
+        one_token(ExitPass(model, cache, policy, "exact", GenerationStats(), lambda i, f: seen.__setitem__(i, f)), token,
+                  rows)
         # Slow reference: every state of a full pass, the full head, the candidates' columns.
         ref_cache = model.new_cache(32)
         model(torch.tensor(prompt), torch.arange(len(prompt)), ref_cache)
@@ -167,13 +182,13 @@ def test_exact_kv_catches_up_so_a_full_pass_equals_dense(model):
         model(torch.tensor(prompt), torch.arange(len(prompt)), cache)
         runner = ExitPass(model, cache, ExitAt(7, rate=0.5), "exact", stats)
         for token in fed:
-            runner.step(token, torch.arange(VOCAB))
-        assert runner.pending_positions and any(n < len(prompt + fed) for n in cache.lengths)  # layers lag now
+            one_token(runner, token, torch.arange(VOCAB))
+        assert cache.deferred.positions and any(n < len(prompt + fed) for n in cache.lengths)  # layers lag now
         runner.policy = RuleExit(RuleSettings(2.0, 2.0), LAYERS - 1)  # never exits
-        logits, layers = runner.step(99 % VOCAB, torch.arange(4))
+        logits, layers = one_token(runner, 99 % VOCAB, torch.arange(4))
         tokens = prompt + fed + [99 % VOCAB]
         reference = model(torch.tensor(tokens), torch.arange(len(tokens)), model.new_cache(64))[-1:]
-    assert layers == LAYERS and set(cache.lengths) == {len(tokens)} and not runner.pending_positions
+    assert layers == LAYERS and set(cache.lengths) == {len(tokens)} and not cache.deferred.positions
     torch.testing.assert_close(logits, reference, rtol=1e-4, atol=1e-4)
 
 
@@ -391,11 +406,18 @@ def test_verification_exits_refuse_sampling(model):
 
 
 
-@pytest.mark.parametrize("kind", ["chain", "tree", "kangaroo"])
-def test_teacher_forcing_verification_exits_scores_the_root_row(model, kind):
-    """Teacher forcing a verification mode gives each position the root row's logits where its
-    pass settled: the dense model's when no policy fires; the cut model's when every row exits at
-    the first decision."""
+def exit_strategy(policy, kind, everything=False, model=None):
+    """Exits in plain decoding ("plain"), or inside verification (`verified_exit`'s kinds)."""
+    if kind == "plain":
+        return EarlyExit(candidates(everything=everything), policy)
+    return verified_exit(policy, kind, everything=everything, model=model)
+
+
+@pytest.mark.parametrize("kind", ["plain", "chain", "tree", "kangaroo"])
+def test_teacher_forcing_scores_where_each_pass_settled(model, kind):
+    """Teacher forcing gives each position the logits where its pass settled (a verification
+    mode's root row): the dense model's when no policy fires; the cut model's when every row exits
+    at the first decision."""
     ids = [5, 9, 14, 5, 9, 14, 5, 9, 30, 31, 5, 9, 14, 5, 60, 61]
     prefix = 4
     with torch.inference_mode():
@@ -403,11 +425,11 @@ def test_teacher_forcing_verification_exits_scores_the_root_row(model, kind):
         cut = KANGAROO_LAYERS + 1 if kind == "kangaroo" else 1
         h = model.hidden(torch.tensor(ids), torch.arange(len(ids)), model.new_cache(32), layers=range(cut))
         shallow = model.logits(model.norm(h))[prefix:-1]
-    never = verified_exit(lambda: RuleExit(RuleSettings(1.01, 1.01, first_layer=0), LAYERS - 1), kind, model=model)
-    logits, stats = never.teacher_forced(model, ids, prefix)
+    never = exit_strategy(lambda: RuleExit(RuleSettings(1.01, 1.01, first_layer=0), LAYERS - 1), kind, model=model)
+    logits, stats = teacher_forced(never, model, ids, prefix)
     torch.testing.assert_close(logits, dense, rtol=1e-4, atol=1e-4)
     assert stats.exit_layers == [LAYERS] * len(dense)
-    always = verified_exit(lambda: ExitAt(0, rate=1.0), kind, everything=True, model=model)
-    logits, stats = always.teacher_forced(model, ids, prefix)
+    always = exit_strategy(lambda: ExitAt(0, rate=1.0), kind, everything=True, model=model)
+    logits, stats = teacher_forced(always, model, ids, prefix)
     torch.testing.assert_close(logits, shallow, rtol=1e-4, atol=1e-4)
     assert stats.exit_layers == [cut] * len(dense)

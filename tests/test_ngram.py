@@ -91,6 +91,22 @@ def test_load_rejects_other_fingerprint_and_version(model, tmp_path):
         NgramModel.load(path, fingerprint="model-a")
 
 
+def test_load_reads_a_table_written_before_the_common_header(model, tmp_path):
+    """The bundled table predates the header's info and settings: it loads, its info empty."""
+    path = tmp_path / "table.pt"
+    model.save(path, fingerprint="model-a", info={"corpus": ["notes.txt"]})
+    saved = torch.load(path, weights_only=True)
+    assert saved["info"] == {"corpus": ["notes.txt"]}
+    del saved["info"], saved["settings"]
+    torch.save(saved, path)
+    assert NgramModel.load(path, fingerprint="model-a").top_k([7, 1], 4) == model.top_k([7, 1], 4)
+    with pytest.raises(ValueError, match="does not exist"):
+        NgramModel.load(tmp_path / "missing.pt", fingerprint="model-a")
+    torch.save({"format": "specee-eagle"}, path)
+    with pytest.raises(ValueError, match="is not a specee n-gram table"):
+        NgramModel.load(path, fingerprint="model-a")
+
+
 def test_train_rejects_out_of_range_tokens():
     with pytest.raises(ValueError, match="token ids"):
         NgramModel.train([[0, 5]], vocab_size=4, progress=False)

@@ -148,16 +148,16 @@ class StagedDraft(Proposer):
         self.inner.update(context, num_accepted)
 
 
-def _draft_method(opts, artifacts) -> Drafting:
-    model, layers = artifacts.draft_model(opts.draft_model)
+def _draft_method(config, artifacts) -> Drafting:
+    model, layers = artifacts.draft_model(config.draft_model)
     vocab_size = artifacts.model.config.vocab_size
-    return Drafting(lambda: DraftModel(model, layers, opts.confidence_threshold, vocab_size))
+    return Drafting(lambda: DraftModel(model, layers, config.confidence_threshold, vocab_size))
 
 
-def _staged_method(opts, artifacts) -> Drafting:
+def _staged_method(config, artifacts) -> Drafting:
     """The draft model sped up by a cheap proposer: the n-gram table when given, else prompt lookup."""
-    model, layers = artifacts.draft_model(opts.draft_model)
-    table = artifacts.ngram(opts.ngram_model) if opts.ngram_model else None
+    model, layers = artifacts.draft_model(config.draft_model)
+    table = artifacts.ngram(config.ngram_model) if config.ngram_model else None
     vocab_size = artifacts.model.config.vocab_size
     return Drafting(lambda: StagedDraft(DraftModel(model, layers, vocab_size=vocab_size),
                                         NgramProposer(table) if table else PromptLookup()))

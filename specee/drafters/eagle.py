@@ -20,6 +20,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from ..artifact_header import ArtifactKind
 from ..model.cache import KVCache
 from ..model.config import LlamaConfig
 from ..model.llama import DecoderLayer, Transformer
@@ -28,7 +29,7 @@ from ..verification.draft import Draft
 from .base import Proposer
 from .prompt_lookup import PromptLookup
 from .registry import Drafting, SpecMethod, register
-from .trained import TrainedArtifact, drafter_cache, reduced_scorer, run_like_target, weight_element_size
+from .trained import TrainedArtifact, drafter_cache, load_trained
 
 BUNDLED = Path(__file__).resolve().parent.parent / "artifacts" / "smollm2-135m-instruct.eagle.pt"
 INITIAL_CACHE_SLOTS = 512
@@ -60,29 +61,16 @@ class EagleSettings:
 class EagleArtifact(TrainedArtifact):
     """A trained head for one model (`weights`: the EagleHead's state)."""
 
-    FORMAT: ClassVar[str] = "specee-eagle"
-    VERSION: ClassVar[int] = 1
+    HEADER: ClassVar[ArtifactKind] = ArtifactKind("specee-eagle", 1, "EAGLE drafter", "specee train eagle")
     SETTINGS: ClassVar[type] = EagleSettings
-    KIND: ClassVar[str] = "EAGLE drafter"
-    TRAIN: ClassVar[str] = "specee train eagle"
 
 
 class EagleModel:
     """The loaded head, ready to draft for one target: shared read-only by every request."""
 
     def __init__(self, target: Transformer, artifact: EagleArtifact) -> None:
-        self.target = target
-        self.artifact = artifact
-        self.settings = artifact.settings
-        head = EagleHead(target.config)
-        head.load_state_dict({k: v.float() for k, v in artifact.weights.items()})
-        head = head.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
-        head = run_like_target(head, target)
-        self.vocab = artifact.vocab.to(target.device)
-        self.head, self.scorer = head, reduced_scorer(target, self.vocab)
-        element_size = weight_element_size(target)
-        self.pass_bytes = (sum(p.numel() for p in artifact.weights.values())
-                           + self.vocab.numel() * target.config.hidden_size) * element_size
+        self.target, self.artifact, self.settings = target, artifact, artifact.settings
+        self.head, self.vocab, self.scorer, self.pass_bytes = load_trained(EagleHead(target.config), artifact, target)
 
     def log_probs(self, estimates: torch.Tensor) -> torch.Tensor:
         """[T, hidden] estimated hidden states -> [T, N] log-probabilities over the reduced vocabulary."""
@@ -231,20 +219,20 @@ COPY_LENGTH = 8  # eagle-copy: copies run this deep unless the user sets a draft
 
 
 def _eagle_method(copy: bool):
-    def build(opts, artifacts) -> Drafting:
+    def build(config, artifacts) -> Drafting:
         """The head's own tree, shaped by the settings stored in its artifact unless options
         override them; with `copy`, prompt lookup's copies mixed in, which may run deeper than the
         head drafts (the head still stops at `depth`)."""
-        eagle = artifacts.eagle(opts.drafter)
+        eagle = artifacts.eagle(config.drafter)
         settings = eagle.settings
-        depth = opts.num_draft_tokens or settings.depth
-        width = opts.tree_width or settings.width
-        budget = opts.tree_budget or settings.budget
-        min_prob = settings.min_prob if opts.tree_min_prob is None else opts.tree_min_prob
+        depth = config.num_draft_tokens or settings.depth
+        width = config.tree_width or settings.width
+        budget = config.tree_budget or settings.budget
+        min_prob = settings.min_prob if config.tree_min_prob is None else config.tree_min_prob
         if not copy:
             return Drafting(lambda: EagleDrafter(eagle, depth, width, budget, min_prob), depth, budget, width, False)
-        copy_length = max(depth, opts.num_draft_tokens or COPY_LENGTH)
-        copy_alone = COPY_ALONE if opts.copy_alone is None else opts.copy_alone
+        copy_length = max(depth, config.num_draft_tokens or COPY_LENGTH)
+        copy_alone = COPY_ALONE if config.copy_alone is None else config.copy_alone
         return Drafting(lambda: EagleDrafter(eagle, depth, width, budget, min_prob,
                                              PromptLookup(num_draft_tokens=copy_length), copy_alone),
                         copy_length, budget, width, False)

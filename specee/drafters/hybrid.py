@@ -42,10 +42,10 @@ class Hybrid(Proposer):
         self.table.update(context, num_accepted)
 
 
-def _hybrid_method(opts, artifacts) -> Drafting:
-    table, n = artifacts.ngram(opts.ngram_model), opts.num_draft_tokens
-    return Drafting(lambda: Hybrid(PromptLookup(num_draft_tokens=n), NgramProposer(table, n, opts.confidence_threshold),
-                                   opts.min_copy_match))
+def _hybrid_method(config, artifacts) -> Drafting:
+    table, n = artifacts.ngram(config.ngram_model), config.num_draft_tokens
+    return Drafting(lambda: Hybrid(PromptLookup(num_draft_tokens=n), NgramProposer(table, n, config.confidence_threshold),
+                                   config.min_copy_match))
 
 
 register(SpecMethod("hybrid", _hybrid_method, scored=True, bench={"hybrid": {}, "hybrid-tree": {"tree": "auto"}}))

@@ -23,6 +23,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from ..artifact_header import ArtifactKind
 from ..model.cache import KVCache
 from ..model.config import LlamaConfig
 from ..model.llama import Attention, RMSNorm, Transformer
@@ -30,7 +31,7 @@ from ..sampling import Sampler
 from ..verification.draft import Draft
 from .base import Proposer
 from .registry import Drafting, SpecMethod, register
-from .trained import TrainedArtifact, drafter_cache, reduced_scorer, run_like_target, weight_element_size
+from .trained import TrainedArtifact, drafter_cache, load_trained
 
 BUNDLED = Path(__file__).resolve().parent.parent / "artifacts" / "smollm2-135m-instruct.kangaroo.pt"
 INITIAL_CACHE_SLOTS = 512
@@ -61,11 +62,8 @@ class KangarooSettings:
 class KangarooArtifact(TrainedArtifact):
     """A trained adapter for one model (`weights`: the Adapter's state)."""
 
-    FORMAT: ClassVar[str] = "specee-kangaroo"
-    VERSION: ClassVar[int] = 1
+    HEADER: ClassVar[ArtifactKind] = ArtifactKind("specee-kangaroo", 1, "Kangaroo drafter", "specee train kangaroo")
     SETTINGS: ClassVar[type] = KangarooSettings
-    KIND: ClassVar[str] = "Kangaroo drafter"
-    TRAIN: ClassVar[str] = "specee train kangaroo"
 
 
 class KangarooModel:
@@ -75,21 +73,11 @@ class KangarooModel:
         total = target.config.num_hidden_layers
         if not 1 <= artifact.settings.layers < total:
             raise ValueError(f"a Kangaroo drafter on {artifact.settings.layers} shallow layers: the model has {total}")
-        self.target = target
-        self.artifact = artifact
-        self.settings = artifact.settings
+        self.target, self.artifact, self.settings = target, artifact, artifact.settings
         adapter = Adapter(target.config)
-        adapter.load_state_dict({k: v.float() for k, v in artifact.weights.items()})
-        adapter = adapter.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
-        adapter = run_like_target(adapter, target)
-        self.adapter = adapter
-        self.vocab = artifact.vocab.to(target.device)
-        self.scorer = reduced_scorer(target, self.vocab)
+        self.adapter, self.vocab, self.scorer, self.adapter_bytes = load_trained(adapter, artifact, target)
         self.shallow = range(artifact.settings.layers)
-        element_size = weight_element_size(target)
         self.shallow_bytes = target.layers_bytes(self.shallow)
-        self.adapter_bytes = (sum(p.numel() for p in artifact.weights.values())
-                              + self.vocab.numel() * target.config.hidden_size) * element_size
 
     def logits(self, adapted: torch.Tensor) -> torch.Tensor:
         """[T, hidden] adapter outputs -> [T, N] logits over the reduced vocabulary."""
@@ -186,14 +174,14 @@ class KangarooDrafter(Proposer):
         self.pending = shallow[self.fed - root:committed - root]
 
 
-def _kangaroo_method(opts, artifacts) -> Drafting:
+def _kangaroo_method(config, artifacts) -> Drafting:
     """Chains through the shared shallow layers; eta and gamma from the artifact unless given."""
-    if opts.tree is not None:
+    if config.tree is not None:
         raise ValueError("kangaroo drafts chains: leave the tree option out")
-    kangaroo = artifacts.kangaroo(opts.drafter)
+    kangaroo = artifacts.kangaroo(config.drafter)
     settings = kangaroo.settings
-    gamma = opts.num_draft_tokens or settings.gamma
-    eta = settings.eta if opts.confidence_threshold is None else opts.confidence_threshold
+    gamma = config.num_draft_tokens or settings.gamma
+    eta = settings.eta if config.confidence_threshold is None else config.confidence_threshold
     return Drafting(lambda: KangarooDrafter(kangaroo, eta, gamma), gamma, adaptive=False,
                     shallow_layers=settings.layers)
 

@@ -19,12 +19,12 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from ..artifact_header import ArtifactKind
 from ..verification.draft import Draft
 from .base import Proposer
 from .registry import Drafting, SpecMethod, register
 
-FORMAT = "specee-ngram"
-FORMAT_VERSION = 1
+HEADER = ArtifactKind("specee-ngram", 1, "n-gram table", "specee train ngram", fingerprint_of="tokenizer")
 # Keeps the estimated discount away from 0 (no mass left for unseen continuations) and from 1.
 DISCOUNT_RANGE = (0.1, 0.9)
 FALLBACK_DISCOUNT = 0.5  # when the data has no n-grams seen once or twice to estimate it from
@@ -162,44 +162,18 @@ class NgramModel:
                 break
         return sorted(found.items(), key=lambda item: -item[1])[:k]
 
-    def save(self, path: str | Path, fingerprint: str) -> None:
-        """One file with the format version and the fingerprint of the tokenizer it was trained for."""
-        torch.save(
-            {
-                "format": FORMAT,
-                "version": FORMAT_VERSION,
-                "fingerprint": fingerprint,
-                "order": self.order,
-                "vocab_size": self.vocab_size,
-                "unigram": torch.from_numpy(self.unigram),
-                "tables": [
-                    {name: torch.from_numpy(array) for name, array in vars(table).items()}
-                    for table in self.tables
-                ],
-            },
-            path,
-        )
+    def save(self, path: str | Path, fingerprint: str, info: dict | None = None) -> None:
+        """One file: the artifact header (the fingerprint of the tokenizer it was trained for), then the table."""
+        HEADER.save(path, fingerprint, {
+            "order": self.order, "vocab_size": self.vocab_size, "unigram": torch.from_numpy(self.unigram),
+            "tables": [{name: torch.from_numpy(array) for name, array in vars(table).items()} for table in self.tables],
+        }, info)
 
     @staticmethod
     def load(path: str | Path, fingerprint: str) -> "NgramModel":
         """Load a table trained for the tokenizer with `fingerprint`; anything else is a ValueError."""
-        saved = torch.load(path, weights_only=True)
-        if not isinstance(saved, dict) or saved.get("format") != FORMAT:
-            raise ValueError(f"{path} is not a specee n-gram table")
-        if saved["version"] != FORMAT_VERSION:
-            raise ValueError(
-                f"{path} has n-gram format version {saved['version']}, this specee reads "
-                f"version {FORMAT_VERSION}: train the table again"
-            )
-        if saved["fingerprint"] != fingerprint:
-            raise ValueError(
-                f"{path} was trained for another tokenizer (fingerprint {saved['fingerprint']!r}, this "
-                f"model's is {fingerprint!r}): train a table for this model with `specee train ngram`"
-            )
-        tables = [
-            OrderTable(**{name: tensor.numpy() for name, tensor in table.items()})
-            for table in saved["tables"]
-        ]
+        saved = HEADER.load(path, fingerprint)
+        tables = [OrderTable(**{name: tensor.numpy() for name, tensor in table.items()}) for table in saved["tables"]]
         return NgramModel(saved["order"], saved["vocab_size"], saved["unigram"].numpy(), tables)
 
 
@@ -300,9 +274,9 @@ class NgramProposer(Proposer):
         return self.model.top_k(context[len(context) - (self.model.order - 1) :], k)
 
 
-def _ngram_method(opts, artifacts) -> Drafting:
-    table = artifacts.ngram(opts.ngram_model)
-    return Drafting(lambda: NgramProposer(table, opts.num_draft_tokens, opts.confidence_threshold))
+def _ngram_method(config, artifacts) -> Drafting:
+    table = artifacts.ngram(config.ngram_model)
+    return Drafting(lambda: NgramProposer(table, config.num_draft_tokens, config.confidence_threshold))
 
 
 register(SpecMethod("ngram", _ngram_method, scored=True, bench={"ngram": {}, "ngram-tree": {"tree": "auto"}}))

@@ -120,8 +120,8 @@ def ranked_continuations(context: list[int], follows: list[int], k: int) -> list
     return [(token, count / len(follows)) for token, count in ranked]
 
 
-def _prompt_lookup_method(opts, artifacts) -> Drafting:
-    return Drafting(lambda: PromptLookup(num_draft_tokens=opts.num_draft_tokens))
+def _prompt_lookup_method(config, artifacts) -> Drafting:
+    return Drafting(lambda: PromptLookup(num_draft_tokens=config.num_draft_tokens))
 
 
 register(SpecMethod("prompt-lookup", _prompt_lookup_method,

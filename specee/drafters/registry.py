@@ -27,8 +27,9 @@ class Drafting:
 class SpecMethod:
     name: str
     # (config, artifacts) -> Drafting. `config`: the checked, resolved SpecConfig (a trained
-    # drafter's sizes left unset unless the user set them); `artifacts`: the engine's tables and models, loaded once (with .model and
-    # .tokenizer). It loads what it needs now, so a bad path fails before any generation.
+    # drafter's sizes unset unless the user set them); `artifacts`: the engine's ArtifactStore
+    # (tables and models, loaded once; .model, .tokenizer). It loads what it needs now, so a bad
+    # path fails before any generation.
     build: Callable[[Any, Any], Drafting]
     scored: bool = False  # a probability per drafted token, which confidence_threshold reads
     own_tree: bool = False  # drafts its own dynamic tree: the tree option does not apply

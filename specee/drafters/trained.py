@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from ..artifact_header import ArtifactKind
 from ..model.cache import KVCache
 from ..model.cpu_packing import PackedLinear, pack_linears, packing_available
 from ..model.quantize import int8_linears
@@ -26,11 +27,8 @@ class TrainedArtifact:
     """A trained drafter for one model: its weights, the reduced vocabulary, its drafting settings
     (chosen by measurement) and how it was made. Subclasses name the format and the settings."""
 
-    FORMAT: ClassVar[str]
-    VERSION: ClassVar[int]
+    HEADER: ClassVar[ArtifactKind]
     SETTINGS: ClassVar[type]
-    KIND: ClassVar[str]  # how errors name it, e.g. "EAGLE drafter"
-    TRAIN: ClassVar[str]  # the command that makes one
 
     weights: dict
     vocab: torch.Tensor  # [N] token ids the drafter scores, most frequent first
@@ -43,33 +41,30 @@ class TrainedArtifact:
             self.settings = self.SETTINGS()
 
     def save(self, path: str | Path) -> None:
-        torch.save({
-            "format": self.FORMAT, "version": self.VERSION, "fingerprint": self.fingerprint,
-            # "head": the drafter's own trained weights (the key predates the adapter)
+        # "head": the drafter's own trained weights (the key predates the adapter)
+        self.HEADER.save(path, self.fingerprint, {
             "head": {k: v.detach().to("cpu", torch.float16) for k, v in self.weights.items()},
-            "vocab": self.vocab.to(torch.int32), "settings": vars(self.settings), "info": self.info,
-        }, path)
+            "vocab": self.vocab.to(torch.int32)}, self.info, vars(self.settings))
 
     @classmethod
     def load(cls, path: str | Path, model: Transformer):
         """The drafter trained for `model`; a file for another model (or of another kind) is a ValueError."""
-        path = Path(path)
-        if not path.is_file():
-            raise ValueError(f"{cls.KIND} {str(path)!r} does not exist")
-        try:
-            saved = torch.load(path, weights_only=True)
-        except Exception as e:
-            raise ValueError(f"{path} is not a specee {cls.KIND} ({type(e).__name__})") from None
-        if not isinstance(saved, dict) or saved.get("format") != cls.FORMAT:
-            raise ValueError(f"{path} is not a specee {cls.KIND}")
-        if saved["version"] != cls.VERSION:
-            raise ValueError(f"{path} has {cls.KIND} format version {saved['version']}, this specee reads {cls.VERSION}")
-        fingerprint = weights_fingerprint(model)
-        if saved["fingerprint"] != fingerprint:
-            raise ValueError(f"{path} was trained for another model (fingerprint {saved['fingerprint']!r}, this "
-                             f"model's is {fingerprint!r}): train one with `{cls.TRAIN} --out FILE`")
+        saved = cls.HEADER.load(path, weights_fingerprint(model))
         return cls(saved["head"], saved["vocab"].long(), saved["fingerprint"], cls.SETTINGS(**saved["settings"]),
                    saved["info"])
+
+
+def load_trained(module: nn.Module, artifact: TrainedArtifact, target: Transformer
+                 ) -> tuple[nn.Module, torch.Tensor, nn.Module, int]:
+    """(`module` holding the artifact's weights and run like the target, the reduced vocabulary on
+    the target's device, its scorer, the weight bytes one pass of the module and the scorer reads)."""
+    module.load_state_dict({k: v.float() for k, v in artifact.weights.items()})
+    module = run_like_target(module.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False), target)
+    vocab = artifact.vocab.to(target.device)
+    # Bytes per weight as run_like_target runs the matrices (scales left out).
+    element_size = 1 if target.kernels is not None else target.norm.weight.element_size()
+    weights = sum(p.numel() for p in artifact.weights.values()) + vocab.numel() * target.config.hidden_size
+    return module, vocab, reduced_scorer(target, vocab), weights * element_size
 
 
 def reduced_scorer(target: Transformer, vocab: torch.Tensor) -> nn.Module:
@@ -77,11 +72,6 @@ def reduced_scorer(target: Transformer, vocab: torch.Tensor) -> nn.Module:
     scorer = nn.Linear(target.config.hidden_size, len(vocab), bias=False, device=target.device)
     scorer.weight = nn.Parameter(target.head_rows(vocab.to(target.device)).detach().clone(), requires_grad=False)
     return run_like_target(scorer, target)
-
-
-def weight_element_size(target: Transformer) -> int:
-    """Bytes per weight of a drafter's matrices as `run_like_target` runs them (scales left out)."""
-    return 1 if target.kernels is not None else target.norm.weight.element_size()
 
 
 def run_like_target(module: nn.Module, target: Transformer) -> nn.Module:

@@ -17,7 +17,7 @@ from .datasets import DatasetMissing, Prompt, load_dataset
 from .humaneval_exec import check_humaneval, extract_code
 from .modes import build_modes, default_mode_names
 from .quality import first_divergence, gsm8k_correct, mmlu_choice
-from .teacher_forcing import dense_scores, quality, scored
+from .teacher_forcing import TEACHER_FORCED, dense_scores, quality, scored
 from .report import BenchRecord, decode_rate, format_table, machine_info, summarize, write_outputs
 
 SUITES = {
@@ -183,7 +183,7 @@ def before_divergence(tokens: list[int], dense: list[int]) -> float | None:
 def lossy_quality(engine: Engine, modes: list, prompts: list, records: list[dict], summary: dict) -> None:
     """Teacher-forced quality (teacher_forcing.py) of every lossy mode of ours, over the prompts'
     own text and over dense's greedy continuations; the dense figures are on the same tokens."""
-    lossy = [m for m in modes if not m.lossless and hasattr(getattr(m, "strategy", None), "teacher_forced")]
+    lossy = [m for m in modes if not m.lossless and isinstance(getattr(m, "strategy", None), TEACHER_FORCED)]
     for mode in modes:  # a lossless mode has dense's distribution: no perplexity of its own to show
         summary["modes"][mode.name]["perplexity"] = None
     dense = {(r["dataset"], r["prompt_id"]): r for r in records if r["mode"] == "dense" and r["new_tokens"] >= 2}

@@ -17,8 +17,8 @@ from pathlib import Path
 from statistics import mean, median
 
 from ..engine import Engine
-from ..server.process import ServerProcess
 from .report import machine_info
+from .server_process import ServerProcess
 
 MODES = {"dense": {"spec_method": "none"}, "hybrid-tree": {"spec_method": "hybrid", "tree": "auto"}}
 # Short everyday requests of several kinds (the answers stop at EOS or max_tokens, as a user's would).

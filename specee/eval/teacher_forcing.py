@@ -8,12 +8,73 @@ passes (as a prompt is), so the lossy mode runs one pass per scored token, as it
 from __future__ import annotations
 
 import math
+from typing import Iterator
 
 import torch
 
+from ..decoding.speculative import MAX_DRAFT_NODES
 from ..engine import Engine
+from ..exits.autoregressive import EarlyExit
+from ..exits.runner import ExitPass
+from ..exits.speculative import ExitVerifier, SpeculativeExit
+from ..model.llama import Transformer
+from ..stats import GenerationStats
+from ..verification.draft import Draft
+from ..verification.tree import TreeLayout
 
 QUALITY_TOKENS = 64
+TEACHER_FORCED = (EarlyExit, SpeculativeExit)  # the lossy strategies `teacher_forced` scores
+
+
+def teacher_forced(strategy: EarlyExit | SpeculativeExit, model: Transformer, ids: list[int], prefix: int
+                   ) -> tuple[torch.Tensor, GenerationStats]:
+    """Score `ids` as decoding with `strategy`'s exits would have had it emit them: ids[:prefix] are
+    prefilled by full passes (a prompt), then ids[prefix:-1] are fed one by one with exits.
+    Returns the logits predicting ids[prefix + 1:] ([len(ids) - 1 - prefix, vocab]) and the run's
+    stats (exit layers)."""
+    if not 1 <= prefix < len(ids):
+        raise ValueError(f"teacher forcing needs 1 <= prefix < {len(ids)}, got {prefix}")
+    stats = GenerationStats()
+    contexts = [ids[: t + 1] for t in range(prefix, len(ids) - 1)]
+    with torch.inference_mode():
+        cache = model.new_cache(len(ids) + MAX_DRAFT_NODES + 1)
+        _, hidden, shallow = model.prefill(ids[:prefix], cache, getattr(strategy, "shallow_layers", None))
+        runner = ExitPass(model, cache, strategy.make_policy(), strategy.kv, stats)
+        if isinstance(strategy, SpeculativeExit):
+            logits = torch.cat(list(_verified(strategy, runner, contexts, hidden, shallow)))
+        else:
+            logits = torch.cat(list(_plain(strategy, runner, contexts)))
+    return logits, stats
+
+
+def _plain(strategy: EarlyExit, runner: ExitPass, contexts: list[list[int]]) -> Iterator[torch.Tensor]:
+    """Each context's logits for the next token [1, vocab] from one pass with exits over its last
+    token and no draft, as plain decoding with exits runs it."""
+    verifier = ExitVerifier(strategy.candidates, runner, contexts[0][:-1], None)
+    no_draft = Draft.empty()
+    for context in contexts:
+        verifier.update(context, 0)
+        yield verifier.verify(context, no_draft, TreeLayout.of(no_draft)).logits
+
+
+def _verified(strategy: SpeculativeExit, runner: ExitPass, contexts: list[list[int]], hidden: torch.Tensor,
+              shallow: torch.Tensor | None) -> Iterator[torch.Tensor]:
+    """Each context's logits for the next token from a verification pass with exits over its last
+    token and the draft after it: the root row's, where the pass settled. The pass's other rows are
+    then forgotten, as after a step that accepted no draft token."""
+    spec, prompt = strategy.speculative, contexts[0][:-1]
+    proposer = spec.start_proposer(prompt, None, runner.cache, hidden, shallow)
+    verifier = ExitVerifier(strategy.candidates, runner, prompt, None, strategy.shallow_layers)
+    for t, context in enumerate(contexts):
+        if t:
+            proposer.update(context, 0)
+            verifier.update(context, 0)
+        draft = spec.draft(proposer, context, spec.num_draft_tokens)
+        verified = verifier.verify(context, draft, TreeLayout.of(draft))
+        runner.cache.truncate(len(context))
+        if proposer.wants_features:
+            proposer.observe(verified.hidden[:1])
+        yield verified.logits[:1]
 
 
 def dense_logits(engine: Engine, ids: list[int]) -> torch.Tensor:
@@ -53,7 +114,7 @@ def dense_scores(engine: Engine, texts: list[tuple[list[int], int]]) -> list[tup
 def quality(engine: Engine, texts: list[tuple[list[int], int]], strategy=None,
             dense: list[tuple[float, torch.Tensor] | None] | None = None) -> dict:
     """Perplexity over `texts` ((ids, prefix) pairs from `scored`) under dense and, for a lossy
-    strategy with `teacher_forced`, under it, with how many tokens exited early and how many of
+    strategy `teacher_forced` scores, under it, with how many tokens exited early and how many of
     those gave the full model's argmax. `dense`: the texts' `dense_scores`, if already computed."""
     dense = dense_scores(engine, texts) if dense is None else dense
     totals = {"dense": 0.0, "lossy": 0.0}
@@ -66,7 +127,7 @@ def quality(engine: Engine, texts: list[tuple[list[int], int]], strategy=None,
         totals["dense"] += dense_nll
         count += len(targets)
         if strategy is not None:
-            lossy, stats = strategy.teacher_forced(engine.model, ids, prefix)
+            lossy, stats = teacher_forced(strategy, engine.model, ids, prefix)
             totals["lossy"] += nll(lossy, targets)
             exits = torch.tensor(stats.exit_layers, device=lossy.device) < engine.model.config.num_hidden_layers
             exited += int(exits.sum())

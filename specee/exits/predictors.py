@@ -14,6 +14,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from ..artifact_header import ArtifactKind
 from ..drafters.trained import TrainedArtifact
 
 BUNDLED = Path(__file__).resolve().parent.parent / "artifacts" / "smollm2-135m-instruct.exits.pt"
@@ -65,11 +66,8 @@ class ExitArtifact(TrainedArtifact):
     """Trained exit predictors for one model (`weights`: ExitPredictors' state; `vocab`: the
     tokens the model emits most often, which fill a candidate set the drafter leaves short)."""
 
-    FORMAT: ClassVar[str] = "specee-exits"
-    VERSION: ClassVar[int] = 1
+    HEADER: ClassVar[ArtifactKind] = ArtifactKind("specee-exits", 1, "exit predictor file", "specee train exits")
     SETTINGS: ClassVar[type] = ExitSettings
-    KIND: ClassVar[str] = "exit predictor file"
-    TRAIN: ClassVar[str] = "specee train exits"
 
     def predictors(self, device: torch.device | str = "cpu") -> ExitPredictors:
         weights = self.weights

@@ -1,11 +1,37 @@
 """A preallocated, rewindable KV cache with one filled length per layer.
 
 Layers keep their own lengths because after an early exit the deeper layers lag behind the
-shallow ones until they are caught up. Nothing here knows about models or decoding strategies.
+shallow ones until they are caught up; the states that catch them up wait beside the keys and
+values (DeferredRows), so a rollback forgets both. Nothing here knows about decoding strategies.
 """
 from __future__ import annotations
 
 import torch
+
+
+class DeferredRows:
+    """Positions whose deeper layers have not run (an early exit skipped them), waiting for the next
+    pass that reaches their first missing layer: ascending positions, the first layer each misses
+    (non-increasing with position) and its input state there."""
+
+    def __init__(self) -> None:
+        self.positions: list[int] = []
+        self.levels: list[int] = []
+        self.states: torch.Tensor | None = None  # [len(positions), hidden]
+
+    def defer(self, states: torch.Tensor, first: int, level: int) -> None:
+        """`states` [n, hidden] wait at positions first .. first + n - 1 (the rows there before give
+        way), each missing the layers from `level` on."""
+        self.truncate(first)
+        self.states = states if self.states is None else torch.cat((self.states, states))
+        self.positions += range(first, first + len(states))
+        self.levels += [level] * len(states)
+
+    def truncate(self, length: int) -> None:
+        """Forget the rows at or after position `length`."""
+        keep = sum(1 for p in self.positions if p < length)
+        self.positions, self.levels = self.positions[:keep], self.levels[:keep]
+        self.states = self.states[:keep] if keep else None
 
 
 class KVCache:
@@ -29,6 +55,7 @@ class KVCache:
         self.keys = torch.empty(shape, dtype=dtype, device=device)
         self.values = torch.empty(shape, dtype=dtype, device=device)
         self.lengths = [0] * num_layers
+        self.deferred = DeferredRows()
 
     @property
     def capacity(self) -> int:
@@ -79,8 +106,9 @@ class KVCache:
         return start, self.keys[layer], self.values[layer]
 
     def truncate(self, length: int) -> None:
-        """Forget every position at or after `length`, in every layer."""
+        """Forget every position at or after `length`, in every layer and among the deferred rows."""
         self.lengths = [min(n, length) for n in self.lengths]
+        self.deferred.truncate(length)
 
     def trim(self, n: int) -> int:
         """Rewind the last `n` positions (counted on the longest layer); returns how many went."""
@@ -110,6 +138,3 @@ class KVCache:
                 self.values[i, :, start : start + n] = self.values[i].index_select(1, index)
         for i in layers:
             self.lengths[i] = start + n
-
-    def reset(self) -> None:
-        self.lengths = [0] * self.num_layers

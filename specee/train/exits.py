@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from ..decoding.early_exit import Candidates
 from ..engine import Engine
+from ..exits.candidates import Candidates
 from ..exits.features import layer_features
 from ..exits.predictors import ExitArtifact, ExitPredictors, ExitSettings
 from ..model.fingerprint import weights_fingerprint
@@ -193,7 +193,7 @@ def train_exits(engine: Engine, out: Path, candidates: Candidates, corpus_files:
                 use_sharegpt: bool = True, config: ExitTrainConfig | None = None,
                 report: Callable[[str], None] = lambda line: print(line, file=sys.stderr)) -> ExitArtifact:
     """Collect, train, choose the threshold and layers, save. `candidates` are made exactly as
-    decoding makes them (exit_builder.exit_candidates)."""
+    decoding makes them (exits.builder.exit_candidates)."""
     cfg = config or ExitTrainConfig()
     model = engine.model
     began = time.perf_counter()

@@ -55,7 +55,9 @@ def train_ngram(
         raise ValueError("nothing to train on: give --corpus FILE and/or --dataset NAME")
     model = NgramModel.train(sequences, engine.tokenizer.vocab_size, order=order)
     out.parent.mkdir(parents=True, exist_ok=True)
-    model.save(out, engine.tokenizer.fingerprint)
     tokens = sum(len(s) for s in sequences)
+    info = dict(corpus=list(corpus), datasets=list(datasets), self_generated=generate, sequences=len(sequences),
+                tokens=tokens)
+    model.save(out, engine.tokenizer.fingerprint, info)
     print(f"n-gram table (order {order}) from {len(sequences)} sequences, {tokens} tokens -> {out}", file=sys.stderr)
     return model

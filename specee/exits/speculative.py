@@ -21,14 +21,13 @@ from typing import Callable, Iterator
 
 import torch
 
-from ..model.llama import Transformer
-from ..stats import GenerationStats
+from ..decoding.base import DecodeState
+from ..decoding.speculative import Speculative, Verified, keep_path
 from ..verification.acceptance import accept_greedy
 from ..verification.draft import Draft
 from ..verification.tree import TreeLayout
-from .base import DecodeState
-from .early_exit import Candidates, Check, ExitPass, ExitPolicy, Settle
-from .speculative import MAX_DRAFT_NODES, Speculative, Verified, keep_path
+from .candidates import Candidates
+from .runner import Check, ExitPass, ExitPolicy, Settle
 
 
 class SpeculativeExit:
@@ -49,46 +48,19 @@ class SpeculativeExit:
         if not state.sampler.greedy:
             raise ValueError("exits inside speculative verification run greedy only (temperature 0)")
         runner = ExitPass(state.model, state.cache, self.make_policy(), self.kv, state.stats)
-        return self.speculative.decode(state, ExitVerifier(self, runner, state.tokens, state.sampler))
-
-    def teacher_forced(self, model: Transformer, ids: list[int], prefix: int) -> tuple[torch.Tensor, GenerationStats]:
-        """Score `ids` as `EarlyExit.teacher_forced` does. Each position's logits come from a
-        verification pass with exits over [ids[t]] + the draft after ids[:t + 1]: the root row's,
-        where the pass settled. The pass's other rows are then forgotten, as after a step that
-        accepted no draft token."""
-        if not 1 <= prefix < len(ids):
-            raise ValueError(f"teacher forcing needs 1 <= prefix < {len(ids)}, got {prefix}")
-        spec = self.speculative
-        stats = GenerationStats()
-        out = []
-        with torch.inference_mode():
-            cache = model.new_cache(len(ids) + MAX_DRAFT_NODES + 1)
-            _, hidden, shallow = model.prefill(ids[:prefix], cache, spec.shallow_layers)
-            proposer = spec.start_proposer(ids[:prefix], None, cache, hidden, shallow)
-            runner = ExitPass(model, cache, self.make_policy(), self.kv, stats)
-            verifier = ExitVerifier(self, runner, ids[:prefix], None)
-            for t in range(prefix, len(ids) - 1):
-                context = ids[: t + 1]
-                if t > prefix:
-                    proposer.update(context, 0)
-                    verifier.update(context, 0)
-                draft = spec.draft(proposer, context, spec.num_draft_tokens)
-                verified = verifier.verify(context, draft, TreeLayout.of(draft))
-                runner.rewind(t + 1)
-                if proposer.wants_features:
-                    proposer.observe(verified.hidden[:1])
-                out.append(verified.logits[:1])
-        return torch.cat(out), stats
+        return self.speculative.decode(state, ExitVerifier(self.candidates, runner, state.tokens, state.sampler,
+                                                           self.shallow_layers))
 
 
 class ExitVerifier:
     """Verification passes with exits for one generation: each row's candidates from its own
-    guesser, the pass run by `runner`."""
+    guesser, the pass run by `runner` (above the `shallow_layers` a drafter ran itself)."""
 
-    def __init__(self, strategy: SpeculativeExit, runner: ExitPass, prompt: list[int], sampler) -> None:
-        self.candidates, self.shallow_layers = strategy.candidates, strategy.shallow_layers or 0
+    def __init__(self, candidates: Candidates, runner: ExitPass, prompt: list[int], sampler,
+                 shallow_layers: int | None = None) -> None:
+        self.candidates, self.shallow_layers = candidates, shallow_layers or 0
         self.runner = runner
-        self.guesser = strategy.candidates.make_proposer()
+        self.guesser = candidates.make_proposer()
         self.guesser.reset(prompt, sampler)
 
     def update(self, tokens: list[int], num_accepted: int) -> None:

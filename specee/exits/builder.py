@@ -6,16 +6,16 @@ drafter would cost a pass of its own per token, more than exits can save on this
 """
 from __future__ import annotations
 
+from ..artifact_store import ArtifactStore
+from ..decoding.config import ExitConfig
+from ..decoding.speculative import Speculative
 from ..drafters.hybrid import Hybrid
 from ..drafters.ngram import NgramProposer
 from ..drafters.prompt_lookup import PromptLookup
-from ..exits.policy import LearnedExit, RuleExit, RuleSettings
-from ..exits.predictors import BUNDLED, ExitArtifact, ExitPredictors
-from .builder import Artifacts, given_or_bundled
-from .config import ExitConfig
-from .early_exit import Candidates, EarlyExit
-from .speculative import Speculative
-from .speculative_exit import SpeculativeExit
+from .autoregressive import EarlyExit
+from .candidates import Candidates
+from .policy import LearnedExit, RuleExit, RuleSettings
+from .speculative import SpeculativeExit
 
 RULE_CANDIDATES = 4
 
@@ -34,26 +34,14 @@ def rule_settings(rule: str | None) -> RuleSettings:
     return settings
 
 
-def exit_predictors(artifacts: Artifacts, path: str | None) -> tuple[ExitArtifact, ExitPredictors]:
-    """The artifact and its predictors on the model's device, loaded once per engine."""
-    path = given_or_bundled(path, BUNDLED, "--exit specee needs --exit-predictors FILE (train one with "
-                                            "`specee train exits`)")
-
-    def load(p):
-        artifact = ExitArtifact.load(p, artifacts.model)
-        return artifact, artifact.predictors(artifacts.model.device)
-
-    return artifacts.trained("exits", path, load)
-
-
-def build_early_exit(artifacts: Artifacts, config: ExitConfig, speculative: Speculative | None = None
+def build_early_exit(artifacts: ArtifactStore, config: ExitConfig, speculative: Speculative | None = None
                      ) -> EarlyExit | SpeculativeExit:
     """Exits in plain decoding, or inside the verification passes of `speculative`."""
     model = artifacts.model
     num_layers = model.config.num_hidden_layers - 1  # layers with a decision (the last needs none)
     kv = config.kv or "exact"
     if config.kind == "specee":
-        artifact, predictors = exit_predictors(artifacts, config.predictors)
+        artifact, predictors = artifacts.exit_predictors(config.predictors)
         if predictors.num_layers != num_layers:
             raise ValueError(f"the exit predictors cover {predictors.num_layers} layers, the model has {num_layers + 1}")
         settings = artifact.settings
@@ -78,7 +66,7 @@ def build_early_exit(artifacts: Artifacts, config: ExitConfig, speculative: Spec
     return EarlyExit(exit_candidates(artifacts, candidates), make_policy, kv, name=name)
 
 
-def exit_candidates(artifacts: Artifacts, k: int) -> Candidates:
+def exit_candidates(artifacts: ArtifactStore, k: int) -> Candidates:
     """Prompt lookup's and the bundled trigram table's guesses, filled up with the table's most
     common tokens (decoding and `specee train exits` alike)."""
     table = artifacts.ngram(None)

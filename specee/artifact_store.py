@@ -1,0 +1,76 @@
+"""What an engine loads for its strategies: n-gram tables, draft models, trained drafters (EAGLE
+heads, Kangaroo adapters) and exit predictors, each loaded once and shared read-only by every
+request. Builders receive the store; a file the user names wins over the one bundled with specee."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from .drafters.eagle import BUNDLED as BUNDLED_EAGLE
+from .drafters.eagle import EagleArtifact, EagleModel
+from .drafters.kangaroo import BUNDLED as BUNDLED_KANGAROO
+from .drafters.kangaroo import KangarooArtifact, KangarooModel
+from .drafters.ngram import NgramModel
+from .exits.predictors import BUNDLED as BUNDLED_EXITS
+from .exits.predictors import ExitArtifact, ExitPredictors
+from .loader import dtype_name, load_parts
+from .model.llama import Transformer
+from .tokenizer import Tokenizer
+
+BUNDLED_NGRAM = Path(__file__).resolve().parent / "artifacts" / "smollm2-135m-instruct.trigram.pt"
+
+
+class ArtifactStore:
+    def __init__(self, model: Transformer, tokenizer: Tokenizer) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self._loaded: dict[tuple[str, str], object] = {}
+
+    def ngram(self, path: str | None) -> NgramModel:
+        return self._load("ngram", path, lambda p: NgramModel.load(p, self.tokenizer.fingerprint),
+                          BUNDLED_NGRAM, "the ngram method needs --ngram-model FILE")
+
+    def draft_model(self, spec: str | None) -> tuple[Transformer, int | None]:
+        """(draft weights, layers to use: None for all) for a path or "self:L"."""
+        if spec is None:
+            raise ValueError("the draft and staged methods need --draft-model PATH or --draft-model self:L")
+        if spec.startswith("self:"):
+            try:
+                return self.model, int(spec.removeprefix("self:"))
+            except ValueError:
+                raise ValueError(f"--draft-model {spec!r}: write self:L with L a number of layers") from None
+        return self._load("draft", spec, self._load_draft_model), None
+
+    def _load_draft_model(self, path: str) -> Transformer:
+        parts = load_parts(path, dtype=dtype_name(self.model.dtype), device=self.model.device.type)
+        if parts.tokenizer.vocab != self.tokenizer.vocab:
+            raise ValueError(f"draft model {path!r} does not share the target's tokenizer")
+        return parts.model
+
+    def eagle(self, path: str | None) -> EagleModel:
+        return self._load("eagle", path, lambda p: EagleModel(self.model, EagleArtifact.load(p, self.model)),
+                          BUNDLED_EAGLE, "the eagle method needs --drafter FILE")
+
+    def kangaroo(self, path: str | None) -> KangarooModel:
+        return self._load("kangaroo", path, lambda p: KangarooModel(self.model, KangarooArtifact.load(p, self.model)),
+                          BUNDLED_KANGAROO, "the kangaroo method needs --drafter FILE")
+
+    def exit_predictors(self, path: str | None) -> tuple[ExitArtifact, ExitPredictors]:
+        """The artifact and its predictors on the model's device."""
+        def load(p):
+            artifact = ExitArtifact.load(p, self.model)
+            return artifact, artifact.predictors(self.model.device)
+
+        return self._load("exits", path, load, BUNDLED_EXITS, "--exit specee needs --exit-predictors FILE")
+
+    def _load(self, kind: str, path: str | None, load: Callable, bundled: Path | None = None, missing: str = ""):
+        """What `load` gives for the file the user named, else for the one bundled with specee (`missing`
+        says which option names one when there is none); loaded once per (kind, file)."""
+        if path is None:
+            if not bundled.exists():
+                raise ValueError(f"{missing} (train one with `specee train {kind}`)")
+            path = bundled
+        key = (kind, str(path))
+        if key not in self._loaded:
+            self._loaded[key] = load(path)
+        return self._loaded[key]

@@ -1,0 +1,45 @@
+"""Early exit (SpecEE) in plain autoregressive decoding: one pass per token, stopped after the
+first layer whose exit policy fires and whose full-head check agrees (the full-vocabulary argmax
+there is one of the candidates; that argmax is the token). Each pass is a verification pass over
+no draft, so plain and speculative decoding settle an exit by one rule. Lossy: its cost is
+measured by the benchmark (exit fidelity, perplexity, divergence from dense), never assumed.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+from ..decoding.base import DecodeState
+from ..verification.draft import Draft
+from ..verification.tree import TreeLayout
+from .candidates import Candidates
+from .runner import ExitPass, ExitPolicy
+from .speculative import ExitVerifier
+
+
+class EarlyExit:
+    """Autoregressive decoding with early exits; a recipe like Speculative (fresh drafter and
+    policy per generation)."""
+
+    lossless = False
+
+    def __init__(self, candidates: Candidates, make_policy: Callable[[], ExitPolicy], kv: str = "exact",
+                 name: str = "exit") -> None:
+        self.candidates = candidates
+        self.make_policy = make_policy
+        self.kv = kv
+        self.name = name
+
+    def decode(self, state: DecodeState) -> Iterator[list[int]]:
+        tokens, stats = state.tokens, state.stats
+        runner = ExitPass(state.model, state.cache, self.make_policy(), self.kv, stats)
+        verifier = ExitVerifier(self.candidates, runner, tokens, state.sampler)
+        no_draft = Draft.empty()
+        layout = TreeLayout.of(no_draft)
+        logits = state.logits
+        while True:
+            token = int(state.sampler.pick(logits)[0])
+            tokens.append(token)
+            yield [token]
+            verifier.update(tokens, 0)
+            logits = verifier.verify(tokens, no_draft, layout).logits
+            stats.target_passes += 1
