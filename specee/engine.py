@@ -177,7 +177,7 @@ class Generation:
         new: list[int] = []
         delta = ""
         drafted = 0
-        exit_layer, passes = None, 0
+        exit_layer = None
         # Inference mode is entered per step, never held across a yield: interleaved generations
         # would otherwise unwind each other's mode.
         with torch.inference_mode():
@@ -197,11 +197,8 @@ class Generation:
                 if step is None:  # a strategy that ends by itself ends the generation
                     new, delta, drafted = [], "", 0
                     break
-                new, delta, finish = self._commit(step, output, text)
-                # A step is accepted drafts then the target's own token (Strategy's convention),
-                # so a step cut short at a stop keeps at most its drafts.
-                drafted = min(len(new), len(step) - 1)
-                exit_layer, passes = self._exit_layer(stats, passes)
+                new, delta, finish = self._commit(step.tokens, output, text)
+                drafted, exit_layer = min(len(new), step.drafted), step.exit_layer  # cut short: fewer drafts
                 if finish != "continue":
                     break
                 stats.decode_s = time.perf_counter() - start
@@ -213,13 +210,6 @@ class Generation:
         stats.generated_tokens = len(output)
         yield Event(new, delta + text.finish(), finish, drafted, exit_layer)
         self.result = Result(text.text, output, len(self.prompt_ids), len(output), finish, stats)
-
-    def _exit_layer(self, stats: GenerationStats, seen: int) -> tuple[int | None, int]:
-        """(where the pass behind the latest step stopped early, or None; passes recorded so far):
-        an early-exit strategy records each pass's layers before yielding the tokens it made."""
-        layers = stats.exit_layers
-        early = len(layers) > seen and layers[-1] < self.engine.model.config.num_hidden_layers
-        return (layers[-1] if early else None), len(layers)
 
     def _commit(self, step: list[int], output: list[int], text: TextStream) -> tuple[list[int], str, str]:
         """Commit a step's tokens one by one, exactly as dense decoding would: stop after an EOS,

@@ -135,8 +135,8 @@ def decode(model, strategy, prompt, steps=30, params=None):
         state = DecodeState(model, cache, list(prompt), logits, Sampler(params or SamplingParams()), GenerationStats(),
                             hidden, shallow)
         out = []
-        for new in strategy.decode(state):
-            out += new
+        for step in strategy.decode(state):
+            out += step.tokens
             if len(out) >= steps:
                 break
     return out[:steps], state.stats, cache

@@ -21,8 +21,8 @@ class OffByOne(Autoregressive):
     """A broken 'lossless' mode: shifts every token it emits."""
 
     def decode(self, state):
-        for new in super().decode(state):
-            yield [(t + 1) % 1000 for t in new]
+        for step in super().decode(state):
+            yield step._replace(tokens=[(t + 1) % 1000 for t in step.tokens])
 
 
 @pytest.fixture
@@ -151,8 +151,8 @@ class EndsAfterThree(Autoregressive):
     def decode(self, state):
         EndsAfterThree.runs += 1
         eos = 2  # SmolLM2's <|endoftext|>
-        for i, new in enumerate(super().decode(state)):
-            yield [eos] if i == 2 else new
+        for i, step in enumerate(super().decode(state)):
+            yield step._replace(tokens=[eos]) if i == 2 else step
 
 
 @pytest.fixture

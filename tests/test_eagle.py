@@ -46,8 +46,8 @@ def decode(model, strategy, prompt, steps=30, params=SamplingParams()):
         logits = model.logits(model.norm(hidden[-1:]))
         state = DecodeState(model, cache, list(prompt), logits, Sampler(params), GenerationStats(), hidden)
         out = []
-        for new in strategy.decode(state):
-            out += new
+        for step in strategy.decode(state):
+            out += step.tokens
             if len(out) >= steps:
                 break
     return out[:steps], state.stats

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from helpers import tiny_model
+from specee.decoding.base import Step
 from specee.engine import INITIAL_OUTPUT_SLOTS, Engine
 from specee.model.cache import KVCache
 
@@ -74,7 +75,7 @@ def test_cache_grows_and_keeps_what_it_holds():
 
 
 class ScriptedStrategy:
-    """Yields fixed steps, each `accepted drafts + the target's own token` by convention."""
+    """Yields fixed steps."""
 
     name = "scripted"
     lossless = True
@@ -87,9 +88,10 @@ class ScriptedStrategy:
 
 
 def test_events_say_how_many_tokens_were_accepted_drafts(engine):
-    steps = [[100], [101, 102, 103], [104, 105, 106]]
+    steps = [Step([100]), Step([101, 102, 103], 2), Step([104, 105, 106], 2, exit_layer=7)]
     events = list(engine.stream(PROMPTS[0], max_tokens=5, ignore_eos=True, strategy=ScriptedStrategy(steps)))
-    assert [(e.token_ids, e.drafted) for e in events] == [([100], 0), ([101, 102, 103], 2), ([104], 1)]
+    assert [(e.token_ids, e.drafted, e.exit_layer) for e in events] == [
+        ([100], 0, None), ([101, 102, 103], 2, None), ([104], 1, 7)]
     assert events[-1].finish_reason == "length"  # cut one token into a step: that token was a draft
 
 

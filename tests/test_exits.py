@@ -13,6 +13,7 @@ from specee.decoding.speculative import Speculative
 from specee.drafters.draft_model import DraftModel
 from specee.drafters.kangaroo import Adapter, KangarooArtifact, KangarooDrafter, KangarooModel, KangarooSettings
 from specee.drafters.prompt_lookup import PromptLookup
+from specee.engine import Engine
 from specee.eval.teacher_forcing import teacher_forced
 from specee.exits.autoregressive import EarlyExit
 from specee.exits.candidates import Candidates
@@ -399,9 +400,10 @@ def test_verification_exits_keep_the_exact_kv_of_the_accepted_path(model, kind, 
     assert kind != "tree" or stats.draft_tokens_accepted > 0  # accepted paths moved next to the prefix
 
 
-def test_verification_exits_refuse_sampling(model):
+def test_verification_exits_refuse_sampling(model, tiny_tokenizer):
+    engine = Engine(model, tiny_tokenizer)
     with pytest.raises(ValueError, match="greedy only"):
-        decode(model, verified_exit(lambda: ExitAt(0)), PROMPTS[0], params=SamplingParams(temperature=0.7, seed=1))
+        engine.generate(PROMPTS[0], strategy=verified_exit(lambda: ExitAt(0)), temperature=0.7, seed=1)
 
 
 

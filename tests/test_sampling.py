@@ -15,7 +15,7 @@ def sample_tokens(model, params, n=20, prompt=(1, 2, 3)):
         logits = model(torch.tensor(prompt), torch.arange(len(prompt)), cache)[-1:]
         state = DecodeState(model, cache, list(prompt), logits, Sampler(params), GenerationStats())
         steps = Autoregressive().decode(state)
-        return [next(steps)[0] for _ in range(n)]
+        return [next(steps).tokens[0] for _ in range(n)]
 
 
 def test_same_seed_gives_same_tokens_and_another_seed_differs():

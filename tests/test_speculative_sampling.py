@@ -63,8 +63,8 @@ def sample_joint(model, make_strategy, params) -> torch.Tensor:
             sampler = Sampler(SamplingParams(params.temperature, params.top_k, params.top_p, seed=seed))
             state = DecodeState(model, cache, list(PROMPT), forced, sampler, GenerationStats(), hidden, shallow)
             out = []
-            for new in strategy.decode(state):
-                out += new
+            for step in strategy.decode(state):
+                out += step.tokens
                 if len(out) >= 3:
                     break
             assert out[0] == ROOT
@@ -228,8 +228,8 @@ def second_token_counts(draft_class) -> torch.Tensor:
             state = DecodeState(target, cache, prompt, forced, Sampler(SamplingParams(1.0, seed=seed)),
                                 GenerationStats())
             out = []
-            for new in strategy.decode(state):
-                out += new
+            for step in strategy.decode(state):
+                out += step.tokens
                 if len(out) >= 3:
                     break
             counts[out[2]] += 1

@@ -5,20 +5,20 @@ from typing import Iterator
 
 import torch
 
-from .base import DecodeState
+from .base import DecodeState, Step
 
 
 class Autoregressive:
     name = "dense"
     lossless = True
 
-    def decode(self, state: DecodeState) -> Iterator[list[int]]:
+    def decode(self, state: DecodeState) -> Iterator[Step]:
         model, cache = state.model, state.cache
         logits = state.logits
         while True:
             token = int(state.sampler.pick(logits)[0])
             state.tokens.append(token)
-            yield [token]
+            yield Step([token])
             ids = torch.tensor([token], device=model.device)
             positions = torch.tensor([cache.length], device=model.device)
             logits = model(ids, positions, cache)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Protocol
+from typing import Iterator, NamedTuple, Protocol
 
 import torch
 
@@ -28,10 +28,17 @@ class DecodeState:
     shallow: torch.Tensor | None = None
 
 
+class Step(NamedTuple):
+    """What a strategy commits at once: accepted draft tokens (none for dense decoding), then
+    exactly one token the target chose itself."""
+
+    tokens: list[int]
+    drafted: int = 0  # how many leading tokens were drafts
+    exit_layer: int | None = None  # the layers the pass behind these tokens ran, when it stopped early
+
+
 class Strategy(Protocol):
-    """A decoding strategy: yields lists of newly committed token ids until closed. Each list is
-    the accepted draft tokens (none for dense decoding) followed by exactly one token the target
-    chose itself; the engine reads token provenance from this convention.
+    """A decoding strategy: yields Steps until closed.
 
     A strategy whose drafter shares the target's first layers may also have `shallow_layers`
     (an int): prefill then hands it the prompt's states after them (DecodeState.shallow)."""
@@ -39,4 +46,4 @@ class Strategy(Protocol):
     name: str
     lossless: bool
 
-    def decode(self, state: DecodeState) -> Iterator[list[int]]: ...
+    def decode(self, state: DecodeState) -> Iterator[Step]: ...

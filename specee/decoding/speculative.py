@@ -18,7 +18,7 @@ from ..drafters.base import Proposer
 from ..verification.acceptance import accept_greedy, accept_sampling
 from ..verification.draft import Draft
 from ..verification.tree import StaticTree, TreeLayout, dynamic_tree
-from .base import DecodeState
+from .base import DecodeState, Step
 from .config import MAX_DRAFT_NODES
 
 
@@ -108,7 +108,7 @@ class Speculative:
             proposer.share_target(cache, shallow)
         return proposer
 
-    def decode(self, state: DecodeState, verifier: FullPass | None = None) -> Iterator[list[int]]:
+    def decode(self, state: DecodeState, verifier: FullPass | None = None) -> Iterator[Step]:
         """Draft, verify, extend: the one speculative loop. `verifier` (default: one full pass) runs
         the target over the root and the draft, accepts, and rewinds the cache to the accepted path."""
         tokens, stats = state.tokens, state.stats
@@ -117,7 +117,7 @@ class Speculative:
         length = DraftLength(self.num_draft_tokens, self.num_draft_tokens, self.adaptive)
         root = int(state.sampler.pick(state.logits)[0])
         tokens.append(root)
-        yield [root]
+        yield Step([root])
         verifier.update(tokens, 0)
         while True:
             began = time.perf_counter()
@@ -139,7 +139,7 @@ class Speculative:
             length.update(proposed, len(accepted))
             proposer.update(tokens, len(accepted))
             verifier.update(tokens, len(accepted))
-            yield new
+            yield Step(new, len(accepted), verified.exit_layer)
 
 
 class Verified(NamedTuple):
@@ -148,6 +148,7 @@ class Verified(NamedTuple):
     logits: torch.Tensor  # [rows, vocab] the pass's logits (row 0: the root's) ...
     hidden: torch.Tensor  # [rows, hidden] ... and its states where it ended
     rows: list[int]  # the rows of the root and the accepted nodes
+    exit_layer: int | None = None  # the layers the pass ran, when it stopped early
 
 
 class FullPass:

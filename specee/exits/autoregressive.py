@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterator
 
-from ..decoding.base import DecodeState
+from ..decoding.base import DecodeState, Step
 from ..verification.draft import Draft
 from ..verification.tree import TreeLayout
 from .candidates import Candidates
@@ -29,17 +29,18 @@ class EarlyExit:
         self.kv = kv
         self.name = name
 
-    def decode(self, state: DecodeState) -> Iterator[list[int]]:
+    def decode(self, state: DecodeState) -> Iterator[Step]:
         tokens, stats = state.tokens, state.stats
         runner = ExitPass(state.model, state.cache, self.make_policy(), self.kv, stats)
         verifier = ExitVerifier(self.candidates, runner, tokens, state.sampler)
         no_draft = Draft.empty()
         layout = TreeLayout.of(no_draft)
-        logits = state.logits
+        logits, exit_layer = state.logits, None  # the prompt's pass ran every layer
         while True:
             token = int(state.sampler.pick(logits)[0])
             tokens.append(token)
-            yield [token]
+            yield Step([token], exit_layer=exit_layer)
             verifier.update(tokens, 0)
-            logits = verifier.verify(tokens, no_draft, layout).logits
+            verified = verifier.verify(tokens, no_draft, layout)
+            logits, exit_layer = verified.logits, verified.exit_layer
             stats.target_passes += 1

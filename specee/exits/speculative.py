@@ -21,7 +21,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from ..decoding.base import DecodeState
+from ..decoding.base import DecodeState, Step
 from ..decoding.speculative import Speculative, Verified, keep_path
 from ..verification.acceptance import accept_greedy
 from ..verification.draft import Draft
@@ -43,10 +43,8 @@ class SpeculativeExit:
         self.kv = kv
         self.name = name
 
-    def decode(self, state: DecodeState) -> Iterator[list[int]]:
+    def decode(self, state: DecodeState) -> Iterator[Step]:
         """The speculative loop, its passes verified with exits."""
-        if not state.sampler.greedy:
-            raise ValueError("exits inside speculative verification run greedy only (temperature 0)")
         runner = ExitPass(state.model, state.cache, self.make_policy(), self.kv, state.stats)
         return self.speculative.decode(state, ExitVerifier(self.candidates, runner, state.tokens, state.sampler,
                                                            self.shallow_layers))
@@ -89,7 +87,8 @@ class ExitVerifier:
             accepted, next_token = accept_greedy(draft, result.logits.argmax(-1))
             keep_path(runner.cache, position, draft, accepted)
         return Verified(accepted, next_token, result.logits, result.hidden,
-                        [result.kept.index(row) for row in [0, *(1 + node for node in accepted)]])
+                        [result.kept.index(row) for row in [0, *(1 + node for node in accepted)]],
+                        result.layers if result.layers < runner.num_layers else None)
 
     @staticmethod
     def _settle(runner: ExitPass, layout: TreeLayout, draft: Draft, candidates: torch.Tensor) -> Settle:
