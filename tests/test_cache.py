@@ -33,23 +33,16 @@ def test_prefill_then_token_by_token_equals_one_full_forward(model):
     assert cache.lengths == [len(ids)] * 3
 
 
-def test_trim_then_redecode_reproduces_the_same_tokens(model):
+def test_truncate_then_redecode_reproduces_the_same_tokens(model):
     prompt = [1, 2, 3, 4, 5, 6]
     with torch.no_grad():
         cache = model.new_cache(64)
         model(torch.tensor(prompt[:-1]), torch.arange(5), cache)
         first = greedy_continue(model, cache, prompt[-1], 12)
-        assert cache.trim(7) == 7
-        assert cache.length == len(prompt) - 1 + 12 - 7
+        cache.truncate(cache.length - 7)
+        assert cache.lengths == [len(prompt) - 1 + 12 - 7] * 3
         redo = greedy_continue(model, cache, first[4], 7)
     assert redo == first[5:12]
-
-
-def test_trim_more_than_written_empties_the_cache():
-    cache = KVCache(2, 1, 4, 10)
-    cache.append(0, torch.ones(3, 1, 4), torch.ones(3, 1, 4))
-    assert cache.trim(100) == 3
-    assert cache.lengths == [0, 0]
 
 
 def test_keep_moves_exactly_the_selected_positions():
@@ -88,7 +81,7 @@ def test_layers_keep_their_own_lengths():
 
 
 def test_a_rollback_forgets_the_deferred_rows_past_it():
-    """Rows an early exit deferred go with their positions: trim and truncate forget them too."""
+    """Rows an early exit deferred go with their positions: a truncate forgets them too."""
     cache = KVCache(num_layers=3, num_kv_heads=1, head_dim=2, max_len=16)
     for layer, written in enumerate([8, 7, 5]):  # positions 5 and 6 miss layer 2, position 7 layers 1-2
         cache.append(layer, torch.zeros(written, 1, 2), torch.zeros(written, 1, 2))
@@ -97,7 +90,7 @@ def test_a_rollback_forgets_the_deferred_rows_past_it():
     cache.deferred.defer(states[3:], first=7, level=1)  # position 7 exited earlier in a later pass
     assert cache.deferred.positions == [5, 6, 7] and cache.deferred.levels == [2, 2, 1]
     torch.testing.assert_close(cache.deferred.states, states[[0, 1, 3]])
-    cache.trim(1)
+    cache.truncate(7)
     assert cache.lengths == [7, 7, 5] and cache.deferred.positions == [5, 6] and cache.deferred.levels == [2, 2]
     torch.testing.assert_close(cache.deferred.states, states[:2])
     cache.truncate(5)

@@ -110,12 +110,6 @@ class KVCache:
         self.lengths = [min(n, length) for n in self.lengths]
         self.deferred.truncate(length)
 
-    def trim(self, n: int) -> int:
-        """Rewind the last `n` positions (counted on the longest layer); returns how many went."""
-        n = max(0, min(n, self.length))
-        self.truncate(self.length - n)
-        return n
-
     def keep(self, start: int, indices: torch.Tensor | list[int]) -> None:
         """Compact the positions `indices` (absolute slots, ascending, all >= start) into the
         contiguous slots start, start + 1, ...; everything after them is forgotten.
