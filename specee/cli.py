@@ -15,24 +15,21 @@ class UsageError(Exception):
     """Bad input from the user: printed as one line on stderr, exit code 2."""
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return value
+def _int_from(low: int, name: str):
+    """An argparse type: a whole number >= low."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {name}, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be {name}, got {value}")
+        return value
+    return parse
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
+_positive_int = _int_from(1, "a positive integer")
+_non_negative_int = _int_from(0, "a whole number >= 0")
 
 
 # Trained artifacts are made on the dense weights (what the bundled ones were trained on, and what
