@@ -226,9 +226,11 @@ def request_schema(base: type, validate_method: Callable[[str], None]) -> type:
         kind = Literal[m["choices"]] if m["choices"] else value_type(f)
         specs[keyword(f)] = (kind | None, Field(None, ge=m["ge"], le=m["le"], max_length=m["max_length"],
                                                  pattern=m["http_pattern"]))
+
     def known_method(cls, method):
         if method not in (None, "none"):
             validate_method(method)
         return method
 
-    return create_model("SpecOptions", __base__=base, __validators__={"known_method": field_validator("spec_method")(known_method)}, **specs)
+    validators = {"known_method": field_validator("spec_method")(known_method)}
+    return create_model("SpecOptions", __base__=base, __validators__=validators, **specs)
