@@ -102,7 +102,7 @@ class Engine:
         """Options: max_tokens, temperature, top_k, top_p, seed, stop, ignore_eos, chat, and either a
         ready `strategy` or a decoding configuration: a SpecConfig, or its keywords (spec_method,
         tree, ..., exit, exit_kv, ...; decoding/config.py declares them all)."""
-        spec = {k: options.pop(k) for k in list(options) if k not in GENERATION_OPTIONS}
+        spec = {k: v for k in list(options) if k not in GENERATION_OPTIONS and (v := options.pop(k)) is not None}
         if config is not None or spec:
             options["strategy"] = self.strategy(config, **spec)
         return Generation(self, prompt, **options)
