@@ -1,6 +1,7 @@
 """The statistics every decoding strategy fills, so CLI, server and benchmarks treat them alike."""
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 
@@ -75,10 +76,7 @@ class GenerationStats:
     @property
     def exit_histogram(self) -> dict[int, int]:
         """How many passes ran each number of layers."""
-        counts: dict[int, int] = {}
-        for layers in self.exit_layers:
-            counts[layers] = counts.get(layers, 0) + 1
-        return dict(sorted(counts.items()))
+        return dict(sorted(Counter(self.exit_layers).items()))
 
     @property
     def predictor_share(self) -> float:
