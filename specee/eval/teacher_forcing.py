@@ -40,39 +40,27 @@ def teacher_forced(strategy: EarlyExit | SpeculativeExit, model: Transformer, id
         cache = model.new_cache(len(ids) + MAX_DRAFT_NODES + 1)
         _, hidden, shallow = model.prefill(ids[:prefix], cache, getattr(strategy, "shallow_layers", None))
         runner = ExitPass(model, cache, strategy.make_policy(), strategy.kv, stats)
-        if isinstance(strategy, SpeculativeExit):
-            logits = torch.cat(list(_verified(strategy, runner, contexts, hidden, shallow)))
-        else:
-            logits = torch.cat(list(_plain(strategy, runner, contexts)))
+        logits = torch.cat(list(_passes(strategy, runner, contexts, hidden, shallow)))
     return logits, stats
 
 
-def _plain(strategy: EarlyExit, runner: ExitPass, contexts: list[list[int]]) -> Iterator[torch.Tensor]:
+def _passes(strategy: EarlyExit | SpeculativeExit, runner: ExitPass, contexts: list[list[int]],
+            hidden: torch.Tensor, shallow: torch.Tensor | None) -> Iterator[torch.Tensor]:
     """Each context's logits for the next token [1, vocab] from one pass with exits over its last
-    token and no draft, as plain decoding with exits runs it."""
-    verifier = ExitVerifier(strategy.candidates, runner, contexts[0][:-1], None)
-    no_draft = Draft.empty()
-    for context in contexts:
-        verifier.update(context, 0)
-        yield verifier.verify(context, no_draft, TreeLayout.of(no_draft)).logits
-
-
-def _verified(strategy: SpeculativeExit, runner: ExitPass, contexts: list[list[int]], hidden: torch.Tensor,
-              shallow: torch.Tensor | None) -> Iterator[torch.Tensor]:
-    """Each context's logits for the next token from a verification pass with exits over its last
-    token and the draft after it: the root row's, where the pass settled. The pass's other rows are
-    then forgotten, as after a step that accepted no draft token."""
-    spec, prompt = strategy.speculative, contexts[0][:-1]
-    proposer = spec.start_proposer(prompt, None, runner.cache, hidden, shallow)
-    verifier = ExitVerifier(strategy.candidates, runner, prompt, None, strategy.shallow_layers)
+    token and the draft after it (none for plain decoding), as decoding runs it: the root row's,
+    where the pass settled. The pass's other rows are then forgotten, as after a step that
+    accepted no draft token."""
+    spec, prompt = getattr(strategy, "speculative", None), contexts[0][:-1]
+    proposer = spec.start_proposer(prompt, None, runner.cache, hidden, shallow) if spec else None
+    verifier = ExitVerifier(strategy.candidates, runner, prompt, None, getattr(strategy, "shallow_layers", None))
     for t, context in enumerate(contexts):
-        if t:
+        verifier.update(context, 0)
+        if proposer is not None and t:
             proposer.update(context, 0)
-            verifier.update(context, 0)
-        draft = spec.draft(proposer, context, spec.num_draft_tokens)
+        draft = spec.draft(proposer, context, spec.num_draft_tokens) if spec else Draft.empty()
         verified = verifier.verify(context, draft, TreeLayout.of(draft))
         runner.cache.truncate(len(context))
-        if proposer.wants_features:
+        if proposer is not None and proposer.wants_features:
             proposer.observe(verified.hidden[:1])
         yield verified.logits[:1]
 
