@@ -66,6 +66,8 @@ def _add_sampling_options(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .batch import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK
+
     parser = argparse.ArgumentParser(prog="specee", description="Fast LLM decoding on your machine.")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -89,6 +91,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="require Authorization: Bearer KEY on /v1 routes (default: $SPECEE_API_KEY)")
     serve.add_argument("--max-queue", type=_positive_int, default=64,
                        help="requests that may wait; more get 503 with Retry-After (default 64)")
+    serve.add_argument("--max-batch", type=_positive_int, default=DEFAULT_MAX_BATCH,
+                       help="generations that share each pass of the model; more requests wait in the queue "
+                            f"(default {DEFAULT_MAX_BATCH})")
+    serve.add_argument("--prefill-chunk", type=_positive_int, default=DEFAULT_PREFILL_CHUNK,
+                       help="the most prompt tokens of a new request in one shared pass, so a long prompt does "
+                            f"not stall the others (default {DEFAULT_PREFILL_CHUNK})")
     serve.add_argument("--request-timeout", type=float, default=300.0,
                        help="seconds a request may take, queueing included (default 300)")
     bench = sub.add_parser("bench", help="speed and quality of every mode, side by side with baselines")
@@ -465,6 +473,7 @@ def cmd_serve(args) -> int:
         model_id=source.stem if source and source.is_file() else (source.name if source else "specee"),
         defaults=Defaults(_sampling_kwargs(args), args.config),
         api_key=args.api_key, max_queue=args.max_queue, request_timeout=args.request_timeout,
+        max_batch=args.max_batch, prefill_chunk=args.prefill_chunk,
     )
     serve(engine, config, args.host, args.port)
     return 0

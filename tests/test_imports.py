@@ -18,6 +18,7 @@ PACKAGE = Path(specee.__file__).parent
 LAYERS = [
     ("specee", "specee.cli", "specee.__main__", "specee.eval", "specee.train"),  # specee.load and the tools
     ("specee.server",),  # the HTTP face of the engine; the CLI starts it, it never calls back up
+    ("specee.batch",),  # generations of the engine sharing passes
     ("specee.engine",),
     ("specee.exits.builder", "specee.exits.autoregressive", "specee.exits.speculative"),  # the loops with exits
     ("specee.decoding", "specee.loader", "specee.artifact_store"),
@@ -27,7 +28,7 @@ LAYERS = [
      "specee.artifact_header"),
 ]
 USER_FACING = ("specee.cli", "specee.__main__", "specee.server")
-ON_THE_ENGINE = ("specee", "specee.engine", "specee.eval", "specee.train", *USER_FACING)
+ON_THE_ENGINE = ("specee", "specee.engine", "specee.batch", "specee.eval", "specee.train", *USER_FACING)
 
 
 def within(module: str, names: tuple[str, ...]) -> bool:

@@ -15,6 +15,7 @@ from typing import Callable, Iterator, NamedTuple
 import torch
 
 from ..drafters.base import Proposer
+from ..model.llama import PassRows
 from ..verification.acceptance import accept_greedy, accept_sampling
 from ..verification.draft import Draft
 from ..verification.tree import StaticTree, TreeLayout, dynamic_tree
@@ -156,6 +157,7 @@ class FullPass:
 
     def __init__(self, state: DecodeState, shallow_layers: int | None) -> None:
         self.model, self.cache, self.sampler, self.stats = state.model, state.cache, state.sampler, state.stats
+        self.run_pass = state.run_pass
         self.shallow_layers = shallow_layers or 0
         self.deep = range(self.shallow_layers, self.model.config.num_hidden_layers)
         self.deep_bytes = self.model.layers_bytes(self.deep) + self.model.head_bytes
@@ -167,12 +169,12 @@ class FullPass:
         mask = None if draft.is_chain else layout.attention_mask().to(model.device)
         if draft.shallow is None:
             ids = torch.tensor([tokens[-1], *draft.tokens], device=model.device)  # [n + 1]
-            hidden = model.hidden(ids, positions, cache, mask)  # [n + 1, hidden]: the forward, in its pieces
+            hidden, logits = self.run_pass(PassRows(ids, positions, cache, mask))  # [n + 1, hidden], [n + 1, vocab]
             self.stats.weight_bytes += model.weight_bytes
         else:  # the drafter ran the shallow layers for these inputs, in this cache
             hidden = model.run_layers(draft.shallow, positions, cache, mask, self.deep)
+            logits = model.logits(model.norm(hidden))
             self.stats.weight_bytes += self.deep_bytes
-        logits = model.logits(model.norm(hidden))  # [n + 1, vocab]
         if self.sampler.greedy:
             accepted, next_token = accept_greedy(draft, logits.argmax(-1))
         else:

@@ -7,6 +7,7 @@ where HF runs three: the loader concatenates them.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -50,31 +51,42 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(config.hidden_size, qkv_dim, bias=config.attention_bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
 
-    def forward(
-        self, x: torch.Tensor, angles: RopeAngles, cache: KVCache, mask: torch.Tensor | AttentionBias | None
-    ) -> torch.Tensor:
-        T = x.shape[0]
+    def forward(self, x: torch.Tensor, angles: RopeAngles, cache: KVCache | list[Segment],
+                mask: torch.Tensor | AttentionBias | None = None) -> torch.Tensor:
+        """x [T, hidden] are one sequence's new rows (its `cache`, `mask`), or the rows of several
+        sequences one after another (`cache`: their segments), each attending to its own keys only."""
+        qkv = self.qkv_proj(x)  # [T, (nh + 2 nkv) hd]
+        if isinstance(cache, KVCache):
+            bias = mask if isinstance(mask, AttentionBias) else AttentionBias(mask, len(x), self.num_heads // self.num_kv_heads)
+            return self.o_proj(self._attend(qkv, angles, cache, bias).to(x.dtype))
+        out, start = [], 0
+        for segment in cache:
+            rows = slice(start, start + segment.rows)
+            out.append(self._attend(qkv[rows], RopeAngles(angles.cos[rows], angles.sin[rows]), segment.cache,
+                                    segment.bias).to(x.dtype))
+            start = rows.stop
+        return self.o_proj(torch.cat(out))
+
+    def _attend(self, qkv: torch.Tensor, angles: RopeAngles, cache: KVCache, bias: AttentionBias) -> torch.Tensor:
+        """One sequence's attention: rotate, store the new keys and values, attend. Returns [T, nh * hd]."""
+        T = qkv.shape[0]
         nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
         group = nh // nkv
-        bias = mask if isinstance(mask, AttentionBias) else AttentionBias(mask, T, group)
-        qkv = self.qkv_proj(x)  # [T, (nh + 2 nkv) hd]
         if self.kernels is not None:
             start, keys, values = cache.extend(self.layer_index, T)
             q = self.kernels.rotate_and_store(qkv.float().contiguous(), *angles_rows(angles, T), keys, values, start, nh)
-            out = self.kernels.attention(q, keys, values, *bias.for_kernel(start + T))  # [T, nh * hd]
-            return self.o_proj(out.to(x.dtype))
+            return self.kernels.attention(q, keys, values, *bias.for_kernel(start + T))
         qk = apply_rope(qkv[:, : (nh + nkv) * hd].view(T, nh + nkv, hd), angles)
         v = qkv[:, (nh + nkv) * hd :].view(T, nkv, hd)
         keys, values = cache.append(self.layer_index, qk[:, nh:], v)  # [nkv, S, hd]
         if self.rows_alone and T > 1:
-            return self.o_proj(self._rows_alone(qk[:, :nh], keys, values, bias).to(x.dtype))
+            return self._rows_alone(qk[:, :nh], keys, values, bias)
         # Query heads sharing a kv head become rows of one matrix: no repeated K/V.
         q = qk[:, :nh].reshape(T, nkv, group, hd).permute(1, 2, 0, 3).reshape(nkv, group * T, hd)
-        attn_mask = bias.for_keys(keys.shape[1], keys.dtype, x.device)  # [group * T, S] or None
+        attn_mask = bias.for_keys(keys.shape[1], keys.dtype, qkv.device)  # [group * T, S] or None
         # 4-D inputs select PyTorch's fused CPU attention kernel (3-D falls back to plain maths).
         out = F.scaled_dot_product_attention(q.to(keys.dtype)[None], keys[None], values[None], attn_mask=attn_mask)
-        out = out[0].view(nkv, group, T, hd).permute(2, 0, 1, 3).reshape(T, nh * hd)
-        return self.o_proj(out.to(x.dtype))
+        return out[0].view(nkv, group, T, hd).permute(2, 0, 1, 3).reshape(T, nh * hd)
 
     def _rows_alone(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: AttentionBias
                     ) -> torch.Tensor:
@@ -168,6 +180,26 @@ class AttentionBias:
         return self._visible[num_keys]
 
 
+class Segment(NamedTuple):
+    """One sequence's share of a pass over several: its cache, its attention bias, its row count."""
+
+    cache: KVCache
+    bias: AttentionBias
+    rows: int
+
+
+class PassRows(NamedTuple):
+    """One sequence's new rows for a pass: token ids and positions [T], the cache they extend, the
+    visibility of draft nodes (`mask`, as in `Transformer.hidden`), and the first row that needs
+    logits (a prefill chunk needs only its last row's, or none)."""
+
+    ids: torch.Tensor
+    positions: torch.Tensor
+    cache: KVCache
+    mask: torch.Tensor | None = None
+    logits_from: int = 0
+
+
 def full_attention_mask(mask: torch.Tensor | None, T: int, S: int, device) -> torch.Tensor:
     """[T, S] bool: keys before the last K are visible to all new tokens; the last K follow
     `mask` ([T, K], e.g. a tree); with no mask, the S - T cached keys are visible and the new
@@ -209,9 +241,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(
-        self, h: torch.Tensor, angles: RopeAngles, cache: KVCache, mask: torch.Tensor | AttentionBias | None = None
-    ) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, angles: RopeAngles, cache: KVCache | list[Segment],
+                mask: torch.Tensor | AttentionBias | None = None) -> torch.Tensor:
         h = h + self.self_attn(self.input_layernorm(h), angles, cache, mask)
         return h + self.mlp(self.post_attention_layernorm(h))
 
@@ -344,6 +375,29 @@ class Transformer(nn.Module):
         for i in layers if layers is not None else range(len(self.layers)):
             h = self.layers[i](h, angles, cache, bias)
         return h
+
+    def run_passes(self, parts: list[PassRows]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The rows of several sequences in one pass over the weights, each sequence attending to its
+        own cache only. Returns, per part, the last layer's states [T, hidden] and the logits of its
+        rows from `logits_from` on. On the CPU kernels every row gets the bits it gets alone (batch
+        invariance): a sequence's output does not depend on the others beside it."""
+        group = self.config.num_attention_heads // self.config.num_key_value_heads
+        sizes = [len(part.ids) for part in parts]
+        segments = [Segment(part.cache, AttentionBias(part.mask, n, group), n) for part, n in zip(parts, sizes)]
+        h = self.embed(torch.cat([part.ids for part in parts]))
+        angles = self.angles(torch.cat([part.positions for part in parts]))
+        for layer in self.layers:
+            h = layer(h, angles, segments)
+        hidden = h.split(sizes)
+        scored = [states[part.logits_from :] for part, states in zip(parts, hidden)]
+        if not any(len(rows) for rows in scored):
+            return [(states, h.new_empty(0, self.config.vocab_size)) for states in hidden]
+        logits = self.logits(self.norm(torch.cat(scored))).split([len(rows) for rows in scored])
+        return list(zip(hidden, logits))
+
+    def run_pass(self, part: PassRows) -> tuple[torch.Tensor, torch.Tensor]:
+        """One sequence's pass: (states [T, hidden], logits of the rows from `logits_from` on)."""
+        return self.run_passes([part])[0]
 
     def prefill(self, ids: list[int], cache: KVCache, shallow_layers: int | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:

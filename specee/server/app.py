@@ -16,6 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from ..batch import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK, Batch
 from ..engine import Engine, Event, Result
 from .completions import Defaults, Planner, Shaper, prompt_of
 from .metrics import Metrics
@@ -44,6 +45,8 @@ class ServerConfig:
     api_key: str | None = None
     max_queue: int = 64
     request_timeout: float = 300.0
+    max_batch: int = DEFAULT_MAX_BATCH
+    prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK
 
 
 class Inbox:
@@ -122,7 +125,8 @@ async def read_json(request: Request) -> object:
 
 def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
     metrics = Metrics()
-    scheduler = Scheduler(config.max_queue, on_step=metrics.record_step, on_end=metrics.record_end)
+    scheduler = Scheduler(Batch(engine.model, config.prefill_chunk), config.max_queue, config.max_batch,
+                          on_step=metrics.record_step, on_end=metrics.record_end, on_pass=metrics.record_pass)
     metrics.watch(scheduler)
     planner = Planner(engine, config.defaults)
     page = PAGE.read_text()

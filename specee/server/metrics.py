@@ -29,7 +29,15 @@ class Metrics:
         self.first_token = Histogram("specee_time_to_first_token_seconds", "Submission to first token",
                                      buckets=LATENCY_BUCKETS, registry=r)
         self.queue_length = Gauge("specee_queue_length", "Requests waiting for the engine", registry=r)
-        self.running = Gauge("specee_running_requests", "Requests the engine is working on", registry=r)
+        self.running = Gauge("specee_running_requests", "Requests the engine is working on (active slots)",
+                             registry=r)
+        self.passes = Counter("specee_shared_passes", "Passes of the model shared by the running requests",
+                              registry=r)
+        self.pass_rows = Counter("specee_shared_pass_rows", "Rows those passes ran (prefill chunks, dense steps, "
+                                 "drafts to verify)", registry=r)
+        self.rows_per_pass = Gauge("specee_rows_per_pass", "Rows of the last shared pass", registry=r)
+        self.tokens_per_pass = Gauge("specee_tokens_per_pass", "Tokens the requests committed in the round of "
+                                     "the last shared pass", registry=r)
         self.target_passes = Counter("specee_target_passes", "Target model passes after prefill", ["mode"], registry=r)
         self.draft_proposed = Counter("specee_draft_tokens_proposed", "Draft tokens proposed", ["mode"], registry=r)
         self.draft_accepted = Counter("specee_draft_tokens_accepted", "Draft tokens accepted", ["mode"], registry=r)
@@ -48,6 +56,12 @@ class Metrics:
     def record_step(self, event: Event) -> None:
         self.steps.inc()
         self.generated_tokens.inc(len(event.token_ids))
+
+    def record_pass(self, rows: int, tokens: int) -> None:
+        self.passes.inc()
+        self.pass_rows.inc(rows)
+        self.rows_per_pass.set(rows)
+        self.tokens_per_pass.set(tokens)
 
     def record_end(self, job: Job, ended: Ended) -> None:
         """Called by the scheduler when a generation ends, whatever the reason."""

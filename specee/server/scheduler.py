@@ -1,7 +1,8 @@
-"""Requests wait in a bounded queue, served in arrival order by one worker thread that owns the
-engine's step loop. Route handlers never step a generation themselves: they submit a Job and
-read what the worker delivers, so batching several generations into one pass can be added here
-alone (ACTIVE_SLOTS > 1, then one batched step instead of a step per job)."""
+"""Requests wait in a bounded queue and are admitted in arrival order, up to `max_batch` at once, by
+one worker thread that owns every pass of the model. The generations it runs share each pass
+(`specee.batch.Batch`): a new request joins at the next round, its prompt prefilled in chunks
+beside the others' decoding steps; a finished, cancelled or timed-out one leaves at once. Route
+handlers never step a generation themselves: they submit a Job and read what the worker delivers."""
 from __future__ import annotations
 
 import logging
@@ -9,12 +10,11 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable
 
+from ..batch import Batch, Member
 from ..engine import Event, Generation, Result
 
-# Generations stepped in one round. The engine runs one request at a time today.
-ACTIVE_SLOTS = 1
 # How long the idle worker waits for work before it looks at the stop flag again.
 IDLE_POLL_S = 0.1
 
@@ -48,20 +48,20 @@ class Job:
         self.cancelled.set()
 
 
-@dataclass
-class Running:
-    job: Job
-    steps: Iterator[Event]
-
-
 class Scheduler:
-    def __init__(self, max_queue: int, on_step: Callable[[Event], None] = lambda event: None,
-                 on_end: Callable[[Job, Ended], None] = lambda job, ended: None) -> None:
+    def __init__(self, batch: Batch, max_queue: int, max_batch: int = 1,
+                 on_step: Callable[[Event], None] = lambda event: None,
+                 on_end: Callable[[Job, Ended], None] = lambda job, ended: None,
+                 on_pass: Callable[[int, int], None] = lambda rows, tokens: None) -> None:
+        self._batch = batch
         self._queue: queue.Queue[Job] = queue.Queue(maxsize=max_queue)
+        self.max_batch = max_batch
         self._on_step = on_step  # with each engine step's event (metrics)
         self._on_end = on_end  # once per job, before its Ended is delivered (metrics)
+        self._on_pass = on_pass  # after each shared pass: its rows, and the tokens the round committed
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._work, name="specee-scheduler", daemon=True)
+        self._jobs: dict[Member, Job] = {}
         self.running = 0
 
     @property
@@ -85,23 +85,32 @@ class Scheduler:
             raise QueueFull(f"the queue is full ({self._queue.maxsize} requests wait)") from None
 
     def _work(self) -> None:
-        active: list[Running] = []
         while not self._stopping.is_set():
-            while len(active) < ACTIVE_SLOTS:
-                job = self._take(wait=not active)
-                if job is None:
-                    break
-                active.append(Running(job, iter(job.generation)))
-            self.running = len(active)
-            for run in list(active):
-                if not self._step(run):
-                    active.remove(run)
-            self.running = len(active)
-        for run in active:
-            self._end(run, Ended("shutdown", message="the server is shutting down"))
+            self._admit()
+            self._drop_abandoned()
+            tokens = 0
+            for member, made in self._batch.advance():
+                tokens += self._deliver(member, made)
+            rows = self._batch.run_pass()
+            self.running = len(self._jobs)
+            if rows:
+                self._on_pass(rows, tokens)
+        shutdown = Ended("shutdown", message="the server is shutting down")
+        for member in list(self._jobs):
+            self._end(member, shutdown)
         while (job := self._take(wait=False)) is not None:
-            self._end(Running(job, iter(job.generation)), Ended("shutdown", message="the server is shutting down"))
+            self._on_end(job, shutdown)
+            job.deliver(shutdown)
         self.running = 0
+
+    def _admit(self) -> None:
+        """Take waiting jobs, oldest first, while slots are free (waiting a moment when idle)."""
+        while len(self._jobs) < self.max_batch:
+            job = self._take(wait=not self._jobs)
+            if job is None:
+                return
+            self._jobs[self._batch.add(job.generation)] = job
+            self.running = len(self._jobs)
 
     def _take(self, wait: bool) -> Job | None:
         try:
@@ -109,29 +118,32 @@ class Scheduler:
         except queue.Empty:
             return None
 
-    def _step(self, run: Running) -> bool:
-        """Advance one job by one engine step; False once it has ended."""
-        job = run.job
-        if job.cancelled.is_set():
-            return self._end(run, Ended("cancelled"))
-        if time.monotonic() > job.deadline:
-            return self._end(run, Ended("timeout", message="the request ran past the server's time limit"))
-        try:
-            event = next(run.steps)
-        except Exception as e:  # a bug or a device error: fail this request, keep serving
-            log.exception("generation failed")
-            return self._end(run, Ended("error", message=f"generation failed: {type(e).__name__}"))
-        self._on_step(event)
-        if job.first_token_at is None and event.token_ids:
-            job.first_token_at = time.monotonic()
-        job.deliver(event)
-        if event.finish_reason is None:
-            return True
-        next(run.steps, None)  # the generation files its result after its last event
-        return self._end(run, Ended("finished", job.generation.result))
+    def _drop_abandoned(self) -> None:
+        """Cancelled jobs (the client went away) and those past their deadline free their slots now."""
+        for member, job in list(self._jobs.items()):
+            if job.cancelled.is_set():
+                self._end(member, Ended("cancelled"))
+            elif time.monotonic() > job.deadline:
+                self._end(member, Ended("timeout", message="the request ran past the server's time limit"))
 
-    def _end(self, run: Running, ended: Ended) -> bool:
-        run.steps.close()  # frees the generation's cache and drafting state now
-        self._on_end(run.job, ended)
-        run.job.deliver(ended)
-        return False
+    def _deliver(self, member: Member, made: Event | Exception) -> int:
+        """Hand a member's event (or failure) to its job; returns the tokens it committed."""
+        job = self._jobs[member]
+        if isinstance(made, Exception):  # a bug or a device error: fail this request, keep serving
+            log.error("generation failed", exc_info=made)
+            self._end(member, Ended("error", message=f"generation failed: {type(made).__name__}"))
+            return 0
+        self._on_step(made)
+        if job.first_token_at is None and made.token_ids:
+            job.first_token_at = time.monotonic()
+        job.deliver(made)
+        if made.finish_reason is not None:
+            self._end(member, Ended("finished", job.generation.result))
+        return len(made.token_ids)
+
+    def _end(self, member: Member, ended: Ended) -> None:
+        job = self._jobs.pop(member)
+        if member in self._batch.members:
+            self._batch.drop(member)  # frees its cache and drafting state now
+        self._on_end(job, ended)
+        job.deliver(ended)
