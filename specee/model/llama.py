@@ -56,26 +56,32 @@ class Attention(nn.Module):
         """x [T, hidden] are one sequence's new rows (its `cache`, `mask`), or the rows of several
         sequences one after another (`cache`: their segments), each attending to its own keys only."""
         qkv = self.qkv_proj(x)  # [T, (nh + 2 nkv) hd]
-        if isinstance(cache, KVCache):
+        if not isinstance(cache, list):  # one sequence (a KVCache, or training's growing keys)
             bias = mask if isinstance(mask, AttentionBias) else AttentionBias(mask, len(x), self.num_heads // self.num_kv_heads)
-            return self.o_proj(self._attend(qkv, angles, cache, bias).to(x.dtype))
+            cache = [Segment(cache, bias, len(x))]
+        if self.kernels is not None:
+            return self.o_proj(self._attend_kernels(qkv, angles, cache).to(x.dtype))
         out, start = [], 0
         for segment in cache:
             rows = slice(start, start + segment.rows)
-            out.append(self._attend(qkv[rows], RopeAngles(angles.cos[rows], angles.sin[rows]), segment.cache,
-                                    segment.bias).to(x.dtype))
+            out.append(self._attend_eager(qkv[rows], RopeAngles(angles.cos[rows], angles.sin[rows]), segment.cache,
+                                          segment.bias).to(x.dtype))
             start = rows.stop
         return self.o_proj(torch.cat(out))
 
-    def _attend(self, qkv: torch.Tensor, angles: RopeAngles, cache: KVCache, bias: AttentionBias) -> torch.Tensor:
-        """One sequence's attention: rotate, store the new keys and values, attend. Returns [T, nh * hd]."""
+    def _attend_kernels(self, qkv: torch.Tensor, angles: RopeAngles, segments: list[Segment]) -> torch.Tensor:
+        """Every sequence's rotation, cache writes and attention in one kernel call: [T, nh * hd]."""
+        spans = [segment.cache.extend(self.layer_index, segment.rows) for segment in segments]  # (start, keys, values)
+        starts, keys, values = zip(*spans)
+        seen = zip(*(segment.bias.for_kernel(start + segment.rows) for segment, start in zip(segments, starts)))
+        return self.kernels.rotate_store_attend(qkv.float().contiguous(), *angles_rows(angles, len(qkv)), keys, values,
+                                                starts, [segment.rows for segment in segments], *seen, self.num_heads)
+
+    def _attend_eager(self, qkv: torch.Tensor, angles: RopeAngles, cache: KVCache, bias: AttentionBias) -> torch.Tensor:
+        """One sequence's attention on PyTorch's kernels: rotate, store, attend. Returns [T, nh * hd]."""
         T = qkv.shape[0]
         nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
         group = nh // nkv
-        if self.kernels is not None:
-            start, keys, values = cache.extend(self.layer_index, T)
-            q = self.kernels.rotate_and_store(qkv.float().contiguous(), *angles_rows(angles, T), keys, values, start, nh)
-            return self.kernels.attention(q, keys, values, *bias.for_kernel(start + T))
         qk = apply_rope(qkv[:, : (nh + nkv) * hd].view(T, nh + nkv, hd), angles)
         v = qkv[:, (nh + nkv) * hd :].view(T, nkv, hd)
         keys, values = cache.append(self.layer_index, qk[:, nh:], v)  # [nkv, S, hd]

@@ -227,70 +227,70 @@ void attend_one(const float* q, const float* k, const float* v, int64_t head_dim
 
 }  // namespace
 
-// q [T, heads, hd] fp32; keys, values [kv_heads, capacity, hd] fp32 (one layer of the cache).
-// Row t sees keys 0 .. visible[t] - 1 when `tail_mask` is empty; otherwise keys before `prefix`
-// and those j >= prefix with tail_mask[t, j - prefix] != 0, up to `num_keys`. Returns [T, heads * hd].
-at::Tensor attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& visible,
-                     const at::Tensor& tail_mask, int64_t prefix, int64_t num_keys) {
-  TORCH_CHECK(q.dim() == 3 && q.is_contiguous() && q.scalar_type() == at::kFloat, "q must be [T, heads, hd] fp32 contiguous");
+namespace {
+
+// One sequence's share of an attention call: its layer of the cache and which keys its rows see.
+struct Segment {
+  const float* keys;      // [kv_heads, capacity, hd]
+  const float* values;
+  int64_t capacity;
+  const int64_t* visible;  // row t sees keys 0 .. visible[t] - 1 (when mask is null)
+  const uint8_t* mask;     // else: keys before `prefix`, and j >= prefix where mask[t, j - prefix] != 0
+  int64_t prefix;
+  int64_t num_keys;
+  int64_t first_row;       // its first row among the call's rows
+};
+
+Segment segment_of(const at::Tensor& keys, const at::Tensor& values, const at::Tensor& visible,
+                   const at::Tensor& tail_mask, int64_t prefix, int64_t num_keys, int64_t first_row) {
   TORCH_CHECK(keys.is_contiguous() && values.is_contiguous() && keys.scalar_type() == at::kFloat, "cache must be fp32 contiguous");
-  const int64_t T = q.size(0), heads = q.size(1), hd = q.size(2);
-  TORCH_CHECK(hd % 16 == 0, "head_dim must be a multiple of 16");
-  const int64_t kv_heads = keys.size(0), capacity = keys.size(1), group = heads / kv_heads;
+  TORCH_CHECK(keys.size(2) % 16 == 0, "head_dim must be a multiple of 16");
   const bool masked = tail_mask.numel() > 0;
-  auto out = at::empty({T, heads * hd}, q.options());
+  return {keys.data_ptr<float>(), values.data_ptr<float>(), keys.size(1),
+          masked ? nullptr : visible.data_ptr<int64_t>(), masked ? tail_mask.data_ptr<uint8_t>() : nullptr,
+          prefix, num_keys, first_row};
+}
+
+// Rows of q [T, heads, hd], each of segment `row_segment[t]`, over their visible keys: out [T, heads * hd].
+void attend_segments(const float* qp, int64_t T, int64_t heads, int64_t kv_heads, int64_t hd,
+                     const std::vector<Segment>& segments, const std::vector<int64_t>& row_segment, float* op) {
+  const int64_t group = heads / kv_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const float* qp = q.data_ptr<float>();
-  const float* kp = keys.data_ptr<float>();
-  const float* vp = values.data_ptr<float>();
-  const int64_t* vis = visible.data_ptr<int64_t>();
-  const uint8_t* mask = masked ? tail_mask.data_ptr<uint8_t>() : nullptr;
-  const int64_t tail_len = num_keys - prefix;
-  float* op = out.data_ptr<float>();
+  int64_t most_keys = 0;
+  for (const Segment& s : segments) most_keys = std::max(most_keys, s.num_keys);
   at::parallel_for(0, T * heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(num_keys + 16);
+    std::vector<float> scores(most_keys + 16);
     std::vector<int64_t> order;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t t = item / heads, h = item % heads, g = h / group;
-      const float* k = kp + g * capacity * hd;
-      const float* v = vp + g * capacity * hd;
+      const Segment& s = segments[row_segment[t]];
+      const int64_t row = t - s.first_row;
+      const float* k = s.keys + g * s.capacity * hd;
+      const float* v = s.values + g * s.capacity * hd;
       const float* qrow = qp + (t * heads + h) * hd;
       float* o = op + t * heads * hd + h * hd;
-      if (!masked) {
-        attend_one(qrow, k, v, hd, vis[t], [](int64_t i) { return i; }, scale, scores.data(), o);
+      if (s.mask == nullptr) {
+        attend_one(qrow, k, v, hd, s.visible[row], [](int64_t i) { return i; }, scale, scores.data(), o);
       } else {
+        const int64_t tail_len = s.num_keys - s.prefix;
         order.clear();
-        for (int64_t j = 0; j < prefix; ++j) order.push_back(j);
+        for (int64_t j = 0; j < s.prefix; ++j) order.push_back(j);
         for (int64_t j = 0; j < tail_len; ++j)
-          if (mask[t * tail_len + j]) order.push_back(prefix + j);
+          if (s.mask[row * tail_len + j]) order.push_back(s.prefix + j);
         const int64_t* idx = order.data();
         attend_one(qrow, k, v, hd, static_cast<int64_t>(order.size()), [idx](int64_t i) { return idx[i]; }, scale,
                    scores.data(), o);
       }
     }
   });
-  return out;
 }
 
-// qkv [T, (heads + 2 kv_heads) * hd] fp32 (a pass's fused projections); cos, sin [T, hd] fp32 (sin's
-// first half negated). Rotates queries and keys (x * cos + swapped halves * sin, rounded as those
-// separate operations round) and writes the keys and values of the T new tokens into the layer's
-// cache at positions start..start + T - 1. Returns the rotated queries [T, heads, hd].
-at::Tensor rotate_and_store(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& keys,
-                            at::Tensor& values, int64_t start, int64_t heads) {
-  TORCH_CHECK(qkv.dim() == 2 && qkv.is_contiguous() && qkv.scalar_type() == at::kFloat, "qkv must be [T, n] fp32 contiguous");
-  TORCH_CHECK(keys.is_contiguous() && values.is_contiguous(), "cache must be contiguous");
-  const int64_t T = qkv.size(0), kv_heads = keys.size(0), capacity = keys.size(1), hd = keys.size(2), half = hd / 2;
-  TORCH_CHECK(qkv.size(1) == (heads + 2 * kv_heads) * hd, "qkv width does not match the heads");
-  TORCH_CHECK(start + T <= capacity, "cache too small");
-  auto q = at::empty({T, heads, hd}, qkv.options());
-  const float* x = qkv.data_ptr<float>();
-  const float* c = cos.data_ptr<float>();
-  const float* sn = sin.data_ptr<float>();
-  float* qp = q.data_ptr<float>();
-  float* kp = keys.data_ptr<float>();
-  float* vp = values.data_ptr<float>();
-  const int64_t width = qkv.size(1);
+// Rotates the queries and keys of T rows of qkv [T, (heads + 2 kv_heads) * hd] (x * cos + swapped
+// halves * sin, rounded as those separate operations round), writes the queries to qp [T, heads, hd]
+// and the keys and values into one layer of a cache at positions start .. start + T - 1.
+void rotate_rows(const float* x, int64_t T, int64_t heads, int64_t kv_heads, int64_t hd, const float* c,
+                 const float* sn, float* qp, float* kp, float* vp, int64_t capacity, int64_t start) {
+  const int64_t half = hd / 2, width = (heads + 2 * kv_heads) * hd;
   for (int64_t t = 0; t < T; ++t) {
     const float* row = x + t * width;
     const float* ct = c + t * hd;
@@ -308,7 +308,73 @@ at::Tensor rotate_and_store(const at::Tensor& qkv, const at::Tensor& cos, const 
     for (int64_t g = 0; g < kv_heads; ++g)
       std::copy(row + (heads + kv_heads + g) * hd, row + (heads + kv_heads + g + 1) * hd, vp + (g * capacity + start + t) * hd);
   }
+}
+
+}  // namespace
+
+// q [T, heads, hd] fp32; keys, values [kv_heads, capacity, hd] fp32 (one layer of the cache).
+// Row t sees keys 0 .. visible[t] - 1 when `tail_mask` is empty; otherwise keys before `prefix`
+// and those j >= prefix with tail_mask[t, j - prefix] != 0, up to `num_keys`. Returns [T, heads * hd].
+at::Tensor attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& visible,
+                     const at::Tensor& tail_mask, int64_t prefix, int64_t num_keys) {
+  TORCH_CHECK(q.dim() == 3 && q.is_contiguous() && q.scalar_type() == at::kFloat, "q must be [T, heads, hd] fp32 contiguous");
+  const int64_t T = q.size(0), heads = q.size(1), hd = q.size(2);
+  auto out = at::empty({T, heads * hd}, q.options());
+  const std::vector<Segment> segments{segment_of(keys, values, visible, tail_mask, prefix, num_keys, 0)};
+  attend_segments(q.data_ptr<float>(), T, heads, keys.size(0), hd, segments, std::vector<int64_t>(T, 0),
+                  out.data_ptr<float>());
+  return out;
+}
+
+// qkv [T, (heads + 2 kv_heads) * hd] fp32 (a pass's fused projections); cos, sin [T, hd] fp32 (sin's
+// first half negated). Rotates queries and keys and writes the keys and values of the T new tokens
+// into the layer's cache at positions start..start + T - 1. Returns the rotated queries [T, heads, hd].
+at::Tensor rotate_and_store(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& keys,
+                            at::Tensor& values, int64_t start, int64_t heads) {
+  TORCH_CHECK(qkv.dim() == 2 && qkv.is_contiguous() && qkv.scalar_type() == at::kFloat, "qkv must be [T, n] fp32 contiguous");
+  TORCH_CHECK(keys.is_contiguous() && values.is_contiguous(), "cache must be contiguous");
+  const int64_t T = qkv.size(0), kv_heads = keys.size(0), capacity = keys.size(1), hd = keys.size(2);
+  TORCH_CHECK(qkv.size(1) == (heads + 2 * kv_heads) * hd, "qkv width does not match the heads");
+  TORCH_CHECK(start + T <= capacity, "cache too small");
+  auto q = at::empty({T, heads, hd}, qkv.options());
+  rotate_rows(qkv.data_ptr<float>(), T, heads, kv_heads, hd, cos.data_ptr<float>(), sin.data_ptr<float>(),
+              q.data_ptr<float>(), keys.data_ptr<float>(), values.data_ptr<float>(), capacity, start);
   return q;
+}
+
+// The attention of one layer for the rows of several sequences at once, each with its own cache:
+// segment s owns the next rows[s] rows of qkv (and of cos, sin), writes its keys and values into
+// keys[s], values[s] from starts[s] on, and its rows see keys as `attention`'s arguments say
+// (visible[s], tail_masks[s], prefixes[s], num_keys[s]). Returns [T, heads * hd].
+at::Tensor rotate_store_attend(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
+                               std::vector<at::Tensor> keys, std::vector<at::Tensor> values,
+                               std::vector<int64_t> starts, std::vector<int64_t> rows,
+                               std::vector<at::Tensor> visible, std::vector<at::Tensor> tail_masks,
+                               std::vector<int64_t> prefixes, std::vector<int64_t> num_keys, int64_t heads) {
+  TORCH_CHECK(qkv.dim() == 2 && qkv.is_contiguous() && qkv.scalar_type() == at::kFloat, "qkv must be [T, n] fp32 contiguous");
+  const size_t n = keys.size();
+  TORCH_CHECK(values.size() == n && starts.size() == n && rows.size() == n && visible.size() == n &&
+              tail_masks.size() == n && prefixes.size() == n && num_keys.size() == n, "one entry per segment");
+  const int64_t T = qkv.size(0), kv_heads = keys[0].size(0), hd = keys[0].size(2);
+  TORCH_CHECK(qkv.size(1) == (heads + 2 * kv_heads) * hd, "qkv width does not match the heads");
+  auto q = at::empty({T, heads, hd}, qkv.options());
+  auto out = at::empty({T, heads * hd}, qkv.options());
+  std::vector<Segment> segments;
+  std::vector<int64_t> row_segment;
+  int64_t first = 0;
+  for (size_t s = 0; s < n; ++s) {
+    TORCH_CHECK(starts[s] + rows[s] <= keys[s].size(1), "cache too small");
+    segments.push_back(segment_of(keys[s], values[s], visible[s], tail_masks[s], prefixes[s], num_keys[s], first));
+    rotate_rows(qkv.data_ptr<float>() + first * qkv.size(1), rows[s], heads, kv_heads, hd,
+                cos.data_ptr<float>() + first * hd, sin.data_ptr<float>() + first * hd,
+                q.data_ptr<float>() + first * heads * hd, keys[s].data_ptr<float>(), values[s].data_ptr<float>(),
+                keys[s].size(1), starts[s]);
+    row_segment.insert(row_segment.end(), rows[s], static_cast<int64_t>(s));
+    first += rows[s];
+  }
+  TORCH_CHECK(first == T, "the segments' rows must add up to qkv's");
+  attend_segments(q.data_ptr<float>(), T, heads, kv_heads, hd, segments, row_segment, out.data_ptr<float>());
+  return out;
 }
 
 // x [T, D] fp32, weight [D] fp32: each row times 1 / sqrt(mean(x^2) + eps), then the weight. The
@@ -358,6 +424,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rotate_and_store", &rotate_and_store, "rotary embedding of q and k; k and v written into the cache");
   m.def("integer_linear", &integer_linear, "int8-activation x 4/8-bit-weight matmul, rows independent");
   m.def("attention", &attention, "attention with each row over its visible keys alone");
+  m.def("rotate_store_attend", &rotate_store_attend, "rotate, store and attend for several sequences' rows at once");
   m.def("rms_norm", &rms_norm, "RMS norm of each row");
   m.def("silu_mul", &silu_mul, "silu(gate) * up of each row");
 }
