@@ -12,6 +12,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 from tqdm import tqdm
@@ -88,9 +89,16 @@ def choose_vocabulary(top_counts: torch.Tensor, coverage: float) -> tuple[torch.
     return order[:size].clone(), {"size": size, "coverage": float(cumulative[size - 1]), "coverage_by_size": table}
 
 
-def features_file(engine: Engine, info: dict, chunk: int) -> Path:
-    key = hashlib.sha256(repr((weights_fingerprint(engine.model), sorted(info.items()), chunk)).encode()).hexdigest()[:16]
-    return cache_root() / f"target-states-{key}.pt"
+def cached(name: str, key: tuple, kind: type, collect_data: Callable[[], object]):
+    """The dataclass `collect_data()` makes, kept in the cache folder under a hash of `key` (all it
+    depends on), so a later run with the same key reads it back instead of collecting again."""
+    stored = cache_root() / f"{name}-{hashlib.sha256(repr(key).encode()).hexdigest()[:16]}.pt"
+    if stored.is_file():
+        return kind(**torch.load(stored, weights_only=True))
+    data = collect_data()
+    stored.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(vars(data), stored)
+    return data
 
 
 def target_states(engine: Engine, corpus_files: list[str], use_sharegpt: bool, tokens: int,
@@ -99,13 +107,8 @@ def target_states(engine: Engine, corpus_files: list[str], use_sharegpt: bool, t
     they came from, with the collection time."""
     began = time.perf_counter()
     chunks, info = corpus_sequences(engine, list(corpus_files), use_sharegpt, tokens, chunk)
-    stored = features_file(engine, info, chunk)
-    if stored.is_file():
-        data = Collected(**torch.load(stored, weights_only=True))
-    else:
-        data = collect(engine.model, chunks)
-        stored.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(vars(data), stored)
+    key = (weights_fingerprint(engine.model), sorted(info.items()), chunk)
+    data = cached("target-states", key, Collected, lambda: collect(engine.model, chunks))
     info["collect_minutes"] = round((time.perf_counter() - began) / 60, 1)
     info["model"] = str(engine.source.name) if engine.source else ""
     print(f"{info['tokens']} tokens in {len(chunks)} chunks, states ready in {info['collect_minutes']} min",

@@ -14,7 +14,6 @@
 """
 from __future__ import annotations
 
-import hashlib
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -31,8 +30,7 @@ from ..exits.features import layer_features
 from ..exits.predictors import ExitArtifact, ExitPredictors, ExitSettings
 from ..model.fingerprint import weights_fingerprint
 from ..model.llama import Transformer
-from ..model.loading import cache_root
-from .collect import corpus_sequences
+from .collect import cached, corpus_sequences
 from .loop import split_chunks
 
 THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98)
@@ -94,12 +92,6 @@ def collect_exit_data(model: Transformer, candidates: Candidates, chunks: list[l
     final_in = torch.cat([p[3] for p in parts])
     return ExitData(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]),
                     torch.cat([p[2] for p in parts]), chunk_of, float(final_in.float().mean()))
-
-
-def exit_data_key(model: Transformer, info: dict, chunk: int, candidates: Candidates) -> str:
-    """The collected features depend on the model, the corpus, the chunking and the candidates."""
-    what = (weights_fingerprint(model), sorted(info.items()), chunk, candidates.k, candidates.fallback)
-    return hashlib.sha256(repr(what).encode()).hexdigest()[:16]
 
 
 def fit_predictors(data: ExitData, rows: torch.Tensor, cfg: ExitTrainConfig) -> tuple[ExitPredictors, dict]:
@@ -198,13 +190,9 @@ def train_exits(engine: Engine, out: Path, candidates: Candidates, corpus_files:
     model = engine.model
     began = time.perf_counter()
     chunks, info = corpus_sequences(engine, list(corpus_files), use_sharegpt, cfg.tokens, cfg.chunk)
-    stored = cache_root() / f"exit-data-{exit_data_key(model, info, cfg.chunk, candidates)}.pt"
-    if stored.is_file():
-        data = ExitData(**torch.load(stored, weights_only=True))
-    else:
-        data = collect_exit_data(model, candidates, chunks)
-        stored.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(vars(data), stored)
+    # The features depend on the model, the corpus, the chunking and the candidates.
+    key = (weights_fingerprint(model), sorted(info.items()), cfg.chunk, candidates.k, candidates.fallback)
+    data = cached("exit-data", key, ExitData, lambda: collect_exit_data(model, candidates, chunks))
     info["collect_minutes"] = round((time.perf_counter() - began) / 60, 1)
     held, trained = split_chunks(len(chunks), cfg.held_out, cfg.seed)
     held_rows = torch.isin(data.chunk_of, torch.tensor(held)).nonzero()[:, 0]
