@@ -5,7 +5,8 @@ import json
 import resource
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+import timeit
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -51,16 +52,10 @@ class BenchConfig:
         if self.suite not in SUITES:
             raise ValueError(f"unknown suite {self.suite!r} (choose from {', '.join(SUITES)})")
         suite = SUITES[self.suite]
-        return BenchConfig(
-            suite=self.suite,
-            datasets=self.datasets or suite["datasets"],
-            num_prompts=self.num_prompts or suite["num_prompts"],
-            categories=self.categories,
-            max_tokens=self.max_tokens or suite["max_tokens"],
-            modes=self.modes or default_mode_names(),
-            temperature=self.temperature, seed=self.seed, ignore_eos=self.ignore_eos, skip_first=self.skip_first,
-            out=Path(self.out), threads=self.threads, command=self.command,
-        )
+        return replace(self, datasets=self.datasets or suite["datasets"],
+                       num_prompts=self.num_prompts or suite["num_prompts"],
+                       max_tokens=self.max_tokens or suite["max_tokens"],
+                       modes=self.modes or default_mode_names(), out=Path(self.out))
 
     @property
     def stopping(self) -> str:
@@ -117,14 +112,8 @@ def answer_text(engine: Engine, token_ids: list[int]) -> str:
 def read_bandwidth_gb_s(megabytes: int = 512) -> float:
     """The machine's memory read bandwidth, measured like our decode: bytes streamed / seconds."""
     buffer = torch.ones(megabytes * 2**20 // 4)
-    best = min(_timed(buffer.sum) for _ in range(5))
+    best = min(timeit.repeat(buffer.sum, number=1, repeat=5))
     return buffer.numel() * 4 / best / 1e9
-
-
-def _timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def peak_rss_mb() -> float:
