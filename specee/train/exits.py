@@ -18,7 +18,6 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -182,8 +181,7 @@ def choose_settings(module: ExitPredictors, data: ExitData, rows: torch.Tensor, 
 
 
 def train_exits(engine: Engine, out: Path, candidates: Candidates, corpus_files: list[str] = (),
-                use_sharegpt: bool = True, config: ExitTrainConfig | None = None,
-                report: Callable[[str], None] = lambda line: print(line, file=sys.stderr)) -> ExitArtifact:
+                use_sharegpt: bool = True, config: ExitTrainConfig | None = None) -> ExitArtifact:
     """Collect, train, choose the threshold and layers, save. `candidates` are made exactly as
     decoding makes them (exits.builder.exit_candidates)."""
     cfg = config or ExitTrainConfig()
@@ -207,8 +205,8 @@ def train_exits(engine: Engine, out: Path, candidates: Candidates, corpus_files:
     out.parent.mkdir(parents=True, exist_ok=True)
     artifact.save(out)
     summary = chosen["held_out_offline_only"]
-    report(f"exit predictors: threshold {settings.threshold}, {len(settings.layers)} offline layers "
-           f"{settings.layers}; held out: {summary['exit_rate']:.1%} of tokens exit, fidelity "
-           f"{summary['fidelity']:.2%}, {summary['avg_layers']:.1f} layers per token of "
-           f"{model.config.num_hidden_layers} -> {out} ({out.stat().st_size / 2**20:.2f} MiB)")
+    print(f"exit predictors: threshold {settings.threshold}, {len(settings.layers)} offline layers "
+          f"{settings.layers}; held out: {summary['exit_rate']:.1%} of tokens exit, fidelity "
+          f"{summary['fidelity']:.2%}, {summary['avg_layers']:.1f} layers per token of "
+          f"{model.config.num_hidden_layers} -> {out} ({out.stat().st_size / 2**20:.2f} MiB)", file=sys.stderr)
     return artifact
