@@ -73,8 +73,7 @@ class KangarooModel:
         if not 1 <= artifact.settings.layers < total:
             raise ValueError(f"a Kangaroo drafter on {artifact.settings.layers} shallow layers: the model has {total}")
         self.target, self.artifact, self.settings = target, artifact, artifact.settings
-        adapter = Adapter(target.config)
-        self.adapter, self.vocab, self.scorer, self.adapter_bytes = load_trained(adapter, artifact, target)
+        self.adapter, self.vocab, self.scorer, self.adapter_bytes = load_trained(Adapter(target.config), artifact, target)
         self.shallow = range(artifact.settings.layers)
         self.shallow_bytes = target.layers_bytes(self.shallow)
 

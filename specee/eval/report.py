@@ -263,8 +263,7 @@ DRAFTING_COLUMNS = ("mode", *(f"CTAR{w}" for w in CTAR_WIDTHS), "drafting share"
 
 
 def drafting_rows(summary: dict) -> list[list[str]]:
-    """Speculative modes only: CTAR(1..6), share of decode time drafting, draft cost per token
-    relative to a verification pass."""
+    """Speculative modes only (drafting_stats)."""
     return [[mode, *(fmt(c) for c in s["ctar"]), fmt(s["drafting_share"]), fmt(s["draft_cost"])]
             for mode, s in summary["modes"].items() if s.get("ctar")]
 
