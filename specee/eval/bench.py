@@ -147,16 +147,13 @@ def run_prompt(engine: Engine, modes: list, index: int, dataset: str, prompt: Pr
         comparable = dense_ids is not None and params.greedy and mode.name != "dense"
         records.append(asdict(BenchRecord(
             mode=mode.name, lossless=mode.lossless, prompt_id=prompt.id, category=prompt.category,
-            dataset=dataset, prompt_tokens=len(prompt_ids), new_tokens=len(run.token_ids),
-            prefill_s=run.prefill_s, decode_s=run.decode_s, wall_s=wall_s,
+            dataset=dataset, prompt_tokens=len(prompt_ids), new_tokens=len(run.token_ids), wall_s=wall_s,
             tokens_per_s=decode_rate(len(run.token_ids), run.decode_s), run_order=order,
-            accept_lengths=run.accept_lengths, exit_layers=run.exit_layers, avg_layers=run.avg_layers,
-            bytes_per_token=run.bytes_per_token, token_ids=run.token_ids,
             matches_dense=(run.token_ids == dense_ids) if comparable else None,
             first_divergence=first_divergence(run.token_ids, dense_ids) if comparable else None,
             correct=judge(prompt, answer_text(engine, run.token_ids)),
-            drafting=run.drafting, exiting=run.exiting,
             before_divergence=before_divergence(run.token_ids, dense_ids) if comparable else None,
+            **vars(run),  # what the mode measured: tokens, times, acceptance, exits, drafting counts
         )))
     return records
 
