@@ -21,7 +21,7 @@ from ..engine import Engine
 from ..model.fingerprint import weights_fingerprint
 from ..model.llama import Transformer
 from ..model.loading import cache_root
-from .corpus import SHAREGPT_LICENCE, benchmark_keys, sharegpt_conversations, sharegpt_path, without_benchmarks
+from .corpus import SHAREGPT_LICENCE, benchmark_keys, is_benchmark, sharegpt_conversations, sharegpt_path
 from .ngram import file_sequences
 
 
@@ -38,19 +38,20 @@ def corpus_sequences(engine: Engine, corpus_files: list[str], use_sharegpt: bool
     sequences = [seq for path in corpus_files for seq in file_sequences(engine, Path(path))]
     info = {"files": [str(p) for p in corpus_files]}
     if use_sharegpt:
-        dropped = [0]
         keys = benchmark_keys()
-        conversations = 0
         budget = limit_tokens - sum(len(s) for s in sequences)
-        for conversation in without_benchmarks(sharegpt_conversations(sharegpt_path()), keys, dropped):
+        conversations = dropped = 0
+        for conversation in sharegpt_conversations(sharegpt_path()):
+            if is_benchmark(conversation, keys):
+                dropped += 1
+                continue
             if budget <= 0:
                 break
             text = engine.tokenizer.apply_chat_template(conversation, add_generation_prompt=False)
-            ids = engine.tokenizer.encode(text, add_special_tokens=False)
-            sequences.append(ids)
-            budget -= len(ids)
+            sequences.append(engine.tokenizer.encode(text, add_special_tokens=False))
+            budget -= len(sequences[-1])
             conversations += 1
-        info.update(sharegpt=SHAREGPT_LICENCE, conversations=conversations, dropped_as_benchmark=dropped[0])
+        info.update(sharegpt=SHAREGPT_LICENCE, conversations=conversations, dropped_as_benchmark=dropped)
     chunks = [seq[start:start + chunk] for seq in sequences for start in range(0, len(seq), chunk)]
     chunks = [c for c in chunks if len(c) >= 2]
     kept, total = [], 0
