@@ -72,8 +72,7 @@ def collect(model: Transformer, chunks: list[list[int]]) -> Collected:
     with torch.inference_mode():
         for chunk in tqdm(chunks, desc="collecting target states", unit="chunk", file=sys.stderr):
             ids = torch.tensor(chunk, device=model.device)
-            cache = model.new_cache(len(chunk))
-            h = model.hidden(ids, torch.arange(len(chunk), device=model.device), cache)
+            h = model.hidden(ids, torch.arange(len(chunk), device=model.device), model.new_cache(len(chunk)))
             top_counts += torch.bincount(model.logits(model.norm(h)).argmax(-1).cpu(), minlength=len(top_counts))
             ids_out.append(ids.cpu())
             states_out.append(h.to("cpu", torch.float16))

@@ -83,14 +83,12 @@ def chunk_data(model: Transformer, ids: list[int], candidates: torch.Tensor) -> 
 
 
 def collect_exit_data(model: Transformer, candidates: Candidates, chunks: list[list[int]]) -> ExitData:
-    parts: list[tuple[torch.Tensor, ...]] = []
     with torch.inference_mode():
-        for chunk in tqdm(chunks, desc="collecting exit features", unit="chunk", file=sys.stderr):
-            parts.append(chunk_data(model, chunk, candidates.table(chunk, model.device)))
+        parts = [chunk_data(model, chunk, candidates.table(chunk, model.device))
+                 for chunk in tqdm(chunks, desc="collecting exit features", unit="chunk", file=sys.stderr)]
+    features, labels, in_candidates, final_in = (torch.cat(column) for column in zip(*parts))
     chunk_of = torch.cat([torch.full((len(p[0]),), i) for i, p in enumerate(parts)])
-    final_in = torch.cat([p[3] for p in parts])
-    return ExitData(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]),
-                    torch.cat([p[2] for p in parts]), chunk_of, float(final_in.float().mean()))
+    return ExitData(features, labels, in_candidates, chunk_of, float(final_in.float().mean()))
 
 
 def fit_predictors(data: ExitData, rows: torch.Tensor, cfg: ExitTrainConfig) -> tuple[ExitPredictors, dict]:
