@@ -1,4 +1,5 @@
-"""What the benchmark runs: our engine's strategies and the outside baselines, behind one interface."""
+"""What the benchmark runs: our engine's strategies and the outside baselines, behind one interface:
+a `name`, whether it is `lossless` (promises the dense output token for token) and `run`."""
 from __future__ import annotations
 
 import copy
@@ -8,7 +9,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Callable
 
 import torch
 
@@ -73,13 +74,6 @@ class Run:
     avg_layers: float | None = None
     drafting: dict | None = None  # see drafting_counts
     exiting: dict | None = None  # see exit_counts
-
-
-class BenchMode(Protocol):
-    name: str
-    lossless: bool  # promises the dense output token for token
-
-    def run(self, prompt_ids: list[int], max_tokens: int, params: SamplingParams, ignore_eos: bool) -> Run: ...
 
 
 class EngineMode:
