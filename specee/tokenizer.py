@@ -85,22 +85,18 @@ def _token_text(token) -> str | None:
     return token.get("content") if isinstance(token, dict) else token
 
 
-_compiled: dict[str, object] = {}
-
-
+@functools.cache  # one compiled template per source
 def _compile(source: str):
-    if source not in _compiled:
-        from jinja2.exceptions import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
+    from jinja2.exceptions import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        def raise_exception(message: str):
-            raise TemplateError(message)
+    def raise_exception(message: str):
+        raise TemplateError(message)
 
-        env = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-        )
-        env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
-        env.globals["raise_exception"] = raise_exception
-        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-        _compiled[source] = env.from_string(source)
-    return _compiled[source]
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
+    env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(source)

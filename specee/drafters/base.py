@@ -21,6 +21,7 @@ class Proposer:
     drafts_trees: bool = False
     # A proposer that reads the target's last-layer hidden states sets this and implements observe.
     wants_features: bool = False
+    bytes_read: int = 0  # weight bytes read since the last take_bytes_read; a drafter running weights adds to it
 
     def reset(self, prompt: list[int], sampler: Sampler | None) -> None:
         """Start a generation after `prompt` with this request's sampler."""
@@ -48,4 +49,5 @@ class Proposer:
 
     def take_bytes_read(self) -> int:
         """Weight bytes the proposer read since the last call (for bytes per token)."""
-        return 0
+        taken, self.bytes_read = self.bytes_read, 0
+        return taken

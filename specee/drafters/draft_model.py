@@ -13,9 +13,7 @@ from .base import Proposer
 from .ngram import NgramProposer
 from .prompt_lookup import PromptLookup
 from .registry import Drafting, SpecMethod, register
-
-# Draft-cache slots allocated at the start of a generation; the cache grows when it fills.
-INITIAL_CACHE_SLOTS = 512
+from .trained import drafter_cache
 
 
 class DraftModel(Proposer):
@@ -41,23 +39,14 @@ class DraftModel(Proposer):
         # exactly the target's token ids.
         self.vocab_size = vocab_size or model.config.vocab_size
         self.pass_bytes = model.head_bytes + model.layers_bytes(self.layers)
-        self.bytes_read = 0
         self.cache: KVCache | None = None
         self.cached: list[int] = []  # the tokens whose K/V the draft cache holds, in order
         self.sampler: Sampler | None = None
 
     def reset(self, prompt: list[int], sampler: Sampler | None) -> None:
-        c = self.model.config
-        dtype = torch.float32 if self.model.device.type == "cpu" else self.model.dtype
-        self.cache = KVCache(self.num_layers, c.num_key_value_heads, c.head_dim, c.max_position_embeddings, dtype,
-                             self.model.device, capacity=min(INITIAL_CACHE_SLOTS, c.max_position_embeddings))
+        self.cache = drafter_cache(self.model, layers=self.num_layers)
         self.cached = []
         self.sampler = sampler
-
-    def take_bytes_read(self) -> int:
-        """Weight bytes read since the last call (for the bytes-per-token statistic)."""
-        taken, self.bytes_read = self.bytes_read, 0
-        return taken
 
     def logits_after(self, context: list[int], rows: int = 1) -> torch.Tensor:
         """The draft's logits after each of the last `rows` tokens of `context`: [rows, vocab].

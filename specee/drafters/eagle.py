@@ -32,7 +32,6 @@ from .registry import Drafting, SpecMethod, register
 from .trained import TrainedArtifact, drafter_cache, load_trained
 
 BUNDLED = Path(__file__).resolve().parent.parent / "artifacts" / "smollm2-135m-instruct.eagle.pt"
-INITIAL_CACHE_SLOTS = 512
 
 
 class EagleHead(nn.Module):
@@ -107,10 +106,9 @@ class EagleDrafter(Proposer):
         self.cache: KVCache | None = None
         self.fed = 0  # the head's cache holds positions 1..fed (position 0 has no previous state)
         self.pending: list[torch.Tensor] = []  # target states of positions fed.. not yet given to the head
-        self.bytes_read = 0
 
     def reset(self, prompt: list[int], sampler: Sampler | None) -> None:
-        self.cache = drafter_cache(self.eagle.target, INITIAL_CACHE_SLOTS)
+        self.cache = drafter_cache(self.eagle.target)
         self.fed = 0
         self.pending = []
         if self.lookup is not None:
@@ -123,10 +121,6 @@ class EagleDrafter(Proposer):
     def observe(self, features: torch.Tensor) -> None:
         """The target's last hidden states of the next committed positions, in order."""
         self.pending.append(features)
-
-    def take_bytes_read(self) -> int:
-        taken, self.bytes_read = self.bytes_read, 0
-        return taken
 
     def _run(self, tokens: list[int], features: torch.Tensor, positions: torch.Tensor,
              mask: torch.Tensor | None) -> torch.Tensor:

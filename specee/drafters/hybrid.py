@@ -30,9 +30,7 @@ class Hybrid(Proposer):
         """Both drafters' guesses mixed: the copy is right with its measured reliability, and
         otherwise the table's distribution applies."""
         reliability, copies = self.lookup.copies(context, k)
-        mixed: dict[int, float] = {}
-        for token, share in copies:
-            mixed[token] = reliability * share
+        mixed = {token: reliability * share for token, share in copies}
         for token, prob in self.table.candidates(context, k):
             mixed[token] = mixed.get(token, 0.0) + (1.0 - reliability) * prob
         return sorted(mixed.items(), key=lambda item: -item[1])[:k]

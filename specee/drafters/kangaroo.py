@@ -34,7 +34,6 @@ from .registry import Drafting, SpecMethod, register
 from .trained import TrainedArtifact, drafter_cache, load_trained
 
 BUNDLED = Path(__file__).resolve().parent.parent / "artifacts" / "smollm2-135m-instruct.kangaroo.pt"
-INITIAL_CACHE_SLOTS = 512
 
 
 class Adapter(nn.Module):
@@ -74,8 +73,7 @@ class KangarooModel:
         if not 1 <= artifact.settings.layers < total:
             raise ValueError(f"a Kangaroo drafter on {artifact.settings.layers} shallow layers: the model has {total}")
         self.target, self.artifact, self.settings = target, artifact, artifact.settings
-        adapter = Adapter(target.config)
-        self.adapter, self.vocab, self.scorer, self.adapter_bytes = load_trained(adapter, artifact, target)
+        self.adapter, self.vocab, self.scorer, self.adapter_bytes = load_trained(Adapter(target.config), artifact, target)
         self.shallow = range(artifact.settings.layers)
         self.shallow_bytes = target.layers_bytes(self.shallow)
 
@@ -96,21 +94,16 @@ class KangarooDrafter(Proposer):
         self.fed = 0  # the adapter's cache holds positions 0..fed-1
         self.pending: torch.Tensor | None = None  # shallow states of committed positions fed.. not yet fed
         self.last: tuple[int, torch.Tensor] | None = None  # (root position, shallow states) of the last draft
-        self.bytes_read = 0
 
     def reset(self, prompt: list[int], sampler: Sampler | None) -> None:
         self.sampler = sampler
-        self.adapter_cache = drafter_cache(self.kangaroo.target, INITIAL_CACHE_SLOTS)
+        self.adapter_cache = drafter_cache(self.kangaroo.target)
         self.fed = 0
         self.last = None
 
     def share_target(self, cache: KVCache, prompt_states: torch.Tensor) -> None:
         self.target_cache = cache
         self.pending = prompt_states
-
-    def take_bytes_read(self) -> int:
-        taken, self.bytes_read = self.bytes_read, 0
-        return taken
 
     def _shallow(self, token: int, position: int) -> torch.Tensor:
         """Run one token through the target's shallow layers, writing their cache: [1, hidden]."""

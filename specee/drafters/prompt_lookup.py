@@ -76,20 +76,20 @@ class PromptLookup(Proposer):
     def copies(self, context: list[int], k: int) -> tuple[float, list[tuple[int, float]]]:
         """(how likely copying is right here, the k tokens that followed earlier matches of the
         longest matching suffix ranked by how often, with their shares); (0, []) without a match."""
-        n, follows = self.match(context)
-        if not n:
-            return 0.0, []
-        return self._rate(context, follows, n), ranked_continuations(context, follows, k)
+        rate, follows = self.reliable_match(context)
+        return rate, ranked_continuations(context, follows, k)
 
     def reliable_chain(self, context: list[int], max_tokens: int) -> tuple[float, list[int]]:
         """(how likely copying is right here, the chain `propose` would draft); (0, []) without a match."""
+        rate, follows = self.reliable_match(context)
+        return rate, self.chain(context, follows, max_tokens).tokens
+
+    def reliable_match(self, context: list[int]) -> tuple[float, list[int]]:
+        """(how likely copying is right here, the positions from `match`); (0, []) without a match."""
         n, follows = self.match(context)
         if not n:
             return 0.0, []
-        return self._rate(context, follows, n), self.chain(context, follows, max_tokens).tokens
-
-    def _rate(self, context: list[int], follows: list[int], n: int) -> float:
-        return self.reliability.rate(self.match_length(context, follows, n))
+        return self.reliability.rate(self.match_length(context, follows, n)), follows
 
     def candidates(self, context: list[int], k: int) -> list[tuple[int, float]]:
         """The copied continuations, each with its share times the copy's reliability."""

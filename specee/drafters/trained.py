@@ -21,6 +21,9 @@ from ..model.quantize import int8_linears
 from ..model.fingerprint import weights_fingerprint
 from ..model.llama import MLP, RMSNorm, Transformer
 
+# Drafter-cache slots allocated at the start of a generation; the cache grows when it fills.
+INITIAL_CACHE_SLOTS = 512
+
 
 @dataclass
 class TrainedArtifact:
@@ -89,7 +92,7 @@ def run_like_target(module: nn.Module, target: Transformer) -> nn.Module:
     return module
 
 
-def drafter_cache(model: Transformer, capacity: int, layers: int = 1) -> KVCache:
+def drafter_cache(model: Transformer, capacity: int = INITIAL_CACHE_SLOTS, layers: int = 1) -> KVCache:
     """A KV cache for a drafter's own layers, shaped like the target's."""
     c = model.config
     dtype = torch.float32 if model.device.type == "cpu" else model.dtype

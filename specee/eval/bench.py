@@ -5,7 +5,8 @@ import json
 import resource
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+import timeit
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -51,16 +52,10 @@ class BenchConfig:
         if self.suite not in SUITES:
             raise ValueError(f"unknown suite {self.suite!r} (choose from {', '.join(SUITES)})")
         suite = SUITES[self.suite]
-        return BenchConfig(
-            suite=self.suite,
-            datasets=self.datasets or suite["datasets"],
-            num_prompts=self.num_prompts or suite["num_prompts"],
-            categories=self.categories,
-            max_tokens=self.max_tokens or suite["max_tokens"],
-            modes=self.modes or default_mode_names(),
-            temperature=self.temperature, seed=self.seed, ignore_eos=self.ignore_eos, skip_first=self.skip_first,
-            out=Path(self.out), threads=self.threads, command=self.command,
-        )
+        return replace(self, datasets=self.datasets or suite["datasets"],
+                       num_prompts=self.num_prompts or suite["num_prompts"],
+                       max_tokens=self.max_tokens or suite["max_tokens"],
+                       modes=self.modes or default_mode_names(), out=Path(self.out))
 
     @property
     def stopping(self) -> str:
@@ -117,14 +112,8 @@ def answer_text(engine: Engine, token_ids: list[int]) -> str:
 def read_bandwidth_gb_s(megabytes: int = 512) -> float:
     """The machine's memory read bandwidth, measured like our decode: bytes streamed / seconds."""
     buffer = torch.ones(megabytes * 2**20 // 4)
-    best = min(_timed(buffer.sum) for _ in range(5))
+    best = min(timeit.repeat(buffer.sum, number=1, repeat=5))
     return buffer.numel() * 4 / best / 1e9
-
-
-def _timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def peak_rss_mb() -> float:
@@ -158,16 +147,13 @@ def run_prompt(engine: Engine, modes: list, index: int, dataset: str, prompt: Pr
         comparable = dense_ids is not None and params.greedy and mode.name != "dense"
         records.append(asdict(BenchRecord(
             mode=mode.name, lossless=mode.lossless, prompt_id=prompt.id, category=prompt.category,
-            dataset=dataset, prompt_tokens=len(prompt_ids), new_tokens=len(run.token_ids),
-            prefill_s=run.prefill_s, decode_s=run.decode_s, wall_s=wall_s,
+            dataset=dataset, prompt_tokens=len(prompt_ids), new_tokens=len(run.token_ids), wall_s=wall_s,
             tokens_per_s=decode_rate(len(run.token_ids), run.decode_s), run_order=order,
-            accept_lengths=run.accept_lengths, exit_layers=run.exit_layers, avg_layers=run.avg_layers,
-            bytes_per_token=run.bytes_per_token, token_ids=run.token_ids,
             matches_dense=(run.token_ids == dense_ids) if comparable else None,
             first_divergence=first_divergence(run.token_ids, dense_ids) if comparable else None,
             correct=judge(prompt, answer_text(engine, run.token_ids)),
-            drafting=run.drafting, exiting=run.exiting,
             before_divergence=before_divergence(run.token_ids, dense_ids) if comparable else None,
+            **vars(run),  # what the mode measured: tokens, times, acceptance, exits, drafting counts
         )))
     return records
 

@@ -1,13 +1,15 @@
-"""What the benchmark runs: our engine's strategies and the outside baselines, behind one interface."""
+"""What the benchmark runs: our engine's strategies and the outside baselines, behind one interface:
+a `name`, whether it is `lossless` (promises the dense output token for token) and `run`."""
 from __future__ import annotations
 
 import copy
+import functools
 import importlib.util
 import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Callable
 
 import torch
 
@@ -72,13 +74,6 @@ class Run:
     avg_layers: float | None = None
     drafting: dict | None = None  # see drafting_counts
     exiting: dict | None = None  # see exit_counts
-
-
-class BenchMode(Protocol):
-    name: str
-    lossless: bool  # promises the dense output token for token
-
-    def run(self, prompt_ids: list[int], max_tokens: int, params: SamplingParams, ignore_eos: bool) -> Run: ...
 
 
 class EngineMode:
@@ -148,30 +143,13 @@ def _number_or_text(value: str):
 class HFMode:
     """Hugging Face `generate` on the same weights, dtype and device; optionally its prompt lookup."""
 
-    _models: dict[tuple, torch.nn.Module] = {}  # shared by the greedy and prompt-lookup modes
-
     def __init__(self, engine: Engine, prompt_lookup_tokens: int | None = None) -> None:
         self.name = "hf" if prompt_lookup_tokens is None else "hf-prompt-lookup"
         self.lossless = False  # a baseline: compared with dense, never judged
         self.prompt_lookup_tokens = prompt_lookup_tokens
         self.engine = engine
-        self.model = self._load(engine.source, engine.model.dtype, engine.model.device)
+        self.model = hf_model(engine.source, engine.model.dtype, engine.model.device)
         self.weight_bytes = dense_weight_bytes(self.model)
-
-    @classmethod
-    def _load(cls, source: Path, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
-        key = (str(source), dtype, str(device))
-        if key not in cls._models:
-            from transformers import AutoModelForCausalLM
-            from transformers.utils import logging
-
-            logging.set_verbosity_error()
-            if source.is_dir():
-                model = AutoModelForCausalLM.from_pretrained(str(source), dtype=dtype)
-            else:  # HF reads the GGUF with its own loader: an independent check of ours
-                model = AutoModelForCausalLM.from_pretrained(str(source.parent), gguf_file=source.name, dtype=dtype)
-            cls._models[key] = model.to(device).eval()
-        return cls._models[key]
 
     def _generate(self, ids: torch.Tensor, max_tokens: int, params: SamplingParams, ignore_eos: bool) -> list[int]:
         config = copy.deepcopy(self.model.generation_config)
@@ -197,6 +175,19 @@ class HFMode:
         total_s = time.perf_counter() - start
         bytes_per_token = None if self.prompt_lookup_tokens else self.weight_bytes
         return Run(tokens, prefill_s, max(total_s - prefill_s, 1e-9), bytes_per_token=bytes_per_token)
+
+
+@functools.cache  # loaded once, shared by the greedy and prompt-lookup modes
+def hf_model(source: Path, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    if source.is_dir():
+        model = AutoModelForCausalLM.from_pretrained(str(source), dtype=dtype)
+    else:  # HF reads the GGUF with its own loader: an independent check of ours
+        model = AutoModelForCausalLM.from_pretrained(str(source.parent), gguf_file=source.name, dtype=dtype)
+    return model.to(device).eval()
 
 
 def dense_weight_bytes(model: torch.nn.Module) -> int:

@@ -263,8 +263,7 @@ DRAFTING_COLUMNS = ("mode", *(f"CTAR{w}" for w in CTAR_WIDTHS), "drafting share"
 
 
 def drafting_rows(summary: dict) -> list[list[str]]:
-    """Speculative modes only: CTAR(1..6), share of decode time drafting, draft cost per token
-    relative to a verification pass."""
+    """Speculative modes only (drafting_stats)."""
     return [[mode, *(fmt(c) for c in s["ctar"]), fmt(s["drafting_share"]), fmt(s["draft_cost"])]
             for mode, s in summary["modes"].items() if s.get("ctar")]
 
@@ -330,15 +329,20 @@ def run_lines(summary: dict) -> list[str]:
     return lines + [f"aggregation: {summary['aggregation']}", "ppl: lossy modes only (a lossless mode has dense's)"]
 
 
+def pooled_tables(summary: dict) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(title, columns, rows) of the drafter and early-exit tables that have rows."""
+    tables = [("drafters (pooled over prompts)", DRAFTING_COLUMNS, drafting_rows(summary)),
+              ("early exit (pooled over prompts; TF: teacher forcing)", EXIT_COLUMNS, exit_rows(summary))]
+    return [(title, list(columns), rows) for title, columns, rows in tables if rows]
+
+
 def format_table(summary: dict) -> str:
     """Modes by metrics, then speedups by category; lossless failures last, where they are seen."""
-    drafting = drafting_rows(summary)
-    parts = [*run_lines(summary), fixed_width(list(MODE_COLUMNS), mode_rows(summary)),
-             *(["\ndrafters (pooled over prompts)", fixed_width(list(DRAFTING_COLUMNS), drafting)] if drafting else []),
-             *(["\nearly exit (pooled over prompts; TF: teacher forcing)", fixed_width(list(EXIT_COLUMNS), exits)]
-               if (exits := exit_rows(summary)) else []),
-             f"\nspeedup vs {summary['reference_mode']} by category (decode tokens/s ratio)",
-             fixed_width(*category_rows(summary))]
+    parts = [*run_lines(summary), fixed_width(list(MODE_COLUMNS), mode_rows(summary))]
+    for title, columns, rows in pooled_tables(summary):
+        parts += ["\n" + title, fixed_width(columns, rows)]
+    parts += [f"\nspeedup vs {summary['reference_mode']} by category (decode tokens/s ratio)",
+              fixed_width(*category_rows(summary))]
     return "\n".join(parts + failure_lines(summary))
 
 
@@ -346,12 +350,8 @@ def summary_markdown(summary: dict, meta: dict) -> str:
     parts = ["# specee bench", f"`{meta.get('command', '')}`", "\n".join(f"- {line}" for line in run_lines(summary)),
              markdown(list(MODE_COLUMNS), mode_rows(summary)),
              f"## Speedup vs {summary['reference_mode']} by category", markdown(*category_rows(summary))]
-    drafting = drafting_rows(summary)
-    if drafting:
-        parts += ["## Drafters (pooled over prompts)", markdown(list(DRAFTING_COLUMNS), drafting)]
-    exits = exit_rows(summary)
-    if exits:
-        parts += ["## Early exit (pooled over prompts; TF: teacher forcing)", markdown(list(EXIT_COLUMNS), exits)]
+    for title, columns, rows in pooled_tables(summary):
+        parts += [f"## {title[0].upper()}{title[1:]}", markdown(columns, rows)]
     if meta.get("peak_rss_mb"):
         parts.append(f"Process peak RSS over the whole run: {meta['peak_rss_mb']:.0f} MB.")
     failures = failure_lines(summary)

@@ -6,6 +6,7 @@ measured by the benchmark (exit fidelity, perplexity, divergence from dense), ne
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from ..decoding.base import DecodeState, Step
@@ -16,18 +17,16 @@ from .runner import ExitPass, ExitPolicy
 from .speculative import ExitVerifier
 
 
+@dataclass(eq=False)
 class EarlyExit:
     """Autoregressive decoding with early exits; a recipe like Speculative (fresh drafter and
     policy per generation)."""
 
+    candidates: Candidates
+    make_policy: Callable[[], ExitPolicy]
+    kv: str = "exact"
+    name: str = "exit"
     lossless = False
-
-    def __init__(self, candidates: Candidates, make_policy: Callable[[], ExitPolicy], kv: str = "exact",
-                 name: str = "exit") -> None:
-        self.candidates = candidates
-        self.make_policy = make_policy
-        self.kv = kv
-        self.name = name
 
     def decode(self, state: DecodeState) -> Iterator[Step]:
         tokens, stats = state.tokens, state.stats

@@ -6,6 +6,8 @@ drafter would cost a pass of its own per token, more than exits can save on this
 """
 from __future__ import annotations
 
+from functools import partial
+
 from ..artifact_store import ArtifactStore
 from ..decoding.config import ExitConfig
 from ..decoding.speculative import Speculative
@@ -46,24 +48,17 @@ def build_early_exit(artifacts: ArtifactStore, config: ExitConfig, speculative: 
             raise ValueError(f"the exit predictors cover {predictors.num_layers} layers, the model has {num_layers + 1}")
         settings = artifact.settings
         threshold = settings.threshold if config.threshold is None else config.threshold
-        candidates = settings.candidates
-
-        def make_policy():
-            return LearnedExit(predictors, settings, threshold)
+        k = settings.candidates
+        make_policy = partial(LearnedExit, predictors, settings, threshold)  # a fresh one per generation
     else:
-        rule = rule_settings(config.rule)
-        candidates = RULE_CANDIDATES
-
-        def make_policy():
-            return RuleExit(rule, num_layers)
-
+        k = RULE_CANDIDATES
+        make_policy = partial(RuleExit, rule_settings(config.rule), num_layers)
         make_policy()  # a bad first layer fails here, not when a generation starts
-
     name = f"exit-{config.kind}" + ("-approx" if kv == "approx" else "")
+    candidates = exit_candidates(artifacts, k)
     if speculative is not None:
-        return SpeculativeExit(speculative, exit_candidates(artifacts, candidates), make_policy, kv,
-                               name=f"{speculative.name}+{name}")
-    return EarlyExit(exit_candidates(artifacts, candidates), make_policy, kv, name=name)
+        return SpeculativeExit(speculative, candidates, make_policy, kv, name=f"{speculative.name}+{name}")
+    return EarlyExit(candidates, make_policy, kv, name=name)
 
 
 def exit_candidates(artifacts: ArtifactStore, k: int) -> Candidates:

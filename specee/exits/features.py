@@ -14,12 +14,9 @@ from ..model.llama import Transformer
 
 
 def candidate_logits(model: Transformer, h: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """h: [T, hidden] a layer's output (before the final norm); rows: [T, K, hidden] or [K, hidden]
-    the head rows of each position's candidates. Returns [T, K]."""
-    normed = model.norm(h)
-    if rows.dim() == 2:
-        return normed @ rows.T
-    return torch.einsum("th,tkh->tk", normed, rows)
+    """h: [T, hidden] a layer's output (before the final norm); rows: [T, K, hidden] the head rows
+    of each position's candidates. Returns [T, K]."""
+    return torch.einsum("th,tkh->tk", model.norm(h), rows)
 
 
 def exit_features(logits: torch.Tensor, below: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -70,7 +70,6 @@ class ExitArtifact(TrainedArtifact):
     SETTINGS: ClassVar[type] = ExitSettings
 
     def predictors(self, device: torch.device | str = "cpu") -> ExitPredictors:
-        weights = self.weights
-        module = ExitPredictors(weights["w1"].shape[0], weights["w1"].shape[1], weights["w1"].shape[2])
-        module.load_state_dict({k: v.float() for k, v in weights.items()})
+        module = ExitPredictors(*self.weights["w1"].shape)  # [layers, features, hidden]
+        module.load_state_dict({k: v.float() for k, v in self.weights.items()})
         return module.to(device).eval().requires_grad_(False)

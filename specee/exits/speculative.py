@@ -17,6 +17,7 @@ where the pass stopped, since the layers above never ran.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import torch
@@ -30,18 +31,19 @@ from .candidates import Candidates
 from .runner import Check, ExitPass, ExitPolicy, Settle
 
 
+@dataclass(eq=False)
 class SpeculativeExit:
+    speculative: Speculative
+    candidates: Candidates
+    make_policy: Callable[[], ExitPolicy]
+    kv: str = "exact"
+    name: str = "exit"
     lossless = False
     greedy_only = True  # acceptance compares argmaxes
 
-    def __init__(self, speculative: Speculative, candidates: Candidates, make_policy: Callable[[], ExitPolicy],
-                 kv: str = "exact", name: str = "exit") -> None:
-        self.speculative = speculative
-        self.shallow_layers = speculative.shallow_layers  # prefill hands the strategy these states
-        self.candidates = candidates
-        self.make_policy = make_policy
-        self.kv = kv
-        self.name = name
+    @property
+    def shallow_layers(self) -> int | None:
+        return self.speculative.shallow_layers  # prefill hands the strategy these states
 
     def decode(self, state: DecodeState) -> Iterator[Step]:
         """The speculative loop, its passes verified with exits."""

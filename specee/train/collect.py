@@ -12,6 +12,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 from tqdm import tqdm
@@ -20,7 +21,7 @@ from ..engine import Engine
 from ..model.fingerprint import weights_fingerprint
 from ..model.llama import Transformer
 from ..model.loading import cache_root
-from .corpus import SHAREGPT_LICENCE, benchmark_keys, sharegpt_conversations, sharegpt_path, without_benchmarks
+from .corpus import SHAREGPT_LICENCE, benchmark_keys, is_benchmark, sharegpt_conversations, sharegpt_path
 from .ngram import file_sequences
 
 
@@ -37,19 +38,20 @@ def corpus_sequences(engine: Engine, corpus_files: list[str], use_sharegpt: bool
     sequences = [seq for path in corpus_files for seq in file_sequences(engine, Path(path))]
     info = {"files": [str(p) for p in corpus_files]}
     if use_sharegpt:
-        dropped = [0]
         keys = benchmark_keys()
-        conversations = 0
         budget = limit_tokens - sum(len(s) for s in sequences)
-        for conversation in without_benchmarks(sharegpt_conversations(sharegpt_path()), keys, dropped):
+        conversations = dropped = 0
+        for conversation in sharegpt_conversations(sharegpt_path()):
+            if is_benchmark(conversation, keys):
+                dropped += 1
+                continue
             if budget <= 0:
                 break
             text = engine.tokenizer.apply_chat_template(conversation, add_generation_prompt=False)
-            ids = engine.tokenizer.encode(text, add_special_tokens=False)
-            sequences.append(ids)
-            budget -= len(ids)
+            sequences.append(engine.tokenizer.encode(text, add_special_tokens=False))
+            budget -= len(sequences[-1])
             conversations += 1
-        info.update(sharegpt=SHAREGPT_LICENCE, conversations=conversations, dropped_as_benchmark=dropped[0])
+        info.update(sharegpt=SHAREGPT_LICENCE, conversations=conversations, dropped_as_benchmark=dropped)
     chunks = [seq[start:start + chunk] for seq in sequences for start in range(0, len(seq), chunk)]
     chunks = [c for c in chunks if len(c) >= 2]
     kept, total = [], 0
@@ -70,8 +72,7 @@ def collect(model: Transformer, chunks: list[list[int]]) -> Collected:
     with torch.inference_mode():
         for chunk in tqdm(chunks, desc="collecting target states", unit="chunk", file=sys.stderr):
             ids = torch.tensor(chunk, device=model.device)
-            cache = model.new_cache(len(chunk))
-            h = model.hidden(ids, torch.arange(len(chunk), device=model.device), cache)
+            h = model.hidden(ids, torch.arange(len(chunk), device=model.device), model.new_cache(len(chunk)))
             top_counts += torch.bincount(model.logits(model.norm(h)).argmax(-1).cpu(), minlength=len(top_counts))
             ids_out.append(ids.cpu())
             states_out.append(h.to("cpu", torch.float16))
@@ -88,9 +89,16 @@ def choose_vocabulary(top_counts: torch.Tensor, coverage: float) -> tuple[torch.
     return order[:size].clone(), {"size": size, "coverage": float(cumulative[size - 1]), "coverage_by_size": table}
 
 
-def features_file(engine: Engine, info: dict, chunk: int) -> Path:
-    key = hashlib.sha256(repr((weights_fingerprint(engine.model), sorted(info.items()), chunk)).encode()).hexdigest()[:16]
-    return cache_root() / f"target-states-{key}.pt"
+def cached(name: str, key: tuple, kind: type, collect_data: Callable[[], object]):
+    """The dataclass `collect_data()` makes, kept in the cache folder under a hash of `key` (all it
+    depends on), so a later run with the same key reads it back instead of collecting again."""
+    stored = cache_root() / f"{name}-{hashlib.sha256(repr(key).encode()).hexdigest()[:16]}.pt"
+    if stored.is_file():
+        return kind(**torch.load(stored, weights_only=True))
+    data = collect_data()
+    stored.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(vars(data), stored)
+    return data
 
 
 def target_states(engine: Engine, corpus_files: list[str], use_sharegpt: bool, tokens: int,
@@ -99,13 +107,8 @@ def target_states(engine: Engine, corpus_files: list[str], use_sharegpt: bool, t
     they came from, with the collection time."""
     began = time.perf_counter()
     chunks, info = corpus_sequences(engine, list(corpus_files), use_sharegpt, tokens, chunk)
-    stored = features_file(engine, info, chunk)
-    if stored.is_file():
-        data = Collected(**torch.load(stored, weights_only=True))
-    else:
-        data = collect(engine.model, chunks)
-        stored.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(vars(data), stored)
+    key = (weights_fingerprint(engine.model), sorted(info.items()), chunk)
+    data = cached("target-states", key, Collected, lambda: collect(engine.model, chunks))
     info["collect_minutes"] = round((time.perf_counter() - began) / 60, 1)
     info["model"] = str(engine.source.name) if engine.source else ""
     print(f"{info['tokens']} tokens in {len(chunks)} chunks, states ready in {info['collect_minutes']} min",

@@ -73,10 +73,6 @@ def benchmark_keys() -> set[str]:
     return keys
 
 
-def without_benchmarks(conversations: Iterator[Conversation], keys: set[str], dropped: list[int]) -> Iterator[Conversation]:
-    """Conversations none of whose user turns is a benchmark prompt; counts the others in dropped[0]."""
-    for conversation in conversations:
-        if any(prompt_key(t["content"]) in keys for t in conversation if t["role"] == "user"):
-            dropped[0] += 1
-            continue
-        yield conversation
+def is_benchmark(conversation: Conversation, keys: set[str]) -> bool:
+    """Whether one of the conversation's user turns is a benchmark prompt (`keys`: benchmark_keys)."""
+    return any(prompt_key(t["content"]) in keys for t in conversation if t["role"] == "user")

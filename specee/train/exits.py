@@ -14,12 +14,10 @@
 """
 from __future__ import annotations
 
-import hashlib
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -31,8 +29,7 @@ from ..exits.features import layer_features
 from ..exits.predictors import ExitArtifact, ExitPredictors, ExitSettings
 from ..model.fingerprint import weights_fingerprint
 from ..model.llama import Transformer
-from ..model.loading import cache_root
-from .collect import corpus_sequences
+from .collect import cached, corpus_sequences
 from .loop import split_chunks
 
 THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98)
@@ -86,20 +83,12 @@ def chunk_data(model: Transformer, ids: list[int], candidates: torch.Tensor) -> 
 
 
 def collect_exit_data(model: Transformer, candidates: Candidates, chunks: list[list[int]]) -> ExitData:
-    parts: list[tuple[torch.Tensor, ...]] = []
     with torch.inference_mode():
-        for chunk in tqdm(chunks, desc="collecting exit features", unit="chunk", file=sys.stderr):
-            parts.append(chunk_data(model, chunk, candidates.table(chunk, model.device)))
+        parts = [chunk_data(model, chunk, candidates.table(chunk, model.device))
+                 for chunk in tqdm(chunks, desc="collecting exit features", unit="chunk", file=sys.stderr)]
+    features, labels, in_candidates, final_in = (torch.cat(column) for column in zip(*parts))
     chunk_of = torch.cat([torch.full((len(p[0]),), i) for i, p in enumerate(parts)])
-    final_in = torch.cat([p[3] for p in parts])
-    return ExitData(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]),
-                    torch.cat([p[2] for p in parts]), chunk_of, float(final_in.float().mean()))
-
-
-def exit_data_key(model: Transformer, info: dict, chunk: int, candidates: Candidates) -> str:
-    """The collected features depend on the model, the corpus, the chunking and the candidates."""
-    what = (weights_fingerprint(model), sorted(info.items()), chunk, candidates.k, candidates.fallback)
-    return hashlib.sha256(repr(what).encode()).hexdigest()[:16]
+    return ExitData(features, labels, in_candidates, chunk_of, float(final_in.float().mean()))
 
 
 def fit_predictors(data: ExitData, rows: torch.Tensor, cfg: ExitTrainConfig) -> tuple[ExitPredictors, dict]:
@@ -190,21 +179,16 @@ def choose_settings(module: ExitPredictors, data: ExitData, rows: torch.Tensor, 
 
 
 def train_exits(engine: Engine, out: Path, candidates: Candidates, corpus_files: list[str] = (),
-                use_sharegpt: bool = True, config: ExitTrainConfig | None = None,
-                report: Callable[[str], None] = lambda line: print(line, file=sys.stderr)) -> ExitArtifact:
+                use_sharegpt: bool = True, config: ExitTrainConfig | None = None) -> ExitArtifact:
     """Collect, train, choose the threshold and layers, save. `candidates` are made exactly as
     decoding makes them (exits.builder.exit_candidates)."""
     cfg = config or ExitTrainConfig()
     model = engine.model
     began = time.perf_counter()
     chunks, info = corpus_sequences(engine, list(corpus_files), use_sharegpt, cfg.tokens, cfg.chunk)
-    stored = cache_root() / f"exit-data-{exit_data_key(model, info, cfg.chunk, candidates)}.pt"
-    if stored.is_file():
-        data = ExitData(**torch.load(stored, weights_only=True))
-    else:
-        data = collect_exit_data(model, candidates, chunks)
-        stored.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(vars(data), stored)
+    # The features depend on the model, the corpus, the chunking and the candidates.
+    key = (weights_fingerprint(model), sorted(info.items()), cfg.chunk, candidates.k, candidates.fallback)
+    data = cached("exit-data", key, ExitData, lambda: collect_exit_data(model, candidates, chunks))
     info["collect_minutes"] = round((time.perf_counter() - began) / 60, 1)
     held, trained = split_chunks(len(chunks), cfg.held_out, cfg.seed)
     held_rows = torch.isin(data.chunk_of, torch.tensor(held)).nonzero()[:, 0]
@@ -219,8 +203,8 @@ def train_exits(engine: Engine, out: Path, candidates: Candidates, corpus_files:
     out.parent.mkdir(parents=True, exist_ok=True)
     artifact.save(out)
     summary = chosen["held_out_offline_only"]
-    report(f"exit predictors: threshold {settings.threshold}, {len(settings.layers)} offline layers "
-           f"{settings.layers}; held out: {summary['exit_rate']:.1%} of tokens exit, fidelity "
-           f"{summary['fidelity']:.2%}, {summary['avg_layers']:.1f} layers per token of "
-           f"{model.config.num_hidden_layers} -> {out} ({out.stat().st_size / 2**20:.2f} MiB)")
+    print(f"exit predictors: threshold {settings.threshold}, {len(settings.layers)} offline layers "
+          f"{settings.layers}; held out: {summary['exit_rate']:.1%} of tokens exit, fidelity "
+          f"{summary['fidelity']:.2%}, {summary['avg_layers']:.1f} layers per token of "
+          f"{model.config.num_hidden_layers} -> {out} ({out.stat().st_size / 2**20:.2f} MiB)", file=sys.stderr)
     return artifact
