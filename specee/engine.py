@@ -181,11 +181,7 @@ class Generation:
         stats = GenerationStats(prompt_tokens=len(self.prompt_ids))
         text = TextStream(engine.tokenizer, self.stop)
         output: list[int] = []
-        finish = "length"
-        new: list[int] = []
-        delta = ""
-        drafted = 0
-        exit_layer = None
+        finish, new, delta, drafted, exit_layer = "length", [], "", 0, None
         # Inference mode is entered per step, never held across a yield: interleaved generations
         # would otherwise unwind each other's mode.
         with torch.inference_mode():

@@ -355,25 +355,13 @@ class Transformer(nn.Module):
         element_size = self.norm.weight.element_size()
         return self.norm.weight.numel() * element_size + matrix_bytes(self.lm_head, element_size)
 
-    def hidden(
-        self,
-        ids: torch.Tensor,
-        positions: torch.Tensor,
-        cache: KVCache,
-        mask: torch.Tensor | None = None,
-        layers: range | None = None,
-    ) -> torch.Tensor:
+    def hidden(self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, mask: torch.Tensor | None = None,
+               layers: range | None = None) -> torch.Tensor:
         """Embed `ids` and run them through `layers` (all by default); returns [T, hidden]."""
         return self.run_layers(self.embed(ids), positions, cache, mask, layers)
 
-    def run_layers(
-        self,
-        h: torch.Tensor,
-        positions: torch.Tensor,
-        cache: KVCache,
-        mask: torch.Tensor | None = None,
-        layers: range | None = None,
-    ) -> torch.Tensor:
+    def run_layers(self, h: torch.Tensor, positions: torch.Tensor, cache: KVCache, mask: torch.Tensor | None = None,
+                   layers: range | None = None) -> torch.Tensor:
         """Run states [T, hidden] (embeddings, or the output of earlier layers) through `layers`."""
         angles = self.angles(positions)
         c = self.config
