@@ -54,6 +54,8 @@ def test_v1_routes_need_the_key(server):
     refused = httpx.post(server.url + CHAT, json={"messages": [{"role": "user", "content": "hi"}]})
     assert refused.status_code == 401
     assert httpx.get(server.url + "/v1/models", headers=AUTH).status_code == 200
+    assert httpx.get(server.url + "/slots").status_code == 401  # the running answers are the users' own
+    assert httpx.get(server.url + "/slots", headers=AUTH).json()["slots"] == []
     assert httpx.get(server.url + "/health").status_code == 200  # probes and scrapers need no key
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0).models.list()

@@ -1,8 +1,9 @@
 """The live page in a real headless Chromium (system packages chromium + chromium-driver), driven
-by Selenium: it loads, streams an answer and marks the accepted draft tokens."""
+by Selenium: it loads, streams an answer, marks the accepted draft tokens and shows every running stream."""
 import json
 import re
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -64,3 +65,27 @@ def test_the_page_streams_an_answer_and_marks_draft_tokens(default_server, brows
         [f"tok {source}" for source in sources]
     per_pass = float(re.search(r"([\d.]+) tokens per pass", browser.find_element(By.ID, "stats").text).group(1))
     assert per_pass > 1  # accepted drafts: more than one token per target pass
+
+
+def test_the_page_shows_every_running_stream(default_server, browser):
+    browser.get(default_server.url + "/")
+    bodies = [{"messages": [{"role": "user", "content": content}], "max_tokens": 200, "stream": True, "specee": spec}
+              for content, spec in (("Write a long story about a dragon who learns to cook.", {"spec_method": "none"}),
+                                    ("Count from 1 to 100, separated by commas.", {"spec_method": "prompt-lookup"}))]
+
+    def run(body):
+        with httpx.stream("POST", default_server.url + "/v1/chat/completions", json=body, timeout=120) as response:
+            return sum(1 for _ in response.iter_lines())
+
+    def rows(b):
+        return [[td.text for td in tr.find_elements(By.TAG_NAME, "td")] for tr in b.find_elements(By.CSS_SELECTOR, "tr.slot")]
+
+    with ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(run, body) for body in bodies]
+        WebDriverWait(browser, 60).until(lambda b: len(rows(b)) == 2 and all(int(row[3]) > 0 for row in rows(b)))
+        shown = rows(browser)
+        assert {row[1] for row in shown} == {"dense", "prompt-lookup"} and {row[2] for row in shown} == {"decoding"}
+        assert browser.find_element(By.ID, "slots-summary").text.startswith("2 of ")
+        assert all(future.result() > 0 for future in futures)
+    WebDriverWait(browser, 10).until(lambda b: rows(b) == [])
+    assert browser.find_element(By.ID, "slots-summary").text.startswith("0 of ")

@@ -167,6 +167,11 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
     async def health() -> dict:
         return {"status": "ok", "queued": scheduler.queued, "running": scheduler.running}
 
+    @app.get("/slots", dependencies=[Depends(require_key)])
+    async def slots() -> dict:
+        """Every running generation (llama.cpp's server has the same route): the live page polls it."""
+        return {"max_batch": config.max_batch, "queued": scheduler.queued, "slots": scheduler.slots()}
+
     @app.get("/metrics")
     async def prometheus() -> Response:
         return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)

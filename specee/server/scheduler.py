@@ -15,6 +15,8 @@ from typing import Callable
 from ..batch import Batch, Member
 from ..engine import Event, Generation, Result
 
+# The characters of each running answer that /slots shows.
+TEXT_TAIL = 200
 # How long the idle worker waits for work before it looks at the stop flag again.
 IDLE_POLL_S = 0.1
 
@@ -42,10 +44,20 @@ class Job:
     submitted: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
+    tokens: int = 0  # generated so far
+    text: str = ""  # the answer so far (for the live page's view of every stream)
 
     def cancel(self) -> None:
         """Called from the handler (a client went away): the worker stops at the next step."""
         self.cancelled.set()
+
+    def slot(self, index: int, now: float) -> dict:
+        """What the live page shows of a running job."""
+        started = self.first_token_at
+        rate = (self.tokens - 1) / (now - started) if started and self.tokens > 1 and now > started else 0.0
+        return {"slot": index, "mode": self.generation.strategy.name, "prompt_tokens": len(self.generation.prompt_ids),
+                "tokens": self.tokens, "tokens_per_s": round(rate, 1), "state": "decoding" if started else "prefill",
+                "text": self.text[-TEXT_TAIL:]}
 
 
 class Scheduler:
@@ -67,6 +79,11 @@ class Scheduler:
     @property
     def queued(self) -> int:
         return self._queue.qsize()
+
+    def slots(self) -> list[dict]:
+        """The running jobs, in admission order (read from any thread)."""
+        now = time.monotonic()
+        return [job.slot(i, now) for i, job in enumerate(list(self._jobs.values()))]
 
     def start(self) -> None:
         self._thread.start()
@@ -136,6 +153,8 @@ class Scheduler:
         self._on_step(made)
         if job.first_token_at is None and made.token_ids:
             job.first_token_at = time.monotonic()
+        job.tokens += len(made.token_ids)
+        job.text += made.text
         job.deliver(made)
         if made.finish_reason is not None:
             self._end(member, Ended("finished", job.generation.result))
