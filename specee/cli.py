@@ -316,6 +316,8 @@ def cmd_bench(args) -> int:
 def cmd_bench_serve(args) -> int:
     from pathlib import Path
 
+    if importlib.util.find_spec("openai") is None:
+        raise UsageError('specee bench-serve sends its requests with the openai client: pip install "specee[bench]"')
     from .eval.llama_cpp_server import model_gguf
     from .eval.serve_bench import SYSTEMS, ServeBenchConfig, run_serve_bench
 

@@ -12,7 +12,7 @@ import pytest
 import specee.model.loading as loading
 from specee import cli
 from specee.cli import main
-from specee.eval import llama_cpp_server, serve_bench, server_process
+from specee.eval import llama_cpp_server, serve_bench
 from specee.eval.llama_cpp_server import (LLAMA_SERVER, PYTHON_SERVER, choose_server, llama_server_command, model_gguf,
                                           python_server_command)
 from specee.eval.serve_bench import (RequestRecord, ServeBenchConfig, Target, format_table, overhead_summary,
