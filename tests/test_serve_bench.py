@@ -257,12 +257,26 @@ def test_llama_cpp_is_skipped_with_the_reason(monkeypatch, no_requests, tmp_path
     assert rows == [] and "GGUF" in note and no_requests == []
 
 
+def test_a_llama_cpp_server_that_dies_at_startup_is_a_note_not_a_crash(monkeypatch, no_requests, tmp_path):
+    def dies(*args):
+        raise RuntimeError("the server exited with -11:\nloading model\nthreadpool init")
+
+    monkeypatch.setattr(llama_cpp_server, "choose_server",
+                        lambda binary: llama_cpp_server.LlamaCppChoice(LLAMA_SERVER, tmp_path / "x", "found"))
+    monkeypatch.setattr(llama_cpp_server, "start_server", dies)
+    rows, note = serve_bench.bench_llama_cpp(ServeBenchConfig(gguf=tmp_path / "m.gguf"))
+    assert rows == [] and note.startswith("llama.cpp skipped: llama-server did not start") and "-11" in note
+
+
 def test_the_plot_has_a_line_per_system(tmp_path):
     pytest.importorskip("matplotlib")
     rows = [summarize_load(Target(system, "s", "u"), clients, [RequestRecord(0, 0, 0.1, 1, 8 * clients)], 1.0)
             for system in ("specee dense", "llama.cpp") for clients in (1, 2, 4)]
-    plot_throughput(rows, tmp_path / "bench.png")
+    ax = plot_throughput(rows, tmp_path / "bench.png").axes[0]
     assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
+    assert [line.get_label() for line in ax.lines] == ["specee dense", "llama.cpp"]
+    assert list(ax.lines[1].get_xdata()) == [1, 2, 4] and list(ax.lines[1].get_ydata()) == [8.0, 16.0, 32.0]
+    assert ax.get_xscale() == "log"
 
 
 def test_the_command_line_serves_the_default_models_gguf_with_the_threads(monkeypatch, tmp_path):

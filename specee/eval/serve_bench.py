@@ -231,7 +231,11 @@ def bench_llama_cpp(config: ServeBenchConfig) -> tuple[list[LoadSummary], str]:
     choice = llama_cpp_server.choose_server(config.llama_server)
     if choice.server is None:
         return [], f"llama.cpp skipped: {choice.reason}"
-    server, name = llama_cpp_server.start_server(choice, config.gguf, config.threads, config.slots, config.max_tokens)
+    try:
+        server, name = llama_cpp_server.start_server(choice, config.gguf, config.threads, config.slots,
+                                                     config.max_tokens)
+    except RuntimeError as e:  # specee's rows are kept; the server's last words say why
+        return [], f"llama.cpp skipped: {choice.server} did not start: " + " | ".join(str(e).splitlines()[-3:])
     try:
         target = warm_up(Target(LLAMA_CPP, name, server.url, pid=server.pid))
         return [run_load(target, clients, config) for clients in config.concurrency], f"llama.cpp: {choice.reason}"
@@ -254,8 +258,8 @@ def format_table(summaries: list[LoadSummary], overhead: dict | None, notes: lis
     return "\n".join(lines)
 
 
-def plot_throughput(summaries: list[LoadSummary], path: Path) -> None:
-    """Aggregate tokens/s against clients, one line per system/mode."""
+def plot_throughput(summaries: list[LoadSummary], path: Path):
+    """Aggregate tokens/s against clients, one line per system/mode; the figure, also saved to `path`."""
     from matplotlib.figure import Figure  # the object API leaves pyplot's global state alone
 
     fig = Figure(figsize=(6, 4.5))
@@ -273,6 +277,7 @@ def plot_throughput(summaries: list[LoadSummary], path: Path) -> None:
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    return fig
 
 
 def run_serve_bench(engine: Engine, config: ServeBenchConfig, server_flags: list[str]) -> dict:
