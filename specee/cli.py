@@ -117,15 +117,22 @@ def build_parser() -> argparse.ArgumentParser:
                        help="leave out each category's first N prompts: tune on --skip-first 5 --num-prompts 5, "
                             "report on the first prompts (default 0)")
     bench.add_argument("--out", default="bench-out", help="output folder (default bench-out)")
-    load = sub.add_parser("bench-serve", help="load-test `specee serve`: requests/s, time to first token and "
-                          "tokens/s per client at 1, 4 and 16 clients, and the server's own overhead")
+    load = sub.add_parser("bench-serve", help="load-test `specee serve` side by side with llama.cpp's server: requests/s, "
+                          "tokens/s, time to first token and peak memory at 1 to 16 clients")
     _add_model_options(load)
-    load.add_argument("--url", help="a running server (default: start one with the model options)")
-    load.add_argument("--concurrency", default="1,4,16", help="comma-separated client counts (default 1,4,16)")
+    load.add_argument("--url", help="a running specee server (default: start one with the model options)")
+    load.add_argument("--concurrency", default="1,2,4,8,16", help="comma-separated client counts (default 1,2,4,8,16)")
     load.add_argument("--requests-per-client", type=_positive_int, default=2, help="requests each client sends (default 2)")
     load.add_argument("--max-tokens", type=_positive_int, default=64, help="most tokens per answer (default 64)")
-    load.add_argument("--modes", default="dense,hybrid-tree", help="comma-separated: dense, hybrid-tree (default both)")
-    load.add_argument("--out", default="bench-serve.json", help="JSON output file (default bench-serve.json)")
+    load.add_argument("--modes", default="dense,hybrid-tree,llama.cpp",
+                      help="comma-separated: dense, hybrid-tree (specee's modes), llama.cpp (default all three)")
+    load.add_argument("--max-batch", type=_positive_int,
+                      help="specee serve --max-batch: generations sharing each model pass (default: the server's)")
+    load.add_argument("--parallel", type=_positive_int,
+                      help="llama-server's slots, -np (default: the largest --concurrency)")
+    load.add_argument("--llama-server", help="llama.cpp's llama-server executable (default: where "
+                      "scripts/build_llama_server.sh installs it; without one, llama-cpp-python's server if installed)")
+    load.add_argument("--out", default="bench-serve.json", help="JSON output file, the plot beside it (default bench-serve.json)")
     train = sub.add_parser("train", help="train drafter artifacts")
     train_sub = train.add_subparsers(dest="artifact", required=True)
     ngram = train_sub.add_parser("ngram", help="a Katz-backoff n-gram table for the ngram/staged drafters")
@@ -309,23 +316,33 @@ def cmd_bench(args) -> int:
 def cmd_bench_serve(args) -> int:
     from pathlib import Path
 
-    from .eval.serve_bench import MODES, ServeBenchConfig, run_serve_bench
+    if importlib.util.find_spec("openai") is None:
+        raise UsageError('specee bench-serve sends its requests with the openai client: pip install "specee[bench]"')
+    from .eval.llama_cpp_server import model_gguf
+    from .eval.serve_bench import SYSTEMS, ServeBenchConfig, run_serve_bench
 
-    unknown = set(args.modes.split(",")) - set(MODES)
+    unknown = set(args.modes.split(",")) - set(SYSTEMS)
     if unknown:
-        raise UsageError(f"unknown --modes {sorted(unknown)} (choose from {', '.join(MODES)})")
+        raise UsageError(f"unknown --modes {sorted(unknown)} (choose from {', '.join(SYSTEMS)})")
     try:
         concurrency = [int(c) for c in args.concurrency.split(",")]
     except ValueError:
         raise UsageError(f"--concurrency takes comma-separated client counts, got {args.concurrency!r}") from None
     if min(concurrency) < 1:
         raise UsageError(f"--concurrency counts must be positive, got {args.concurrency!r}")
-    config = ServeBenchConfig(concurrency=concurrency, requests_per_client=args.requests_per_client,
-                              max_tokens=args.max_tokens, modes=args.modes.split(","), url=args.url, out=Path(args.out))
+    if args.llama_server and not Path(args.llama_server).is_file():
+        raise UsageError(f"--llama-server {args.llama_server!r} is not a file (build it: bash scripts/build_llama_server.sh)")
+    engine = _load(args)
+    config = ServeBenchConfig(
+        concurrency=concurrency, requests_per_client=args.requests_per_client, max_tokens=args.max_tokens,
+        modes=args.modes.split(","), url=args.url, out=Path(args.out),
+        threads=args.threads or __import__("torch").get_num_threads(), max_batch=args.max_batch, parallel=args.parallel,
+        gguf=model_gguf(args.model), llama_server=Path(args.llama_server) if args.llama_server else None)
     model_flags = [f"--{name}={value}" for name, value in (("model", args.model), ("dtype", args.dtype),
-                                                          ("device", args.device), ("threads", args.threads)) if value]
+                                                          ("device", args.device), ("quantization", args.quantization))
+                   if value]
     model_flags += [] if args.compile else ["--no-compile"]
-    run_serve_bench(_load(args), config, model_flags)
+    run_serve_bench(engine, config, model_flags)
     return 0
 
 

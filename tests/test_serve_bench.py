@@ -1,12 +1,25 @@
-"""`specee bench-serve`'s arithmetic and bookkeeping (no timings are asserted, none measured)."""
+"""`specee bench-serve`'s arithmetic, bookkeeping and the servers it starts (no timings are
+asserted, none measured; no model, no server, no llama.cpp is needed)."""
 import math
+import os
+import stat
+import sys
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+import specee.model.loading as loading
+from specee import cli
 from specee.cli import main
-from specee.eval import serve_bench
-from specee.eval.serve_bench import (RequestRecord, ServeBenchConfig, format_table, overhead_summary, percentile,
-                                     run_load, summarize_load)
+from specee.eval import llama_cpp_server, serve_bench
+from specee.eval.llama_cpp_server import (LLAMA_SERVER, PYTHON_SERVER, choose_server, llama_server_command, model_gguf,
+                                          python_server_command)
+from specee.eval.serve_bench import (RequestRecord, ServeBenchConfig, Target, format_table, overhead_summary,
+                                     percentile, plot_throughput, run_load, stream_chat, summarize_load)
+from specee.eval.server_process import peak_rss_mb, process_peak_rss_mb, reset_peak_rss
+
+TARGET = Target("specee dense", "specee serve", "http://127.0.0.1:9")
 
 
 def test_nearest_rank_percentiles():
@@ -20,15 +33,17 @@ def test_nearest_rank_percentiles():
 
 def test_load_summary_arithmetic():
     records = [  # client 0: 30 tokens over 0..3 s; client 1: 10 tokens over 1..2 s
-        RequestRecord("dense", 2, 0, start_s=0.0, first_token_s=0.5, end_s=1.0, completion_tokens=10),
-        RequestRecord("dense", 2, 0, start_s=1.0, first_token_s=0.25, end_s=3.0, completion_tokens=20),
-        RequestRecord("dense", 2, 1, start_s=1.0, first_token_s=1.0, end_s=2.0, completion_tokens=10),
+        RequestRecord(0, start_s=0.0, first_token_s=0.5, end_s=1.0, completion_tokens=10),
+        RequestRecord(0, start_s=1.0, first_token_s=0.25, end_s=3.0, completion_tokens=20),
+        RequestRecord(1, start_s=1.0, first_token_s=1.0, end_s=2.0, completion_tokens=10),
     ]
-    s = summarize_load("dense", 2, records, wall_s=4.0)
+    s = summarize_load(TARGET, 2, records, wall_s=4.0, peak_rss_mb=321.0)
     assert (s.requests, s.requests_per_s) == (3, 0.75)
-    assert (s.ttft_p50_s, s.ttft_p95_s) == (0.5, 1.0)
+    assert (s.completion_tokens, s.tokens_per_s) == (40, 10.0)  # every client's tokens over the wall time
     assert s.tokens_per_s_per_client == pytest.approx((30 / 3 + 10 / 1) / 2)
-    assert math.isnan(summarize_load("dense", 1, [RequestRecord("dense", 1, 0, 0, None, 1, 0)], 1).ttft_p50_s)
+    assert (s.ttft_p50_s, s.ttft_p95_s) == (0.5, 1.0)
+    assert (s.system, s.server, s.peak_rss_mb) == ("specee dense", "specee serve", 321.0)
+    assert math.isnan(summarize_load(TARGET, 1, [RequestRecord(0, 0, None, 1, 0)], 1).ttft_p50_s)
 
 
 def test_overhead_is_the_difference_of_medians_over_the_decode_time():
@@ -38,22 +53,252 @@ def test_overhead_is_the_difference_of_medians_over_the_decode_time():
     assert "+16.7% of the 0.900 s decode" in format_table([], o)
 
 
-def test_every_client_sends_its_requests_in_order(monkeypatch):
-    sent = []
+def test_the_table_says_which_server_ran_and_what_was_skipped():
+    rows = [summarize_load(Target("llama.cpp", "llama-server -np 16", "u"), 2, [RequestRecord(0, 0, 0.1, 1, 8)], 1.0),
+            summarize_load(TARGET, 2, [RequestRecord(0, 0, 0.1, 1, 8)], 1.0, peak_rss_mb=512.4)]
+    lines = format_table(rows, None, ["llama.cpp: /x/llama-server"]).splitlines()
+    assert lines[1].startswith("llama.cpp") and lines[1].endswith("llama-server -np 16")
+    assert " - " in lines[1] and " 512 " in lines[2]  # no peak measured for the first row
+    assert lines[-1] == "llama.cpp: /x/llama-server" and "overhead" not in "\n".join(lines)
 
-    def fake_stream(url, prompt, max_tokens, spec):
-        sent.append((prompt, max_tokens, spec["spec_method"]))
+
+class FakeStream:
+    """Chunks as the openai client yields them; each one advances serve_bench's clock by a second."""
+
+    def __init__(self, monkeypatch, contents, usage):
+        self.clock = [0.0]
+        monkeypatch.setattr(serve_bench.time, "perf_counter", lambda: self.clock[0])
+        self.chunks = [SimpleNamespace(choices=[SimpleNamespace(delta=SimpleNamespace(content=c))], usage=None)
+                       for c in contents]
+        if usage is not None:
+            self.chunks.append(SimpleNamespace(choices=[], usage=SimpleNamespace(completion_tokens=usage)))
+        self.requests = []
+        self.chat = SimpleNamespace(completions=SimpleNamespace(create=self.create))
+
+    def create(self, **request):
+        self.requests.append(request)
+        for chunk in self.chunks:
+            self.clock[0] += 1
+            yield chunk
+
+
+def test_ttft_is_the_first_chunk_with_content_and_tokens_come_from_usage(monkeypatch):
+    client = FakeStream(monkeypatch, [None, "Hi", "", " there"], usage=7)  # a role-only chunk first
+    target = Target("specee hybrid-tree", "s", "u", model="m", extra_body={"specee": {"spec_method": "hybrid"}})
+    assert stream_chat(client, target, "p", 5) == (2.0, 7)
+    request = client.requests[0]
+    assert request["stream"] and request["stream_options"] == {"include_usage": True}
+    assert (request["extra_body"], request["model"], request["max_tokens"]) == (target.extra_body, "m", 5)
+    assert request["temperature"] == 0  # greedy on every server: the same work for each
+
+
+def test_without_a_usage_chunk_the_content_chunks_are_counted(monkeypatch):
+    assert stream_chat(FakeStream(monkeypatch, ["a", "b", "c"], usage=None), TARGET, "p", 5) == (1.0, 3)
+
+
+def test_every_client_sends_its_requests_in_order_and_peak_memory_is_read_around_them(monkeypatch):
+    events = []
+
+    def fake_stream(client, target, prompt, max_tokens):
+        events.append(("request", prompt, max_tokens, target.extra_body["specee"]["spec_method"]))
         return 0.01, 7
 
     monkeypatch.setattr(serve_bench, "stream_chat", fake_stream)
-    summary = run_load("http://127.0.0.1:9", "hybrid-tree", 3, ServeBenchConfig(requests_per_client=2, max_tokens=5))
-    assert summary.requests == 6 and summary.clients == 3 and summary.mode == "hybrid-tree"
-    assert {s[1:] for s in sent} == {(5, "hybrid")}
-    assert {s[0] for s in sent} == set(serve_bench.PROMPTS[:4])  # clients start at different prompts
+    monkeypatch.setattr(serve_bench, "reset_peak_rss", lambda pid: events.append(("reset", pid)))
+    monkeypatch.setattr(serve_bench, "process_peak_rss_mb", lambda pid: events.append(("read", pid)) or 99.0)
+    target = Target("specee hybrid-tree", "specee serve", "http://127.0.0.1:9",
+                    extra_body={"specee": serve_bench.MODES["hybrid-tree"]}, pid=1234)
+    summary = run_load(target, 3, ServeBenchConfig(requests_per_client=2, max_tokens=5))
+    assert (summary.requests, summary.clients, summary.system, summary.completion_tokens) == (6, 3, "specee hybrid-tree", 42)
+    assert events[0] == ("reset", 1234) and events[-1] == ("read", 1234) and summary.peak_rss_mb == 99.0
+    sent = events[1:-1]
+    assert {s[2:] for s in sent} == {(5, "hybrid")}
+    assert {s[1] for s in sent} == set(serve_bench.PROMPTS[:4])  # clients start at different prompts
     assert summary.ttft_p95_s == 0.01
 
 
-def test_bad_bench_serve_flags_exit_2(capsys):
+def test_peak_memory_is_read_from_vmhwm_in_mib():
+    status = "Name:\tllama-server\nVmPeak:\t 9999999 kB\nVmHWM:\t  204800 kB\nVmRSS:\t  102400 kB\n"
+    assert peak_rss_mb(status) == 200.0
+    assert peak_rss_mb("Name:\tkthreadd\nState:\tS (sleeping)\n") is None  # kernel threads have no Vm lines
+    assert process_peak_rss_mb(2**22 + 12345) is None  # beyond any pid: no such process
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc is Linux's")
+def test_resetting_the_peak_forgets_memory_already_freed():
+    """Each row's peak is the server's own over that row, not the largest since it started."""
+    pid = os.getpid()
+    block = bytearray(256 * 2**20)  # zero-filled, so resident
+    del block
+    before = process_peak_rss_mb(pid)
+    if not reset_peak_rss(pid):
+        pytest.skip("clear_refs is not writable here")
+    after = process_peak_rss_mb(pid)
+    assert after < before - 200, (before, after)
+
+
+def executable(path: Path) -> Path:
+    path.write_text("#!/bin/sh\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+def test_llama_server_is_chosen_where_the_binary_is(tmp_path, monkeypatch):
+    binary = executable(tmp_path / "llama-server")
+    choice = choose_server(binary, importable=lambda name: False)
+    assert (choice.server, choice.binary) == (LLAMA_SERVER, binary)
+    monkeypatch.setenv("SPECEE_CACHE", str(tmp_path / "cache"))  # the build script's place is the default
+    installed = executable((tmp_path / "cache/llama-server/bin").mkdir(parents=True) or
+                           tmp_path / "cache/llama-server/bin/llama-server")
+    assert choose_server(None, importable=lambda name: False).binary == installed
+
+
+def test_without_llama_server_llama_cpp_python_serves_else_nothing(tmp_path):
+    not_executable = tmp_path / "llama-server"
+    not_executable.write_text("")
+    fallback = choose_server(not_executable, importable=lambda name: True)
+    assert (fallback.server, fallback.binary) == (PYTHON_SERVER, None) and "does not batch" in fallback.reason
+    skipped = choose_server(tmp_path / "missing", importable=lambda name: name != "sse_starlette")
+    assert skipped.server is None
+    assert "build_llama_server.sh" in skipped.reason and "sse_starlette" in skipped.reason
+
+
+def flags(command: list[str]) -> dict[str, str]:
+    """Each --name of a command line with the word after it."""
+    return {word: after for word, after in zip(command, command[1:]) if word.startswith("--")}
+
+
+def test_llama_server_gets_the_same_gguf_threads_and_a_slot_per_client(tmp_path):
+    gguf = tmp_path / "model.gguf"
+    command = llama_server_command(tmp_path / "llama-server", gguf, 8123, threads=3, parallel=16, max_tokens=200)
+    assert command[0] == str(tmp_path / "llama-server")
+    options = flags(command)
+    assert (options["--model"], options["--threads"], options["--parallel"]) == (str(gguf), "3", "16")
+    assert (options["--host"], options["--port"]) == ("127.0.0.1", "8123")
+    # -c is shared by the slots: each must hold a prompt and max_tokens
+    assert int(options["--ctx-size"]) // 16 >= 200 + 100
+
+
+def test_llama_cpp_python_gets_the_same_gguf_threads_and_queues_requests(tmp_path):
+    gguf = tmp_path / "model.gguf"
+    command = python_server_command(gguf, 8123, threads=3, max_tokens=200)
+    assert command[:3] == [sys.executable, "-m", "llama_cpp.server"]
+    options = flags(command)
+    assert (options["--model"], options["--n_threads"], options["--n_threads_batch"]) == (str(gguf), "3", "3")
+    assert options["--interrupt_requests"] == "False"  # its default cuts a streaming answer at the next request
+    assert int(options["--n_ctx"]) >= 200 + 100
+
+
+def test_the_gguf_is_the_model_file_or_the_default_models(tmp_path, monkeypatch):
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    assert model_gguf(str(gguf)) == gguf
+    assert model_gguf(str(tmp_path)) is None  # a Hugging Face directory: llama.cpp cannot read it
+    monkeypatch.setattr(loading, "default_model_path", lambda: gguf)
+    assert model_gguf(None) == gguf
+
+
+class FakeServer:
+    def __init__(self, *flags, **kwargs):
+        self.flags, self.url, self.pid, self.stopped = list(flags), "http://127.0.0.1:9", 4321, False
+        FakeServer.last = self
+
+    def stop(self):
+        self.stopped = True
+        return 0
+
+
+@pytest.fixture
+def no_requests(monkeypatch):
+    """run_load and the warm-up record their targets instead of sending anything."""
+    targets = []
+    monkeypatch.setattr(serve_bench, "warm_up", lambda target: target)
+    monkeypatch.setattr(serve_bench, "run_load", lambda target, clients, config: targets.append((target, clients))
+                        or summarize_load(target, clients, [RequestRecord(0, 0, 0.1, 1, 8)], 1.0))
+    monkeypatch.setattr(serve_bench, "measure_overhead", lambda target, engine, max_tokens: {})
+    return targets
+
+
+@pytest.mark.parametrize("max_batch", [None, 4])
+def test_specee_serve_gets_the_threads_and_max_batch_only_when_given(monkeypatch, no_requests, max_batch):
+    monkeypatch.setattr(serve_bench, "ServerProcess", FakeServer)
+    config = ServeBenchConfig(concurrency=[1, 2], modes=["dense", "hybrid-tree", "llama.cpp"], threads=3,
+                              max_batch=max_batch)
+    serve_bench.bench_specee(None, config, ["--quantization=gguf"])
+    options = flags(FakeServer.last.flags)
+    assert options["--threads"] == "3" and "--quantization=gguf" in FakeServer.last.flags
+    assert options.get("--max-batch") == (str(max_batch) if max_batch else None)
+    assert FakeServer.last.stopped
+    assert [(t.system, c) for t, c in no_requests] == [("specee dense", 1), ("specee dense", 2),
+                                                       ("specee hybrid-tree", 1), ("specee hybrid-tree", 2)]
+    assert {t.pid for t, _ in no_requests} == {4321}
+
+
+@pytest.mark.parametrize("parallel, slots", [(None, 8), (2, 2)])
+def test_llama_cpp_gets_the_gguf_threads_and_slots(monkeypatch, no_requests, tmp_path, parallel, slots):
+    started = []
+    choice = llama_cpp_server.LlamaCppChoice(LLAMA_SERVER, tmp_path / "llama-server", "found")
+    monkeypatch.setattr(llama_cpp_server, "choose_server", lambda binary: choice)
+    monkeypatch.setattr(llama_cpp_server, "start_server", lambda *args: started.append(args)
+                        or (FakeServer(), f"llama-server -np {args[3]}"))
+    config = ServeBenchConfig(concurrency=[1, 8, 4], threads=3, parallel=parallel, gguf=tmp_path / "m.gguf")
+    rows, note = serve_bench.bench_llama_cpp(config)
+    assert started == [(choice, tmp_path / "m.gguf", 3, slots, config.max_tokens)]
+    assert [r.clients for r in rows] == [1, 8, 4] and {r.server for r in rows} == {f"llama-server -np {slots}"}
+    assert FakeServer.last.stopped and "found" in note
+
+
+def test_llama_cpp_is_skipped_with_the_reason(monkeypatch, no_requests, tmp_path):
+    skipped = llama_cpp_server.LlamaCppChoice(None, None, "no llama-server anywhere")
+    monkeypatch.setattr(llama_cpp_server, "choose_server", lambda binary: skipped)
+    assert serve_bench.bench_llama_cpp(ServeBenchConfig(gguf=tmp_path / "m.gguf")) == (
+        [], "llama.cpp skipped: no llama-server anywhere")
+    rows, note = serve_bench.bench_llama_cpp(ServeBenchConfig(gguf=None))
+    assert rows == [] and "GGUF" in note and no_requests == []
+
+
+def test_a_llama_cpp_server_that_dies_at_startup_is_a_note_not_a_crash(monkeypatch, no_requests, tmp_path):
+    def dies(*args):
+        raise RuntimeError("the server exited with -11:\nloading model\nthreadpool init")
+
+    monkeypatch.setattr(llama_cpp_server, "choose_server",
+                        lambda binary: llama_cpp_server.LlamaCppChoice(LLAMA_SERVER, tmp_path / "x", "found"))
+    monkeypatch.setattr(llama_cpp_server, "start_server", dies)
+    rows, note = serve_bench.bench_llama_cpp(ServeBenchConfig(gguf=tmp_path / "m.gguf"))
+    assert rows == [] and note.startswith("llama.cpp skipped: llama-server did not start") and "-11" in note
+
+
+def test_the_plot_has_a_line_per_system(tmp_path):
+    pytest.importorskip("matplotlib")
+    rows = [summarize_load(Target(system, "s", "u"), clients, [RequestRecord(0, 0, 0.1, 1, 8 * clients)], 1.0)
+            for system in ("specee dense", "llama.cpp") for clients in (1, 2, 4)]
+    ax = plot_throughput(rows, tmp_path / "bench.png").axes[0]
+    assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
+    assert [line.get_label() for line in ax.lines] == ["specee dense", "llama.cpp"]
+    assert list(ax.lines[1].get_xdata()) == [1, 2, 4] and list(ax.lines[1].get_ydata()) == [8.0, 16.0, 32.0]
+    assert ax.get_xscale() == "log"
+
+
+def test_the_command_line_serves_the_default_models_gguf_with_the_threads(monkeypatch, tmp_path):
+    gguf = tmp_path / "default.gguf"
+    gguf.write_bytes(b"GGUF")
+    seen = {}
+    monkeypatch.setattr(loading, "default_model_path", lambda: gguf)
+    monkeypatch.setattr(cli, "_load", lambda args: "engine")
+    monkeypatch.setattr(serve_bench, "run_serve_bench", lambda engine, config, flags: seen.update(config=config, flags=flags))
+    assert main(["bench-serve", "--threads", "3", "--max-batch", "4", "--quantization", "gguf"]) == 0
+    config = seen["config"]
+    assert (config.gguf, config.threads, config.max_batch, config.slots) == (gguf, 3, 4, 16)
+    assert config.concurrency == [1, 2, 4, 8, 16] and "llama.cpp" in config.modes
+    assert "--quantization=gguf" in seen["flags"] and not any("--model" in f for f in seen["flags"])
+
+
+def test_bad_bench_serve_flags_exit_2(capsys, tmp_path):
     assert main(["bench-serve", "--modes", "dense,warp"]) == 2
     assert main(["bench-serve", "--concurrency", "1,x"]) == 2
     assert "--concurrency" in capsys.readouterr().err
+    assert main(["bench-serve", "--llama-server", str(tmp_path / "missing")]) == 2
+    assert "build_llama_server.sh" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit:
+        main(["bench-serve", "--max-batch", "0"])
+    assert exit.value.code == 2

@@ -1,26 +1,35 @@
-"""`specee bench-serve`: a bounded load generator against `specee serve` (one it starts, or --url).
+"""`specee bench-serve`: a bounded load generator against `specee serve` and llama.cpp's server.
 
-For each mode and each number of concurrent clients, every client sends a fixed number of
-streaming chat requests one after another; it reports requests per second, time to first token
-(p50/p95) and tokens per second per client. It also measures the server's own overhead on a single
-request: the same request through HTTP and in this process, alternated, medians compared with the
-engine's decode time. A benchmark, not a test: it prints, writes JSON, and asserts nothing."""
+For each system (specee's modes, llama.cpp) and each number of concurrent clients, every client
+sends a fixed number of streaming chat requests one after another with the official `openai`
+client, stopping at EOS or max_tokens as a user's would. It reports requests per second, aggregate
+and per-client tokens per second, time to first token (p50/p95) and the server's peak memory. It
+also measures specee's own overhead on a single request: the same request through HTTP and in this
+process, alternated, medians compared with the engine's decode time. A benchmark, not a test: it
+prints, writes JSON and a plot, and asserts nothing."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
+import os
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from statistics import mean, median
 
+import torch
+from openai import OpenAI
+
 from ..engine import Engine
+from . import llama_cpp_server
 from .report import machine_info
-from .server_process import ServerProcess
+from .server_process import ServerProcess, process_peak_rss_mb, reset_peak_rss
 
 MODES = {"dense": {"spec_method": "none"}, "hybrid-tree": {"spec_method": "hybrid", "tree": "auto"}}
+LLAMA_CPP = "llama.cpp"
+SYSTEMS = [*MODES, LLAMA_CPP]  # what --modes may name
 # Short everyday requests of several kinds (the answers stop at EOS or max_tokens, as a user's would).
 PROMPTS = [
     "Write a Python function that checks whether a string is a palindrome.",
@@ -35,39 +44,62 @@ OVERHEAD_RUNS = 5
 # A pause before each timed overhead run: the other process's idle OpenMP threads spin for a while
 # after their last pass, and would slow this one.
 IDLE_GAP_S = 0.5
+REQUEST_TIMEOUT_S = 600
 
 
 @dataclass
 class ServeBenchConfig:
-    concurrency: list[int] = field(default_factory=lambda: [1, 4, 16])
+    concurrency: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
     requests_per_client: int = 2
     max_tokens: int = 64
-    modes: list[str] = field(default_factory=lambda: list(MODES))
-    url: str | None = None  # None: start a server with the model flags
+    modes: list[str] = field(default_factory=lambda: list(SYSTEMS))
+    url: str | None = None  # a running specee server; None: start one with the model flags
     out: Path = Path("bench-serve.json")
+    threads: int = field(default_factory=torch.get_num_threads)  # every server's CPU threads
+    max_batch: int | None = None  # specee serve --max-batch; None: the server's own default
+    parallel: int | None = None  # llama-server's slots (-np); None: the largest concurrency
+    gguf: Path | None = None  # the model file llama.cpp serves; None: llama.cpp is skipped
+    llama_server: Path | None = None  # llama-server's executable; None: where the build script puts it
+
+    @property
+    def slots(self) -> int:
+        return self.parallel or max(self.concurrency)
+
+
+@dataclass
+class Target:
+    """A running server the load goes to."""
+    system: str  # the table's system/mode: "specee dense", "llama.cpp"
+    server: str  # which server ran, with its batching flag
+    url: str
+    model: str | None = None  # the id its /v1/models gives
+    extra_body: dict | None = None  # specee's options; llama.cpp gets none
+    pid: int | None = None  # for its peak memory; None: a server this process did not start
 
 
 @dataclass
 class RequestRecord:
-    mode: str
-    clients: int
     client: int
     start_s: float  # since the run began
-    first_token_s: float | None  # after start; None when no token came
+    first_token_s: float | None  # after start; None when no content came
     end_s: float  # since the run began
     completion_tokens: int
 
 
 @dataclass
 class LoadSummary:
-    mode: str
+    system: str
+    server: str
     clients: int
     requests: int
+    completion_tokens: int
     wall_s: float
     requests_per_s: float
+    tokens_per_s: float  # aggregate: every completion token over the wall time
+    tokens_per_s_per_client: float  # mean over clients of their tokens / their busy time
     ttft_p50_s: float
     ttft_p95_s: float
-    tokens_per_s_per_client: float  # mean over clients of their tokens / their busy time
+    peak_rss_mb: float | None  # the server's VmHWM over this run; None: not measured
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -76,69 +108,89 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
 
 
-def summarize_load(mode: str, clients: int, records: list[RequestRecord], wall_s: float) -> LoadSummary:
+def summarize_load(target: Target, clients: int, records: list[RequestRecord], wall_s: float,
+                   peak_rss_mb: float | None = None) -> LoadSummary:
     first_tokens = [r.first_token_s for r in records if r.first_token_s is not None]
     per_client = []
     for client in sorted({r.client for r in records}):
         mine = [r for r in records if r.client == client]
         busy = max(r.end_s for r in mine) - min(r.start_s for r in mine)
         per_client.append(sum(r.completion_tokens for r in mine) / busy if busy > 0 else 0.0)
+    tokens = sum(r.completion_tokens for r in records)
     return LoadSummary(
-        mode=mode, clients=clients, requests=len(records), wall_s=wall_s,
-        requests_per_s=len(records) / wall_s if wall_s > 0 else 0.0,
+        system=target.system, server=target.server, clients=clients, requests=len(records), completion_tokens=tokens,
+        wall_s=wall_s, requests_per_s=len(records) / wall_s if wall_s > 0 else 0.0,
+        tokens_per_s=tokens / wall_s if wall_s > 0 else 0.0,
+        tokens_per_s_per_client=mean(per_client) if per_client else 0.0,
         ttft_p50_s=percentile(first_tokens, 50) if first_tokens else float("nan"),
         ttft_p95_s=percentile(first_tokens, 95) if first_tokens else float("nan"),
-        tokens_per_s_per_client=mean(per_client) if per_client else 0.0,
+        peak_rss_mb=peak_rss_mb,
     )
 
 
-def stream_chat(url: str, prompt: str, max_tokens: int, spec: dict) -> tuple[float | None, int]:
-    """One streaming request: (seconds to the first token, completion tokens)."""
-    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "stream": True,
-            "stream_options": {"include_usage": True}, "specee": spec}
-    request = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-    start, first, tokens = time.perf_counter(), None, 0
-    with urllib.request.urlopen(request, timeout=600) as response:
-        for line in response:
-            if not line.startswith(b"data: {"):
-                continue
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                raise RuntimeError(chunk["error"]["message"])
-            if first is None and chunk["specee"].get("tokens"):
+def open_client(url: str) -> OpenAI:
+    # `specee serve` requires $SPECEE_API_KEY when it is set; llama.cpp's servers ignore the key.
+    return OpenAI(base_url=url + "/v1", api_key=os.environ.get("SPECEE_API_KEY", "unused"), max_retries=0,
+                  timeout=REQUEST_TIMEOUT_S)
+
+
+def stream_chat(client: OpenAI, target: Target, prompt: str, max_tokens: int) -> tuple[float | None, int]:
+    """One greedy streaming request: (seconds to the first chunk carrying content, completion
+    tokens). The tokens are the final usage chunk's; a server that sends none (llama-cpp-python's)
+    streams one token per chunk, so its content chunks are counted instead."""
+    start, first, usage, chunks = time.perf_counter(), None, None, 0
+    stream = client.chat.completions.create(
+        model=target.model, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens, temperature=0,
+        stream=True, stream_options={"include_usage": True}, extra_body=target.extra_body)
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            chunks += 1
+            if first is None:
                 first = time.perf_counter() - start
-            if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
-    return first, tokens
+        if chunk.usage is not None:
+            usage = chunk.usage.completion_tokens
+    return first, usage if usage is not None else chunks
 
 
-def run_load(url: str, mode: str, clients: int, config: ServeBenchConfig) -> LoadSummary:
+def run_load(target: Target, clients: int, config: ServeBenchConfig) -> LoadSummary:
+    if target.pid is not None:
+        reset_peak_rss(target.pid)  # where refused, the peak is the one since the server started
     began = time.perf_counter()
 
     def client_loop(client: int) -> list[RequestRecord]:
-        records = []
+        api, records = open_client(target.url), []
         for i in range(config.requests_per_client):
             prompt = PROMPTS[(client + i) % len(PROMPTS)]
             start = time.perf_counter() - began
-            first, tokens = stream_chat(url, prompt, config.max_tokens, MODES[mode])
-            records.append(RequestRecord(mode, clients, client, start, first, time.perf_counter() - began, tokens))
+            first, tokens = stream_chat(api, target, prompt, config.max_tokens)
+            records.append(RequestRecord(client, start, first, time.perf_counter() - began, tokens))
         return records
 
     with ThreadPoolExecutor(clients) as pool:
         records = [r for batch in pool.map(client_loop, range(clients)) for r in batch]
-    return summarize_load(mode, clients, records, time.perf_counter() - began)
+    wall_s = time.perf_counter() - began
+    peak = process_peak_rss_mb(target.pid) if target.pid is not None else None
+    return summarize_load(target, clients, records, wall_s, peak)
 
 
-def measure_overhead(url: str, engine: Engine, max_tokens: int) -> dict:
+def warm_up(target: Target) -> Target:
+    """The target with its model id, after one short untimed request."""
+    api = open_client(target.url)
+    ready = replace(target, model=api.models.list().data[0].id)
+    stream_chat(api, ready, PROMPTS[0], 4)
+    return ready
+
+
+def measure_overhead(target: Target, engine: Engine, max_tokens: int) -> dict:
     """The same dense request, alternately through the server and in this process."""
     messages = [{"role": "user", "content": PROMPTS[0]}]
+    api, dense = open_client(target.url), replace(target, extra_body={"specee": MODES["dense"]})
     engine.generate(messages, max_tokens=4)  # warm-up, untimed
     served, local, decode = [], [], []
     for _ in range(OVERHEAD_RUNS):
         time.sleep(IDLE_GAP_S)
         start = time.perf_counter()
-        stream_chat(url, PROMPTS[0], max_tokens, MODES["dense"])
+        stream_chat(api, dense, PROMPTS[0], max_tokens)
         served.append(time.perf_counter() - start)
         time.sleep(IDLE_GAP_S)
         start = time.perf_counter()
@@ -154,32 +206,99 @@ def overhead_summary(served: list[float], local: list[float], decode: list[float
             "overhead_s": extra, "overhead_of_decode": extra / median(decode)}
 
 
-def format_table(summaries: list[LoadSummary], overhead: dict) -> str:
-    lines = [f"{'mode':<12} {'clients':>7} {'requests':>8} {'req/s':>7} {'TTFT p50':>9} {'TTFT p95':>9} "
-             f"{'tok/s per client':>17}"]
-    for s in summaries:
-        lines.append(f"{s.mode:<12} {s.clients:>7} {s.requests:>8} {s.requests_per_s:>7.2f} {s.ttft_p50_s:>8.3f}s "
-                     f"{s.ttft_p95_s:>8.3f}s {s.tokens_per_s_per_client:>17.1f}")
-    lines.append(f"server overhead on one request: {overhead['server_s']:.3f} s served vs {overhead['in_process_s']:.3f} s "
-                 f"in process = {overhead['overhead_s'] * 1000:+.1f} ms, {overhead['overhead_of_decode']:+.1%} of the "
-                 f"{overhead['decode_s']:.3f} s decode (target < 5%)")
-    return "\n".join(lines)
-
-
-def run_serve_bench(engine: Engine, config: ServeBenchConfig, server_flags: list[str]) -> dict:
-    server = None if config.url else ServerProcess(*server_flags, "--max-queue", str(max(config.concurrency) * 2))
-    url = config.url or server.url
+def bench_specee(engine: Engine, config: ServeBenchConfig, server_flags: list[str]) -> tuple[list[LoadSummary], dict]:
+    """Every specee mode at every concurrency on one server, then its overhead on one request."""
+    flags = [*server_flags, "--threads", str(config.threads), "--max-queue", str(max(config.concurrency) * 2)]
+    flags += ["--max-batch", str(config.max_batch)] if config.max_batch else []
+    name = "specee serve" + (f" --max-batch {config.max_batch}" if config.max_batch else "")
+    server = None if config.url else ServerProcess(*flags)
     try:
-        stream_chat(url, PROMPTS[0], 4, MODES["dense"])  # warm-up, untimed
-        summaries = [run_load(url, mode, clients, config) for mode in config.modes for clients in config.concurrency]
-        overhead = measure_overhead(url, engine, config.max_tokens)
+        base = Target("specee", name if server else f"specee serve at {config.url}", config.url or server.url,
+                      pid=server.pid if server else None)
+        base = warm_up(base)
+        summaries = [run_load(replace(base, system=f"specee {mode}", extra_body={"specee": MODES[mode]}), clients, config)
+                     for mode in config.modes if mode in MODES for clients in config.concurrency]
+        return summaries, measure_overhead(base, engine, config.max_tokens)
     finally:
         if server is not None:
             server.stop()
-    print(format_table(summaries, overhead))
-    report = {"config": {**asdict(config), "out": str(config.out), "prompts": len(PROMPTS)},
-              "machine": machine_info(), "load": [asdict(s) for s in summaries], "overhead": overhead}
+
+
+def bench_llama_cpp(config: ServeBenchConfig) -> tuple[list[LoadSummary], str]:
+    """llama.cpp at every concurrency, and which server ran (or why none did)."""
+    if config.gguf is None:
+        return [], "llama.cpp skipped: it needs a GGUF file and --model is not one"
+    choice = llama_cpp_server.choose_server(config.llama_server)
+    if choice.server is None:
+        return [], f"llama.cpp skipped: {choice.reason}"
+    try:
+        server, name = llama_cpp_server.start_server(choice, config.gguf, config.threads, config.slots,
+                                                     config.max_tokens)
+    except RuntimeError as e:  # specee's rows are kept; the server's last words say why
+        return [], f"llama.cpp skipped: {choice.server} did not start: " + " | ".join(str(e).splitlines()[-3:])
+    try:
+        target = warm_up(Target(LLAMA_CPP, name, server.url, pid=server.pid))
+        return [run_load(target, clients, config) for clients in config.concurrency], f"llama.cpp: {choice.reason}"
+    finally:
+        server.stop()
+
+
+def format_table(summaries: list[LoadSummary], overhead: dict | None, notes: list[str] = ()) -> str:
+    lines = [f"{'system/mode':<18} {'clients':>7} {'requests':>8} {'req/s':>7} {'tok/s':>8} {'tok/s/client':>12} "
+             f"{'TTFT p50':>9} {'TTFT p95':>9} {'peak MB':>8}  server"]
+    for s in summaries:
+        peak = f"{s.peak_rss_mb:>8.0f}" if s.peak_rss_mb is not None else f"{'-':>8}"
+        lines.append(f"{s.system:<18} {s.clients:>7} {s.requests:>8} {s.requests_per_s:>7.2f} {s.tokens_per_s:>8.1f} "
+                     f"{s.tokens_per_s_per_client:>12.1f} {s.ttft_p50_s:>8.3f}s {s.ttft_p95_s:>8.3f}s {peak}  {s.server}")
+    lines += list(notes)
+    if overhead:
+        lines.append(f"specee server overhead on one request: {overhead['server_s']:.3f} s served vs "
+                     f"{overhead['in_process_s']:.3f} s in process = {overhead['overhead_s'] * 1000:+.1f} ms, "
+                     f"{overhead['overhead_of_decode']:+.1%} of the {overhead['decode_s']:.3f} s decode (target < 5%)")
+    return "\n".join(lines)
+
+
+def plot_throughput(summaries: list[LoadSummary], path: Path):
+    """Aggregate tokens/s against clients, one line per system/mode; the figure, also saved to `path`."""
+    from matplotlib.figure import Figure  # the object API leaves pyplot's global state alone
+
+    fig = Figure(figsize=(6, 4.5))
+    ax = fig.subplots()
+    for system in dict.fromkeys(s.system for s in summaries):
+        points = sorted((s.clients, s.tokens_per_s) for s in summaries if s.system == system)
+        ax.plot(*zip(*points), marker="o", label=system)
+    ax.set_xscale("log", base=2)
+    clients = sorted({s.clients for s in summaries})
+    ax.set_xticks(clients, [str(c) for c in clients])
+    ax.set_xlabel("concurrent clients")
+    ax.set_ylabel("aggregate tokens/s")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return fig
+
+
+def run_serve_bench(engine: Engine, config: ServeBenchConfig, server_flags: list[str]) -> dict:
+    """One server at a time, so that none competes with another for the cores."""
+    summaries, overhead, notes = [], None, []
+    if any(mode in MODES for mode in config.modes):
+        summaries, overhead = bench_specee(engine, config, server_flags)
+    if LLAMA_CPP in config.modes:
+        rows, note = bench_llama_cpp(config)
+        summaries += rows
+        notes.append(note)
+    print(format_table(summaries, overhead, notes))
+    report = {"config": {**asdict(config), "out": str(config.out), "prompts": len(PROMPTS),
+                         "gguf": str(config.gguf) if config.gguf else None,
+                         "llama_server": str(config.llama_server) if config.llama_server else None},
+              "machine": machine_info(), "load": [asdict(s) for s in summaries], "notes": notes, "overhead": overhead}
     config.out.parent.mkdir(parents=True, exist_ok=True)
     config.out.write_text(json.dumps(report, indent=2))
+    if summaries and importlib.util.find_spec("matplotlib") is not None:
+        plot = config.out.with_suffix(".png")
+        plot_throughput(summaries, plot)
+        print(f"plot: {plot}")
     print(json.dumps(report))
     return report
