@@ -56,21 +56,32 @@ class Attention(nn.Module):
         """x [T, hidden] are one sequence's new rows (its `cache`, `mask`), or the rows of several
         sequences one after another (`cache`: their segments), each attending to its own keys only."""
         qkv = self.qkv_proj(x)  # [T, (nh + 2 nkv) hd]
-        if not isinstance(cache, list):  # one sequence (a KVCache, or training's growing keys)
-            bias = mask if isinstance(mask, AttentionBias) else AttentionBias(mask, len(x), self.num_heads // self.num_kv_heads)
-            cache = [Segment(cache, bias, len(x))]
+        if isinstance(cache, list):
+            return self.o_proj(self._attend_segments(qkv, angles, cache).to(x.dtype))
+        T = len(x)
+        bias = mask if isinstance(mask, AttentionBias) else AttentionBias(mask, T, self.num_heads // self.num_kv_heads)
+        if self.kernels is None:  # a KVCache, or training's growing keys
+            return self.o_proj(self._attend_eager(qkv, angles, cache, bias).to(x.dtype))
+        start, keys, values = cache.extend(self.layer_index, T)
+        q = self.kernels.rotate_and_store(qkv.float().contiguous(), *angles_rows(angles, T), keys, values, start,
+                                          self.num_heads)
+        return self.o_proj(self.kernels.attention(q, keys, values, *bias.for_kernel(start + T)).to(x.dtype))
+
+    def _attend_segments(self, qkv: torch.Tensor, angles: RopeAngles, segments: list[Segment]) -> torch.Tensor:
+        """Each sequence attends to its own cache; on the kernels, all in one call. Returns [T, nh * hd]."""
         if self.kernels is not None:
-            return self.o_proj(self._attend_kernels(qkv, angles, cache).to(x.dtype))
+            return self._attend_kernels(qkv, angles, segments)
         out, start = [], 0
-        for segment in cache:
+        for segment in segments:
             rows = slice(start, start + segment.rows)
             out.append(self._attend_eager(qkv[rows], RopeAngles(angles.cos[rows], angles.sin[rows]), segment.cache,
-                                          segment.bias).to(x.dtype))
+                                          segment.bias))
             start = rows.stop
-        return self.o_proj(torch.cat(out))
+        return torch.cat(out)
 
     def _attend_kernels(self, qkv: torch.Tensor, angles: RopeAngles, segments: list[Segment]) -> torch.Tensor:
-        """Every sequence's rotation, cache writes and attention in one kernel call: [T, nh * hd]."""
+        """Every sequence's rotation, cache writes and attention in one kernel call (the same maths as
+        rotate_and_store then attention, sequence by sequence): [T, nh * hd]."""
         spans = [segment.cache.extend(self.layer_index, segment.rows) for segment in segments]  # (start, keys, values)
         starts, keys, values = zip(*spans)
         seen = zip(*(segment.bias.for_kernel(start + segment.rows) for segment, start in zip(segments, starts)))
@@ -372,9 +383,10 @@ class Transformer(nn.Module):
 
     def run_passes(self, parts: list[PassRows]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The rows of several sequences in one pass over the weights, each sequence attending to its
-        own cache only. Returns, per part, the last layer's states [T, hidden] and the logits of its
-        rows from `logits_from` on. On the CPU kernels every row gets the bits it gets alone (batch
-        invariance): a sequence's output does not depend on the others beside it."""
+        own cache only. Returns, per part, what `run_pass` returns. On the CPU kernels every row gets
+        the bits it gets alone (batch invariance): a sequence's output does not depend on the others."""
+        if len(parts) == 1:
+            return [self.run_pass(parts[0])]
         group = self.config.num_attention_heads // self.config.num_key_value_heads
         sizes = [len(part.ids) for part in parts]
         segments = [Segment(part.cache, AttentionBias(part.mask, n, group), n) for part, n in zip(parts, sizes)]
@@ -390,8 +402,11 @@ class Transformer(nn.Module):
         return list(zip(hidden, logits))
 
     def run_pass(self, part: PassRows) -> tuple[torch.Tensor, torch.Tensor]:
-        """One sequence's pass: (states [T, hidden], logits of the rows from `logits_from` on)."""
-        return self.run_passes([part])[0]
+        """One sequence's pass: its last layer's states [T, hidden] and the logits of its rows from
+        `logits_from` on."""
+        hidden = self.hidden(part.ids, part.positions, part.cache, part.mask)
+        scored = hidden[part.logits_from :]
+        return hidden, self.logits(self.norm(scored)) if len(scored) else hidden.new_empty(0, self.config.vocab_size)
 
     def prefill(self, ids: list[int], cache: KVCache, shallow_layers: int | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:

@@ -421,10 +421,13 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("rotate_and_store", &rotate_and_store, "rotary embedding of q and k; k and v written into the cache");
-  m.def("integer_linear", &integer_linear, "int8-activation x 4/8-bit-weight matmul, rows independent");
-  m.def("attention", &attention, "attention with each row over its visible keys alone");
-  m.def("rotate_store_attend", &rotate_store_attend, "rotate, store and attend for several sequences' rows at once");
-  m.def("rms_norm", &rms_norm, "RMS norm of each row");
-  m.def("silu_mul", &silu_mul, "silu(gate) * up of each row");
+  // The GIL is let go while a kernel runs: a server's other threads (its HTTP streams) go on meanwhile.
+  const auto free_gil = pybind11::call_guard<pybind11::gil_scoped_release>();
+  m.def("rotate_and_store", &rotate_and_store, "rotary embedding of q and k; k and v written into the cache", free_gil);
+  m.def("integer_linear", &integer_linear, "int8-activation x 4/8-bit-weight matmul, rows independent", free_gil);
+  m.def("attention", &attention, "attention with each row over its visible keys alone", free_gil);
+  m.def("rotate_store_attend", &rotate_store_attend, "rotate, store and attend for several sequences' rows at once",
+        free_gil);
+  m.def("rms_norm", &rms_norm, "RMS norm of each row", free_gil);
+  m.def("silu_mul", &silu_mul, "silu(gate) * up of each row", free_gil);
 }
