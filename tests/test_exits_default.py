@@ -4,10 +4,12 @@ from the command line."""
 import json
 
 import pytest
+import torch
 
 from helpers import arithmetic_corpus, tiny_model
 from specee.cli import main
 from specee.exits.predictors import BUNDLED, ExitArtifact
+from specee.exits.registry import EXIT_KINDS, ExitKind, register_exit
 
 pytestmark = pytest.mark.slow
 
@@ -53,6 +55,43 @@ def test_bundled_predictors_exit_early_on_the_default_model_and_refuse_other_wei
         ExitArtifact.load(BUNDLED, other)
 
 
+class FromLayer:
+    """A toy exit policy: exit at a fixed layer whatever the features say, confirmed by the full head
+    only when the draft token is the head's top token (so the output stays dense's)."""
+
+    def __init__(self, layer: int, num_layers: int) -> None:
+        self._active = [i == layer for i in range(num_layers)]
+
+    def active(self) -> list[bool]:
+        return self._active
+
+    def fires(self, layer, features, probs, drafter_probs):
+        return torch.ones(probs.shape[0], dtype=torch.bool)
+
+    def confirms(self, logits, first, drafter_probs):
+        return logits.argmax(-1) == first
+
+    def exited(self, layer: int) -> None:
+        pass
+
+
+def test_a_registered_exit_kind_runs_from_the_engine_and_the_command_line(default_engine, capsys):
+    """A new exit policy is its class and one register_exit call: the engine, the option checks and
+    the CLI take it by name."""
+    kind = register_exit(ExitKind("from-layer", lambda config, artifacts, layers: (lambda: FromLayer(27, layers), 4)))
+    try:
+        dense = default_engine.generate(PROMPTS[0], max_tokens=24)
+        result = default_engine.generate(PROMPTS[0], max_tokens=24, exit="from-layer")
+        assert result.token_ids == dense.token_ids
+        assert set(result.stats.exit_layers) <= {28, 30} and 28 in result.stats.exit_layers  # layer 27 ran: 28 layers
+        assert main(["generate", PROMPTS[0], "--max-tokens", "4", "--exit", "from-layer", "--exit-rule", "0.9,0.5"]) == 2
+        assert "--exit-rule: --exit from-layer does not read them" in capsys.readouterr().err
+    finally:
+        del EXIT_KINDS[kind.name]
+    with pytest.raises(ValueError, match="unknown exit 'from-layer'"):
+        default_engine.generate(PROMPTS[0], max_tokens=4, exit="from-layer")
+
+
 @pytest.mark.parametrize("exit_flags", [["--exit", "specee"], ["--exit", "rule", "--exit-kv", "approx"]])
 def test_exit_stats_in_json(capsys, exit_flags):
     assert main(["generate", PROMPTS[0], "--max-tokens", "24", "--ignore-eos", "--json", *exit_flags]) == 0
@@ -71,7 +110,8 @@ def test_exit_stats_in_json(capsys, exit_flags):
     (["--exit", "rule", "--exit-rule", "fast"], "write P1,P2[,W[,L]]"),
     (["--exit", "rule", "--exit-rule", "0.9,0.5,0,2.5"], "write P1,P2[,W[,L]]"),
     (["--exit", "rule", "--exit-rule", "0.9,0.5,0,29"], "first layer must be in 0..28"),
-    (["--exit", "rule", "--exit-threshold", "0.5"], "the exit rule has no predictors or threshold"),
+    (["--exit", "rule", "--exit-threshold", "0.5"], "--exit-threshold: --exit rule does not read them"),
+    (["--exit", "specee", "--exit-rule", "0.9,0.5"], "--exit-rule: --exit specee does not read them"),
     (["--exit", "specee", "--exit-predictors", "/no/such/file.pt"], "does not exist"),
     (["--exit", "specee", "--exit-predictors", "KANGAROO"], "is not a specee exit predictor file"),
 ])

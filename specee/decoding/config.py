@@ -9,7 +9,6 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Literal
 
 MAX_DRAFT_NODES = 64  # verification writes this many cache slots past the output at most
-EXIT_KINDS = ("specee", "rule")
 
 
 def option(default: Any = None, help: str = "", *, flag: str | None = "", keyword: str | None = None,
@@ -27,7 +26,7 @@ def option(default: Any = None, help: str = "", *, flag: str | None = "", keywor
 class ExitConfig:
     kind: str = option("none", "early exit (lossy): none, specee (trained per-layer predictors) or rule (the draft-"
                        "token rule, no training); with a --spec-method, inside the verification of its chains or "
-                       "trees (greedy) (default none)", keyword="exit", choices=("none", *EXIT_KINDS))
+                       "trees (greedy) (default none)", keyword="exit", max_length=40)
     predictors: str | None = option(help="predictors from `specee train exits` (default: the bundled ones)",
                                     keyword="exit_predictors", path=True)
     threshold: float | None = option(help="--exit specee: exit where a predictor's output is above this (default: "
@@ -40,14 +39,19 @@ class ExitConfig:
                               keyword="exit_rule", max_length=40)
 
     def check(self, spell: Callable[[str], str]) -> None:
+        from ..exits.registry import EXIT_KINDS, find_exit  # importing the exits registers the built-in kinds
+
         if self.kind == "none":
             given = [spell(keyword(f)) for f in fields(self) if f.name != "kind" and getattr(self, f.name) is not None]
             if given:
-                raise ValueError(f"{', '.join(given)} need {spell('exit')} specee or {spell('exit')} rule")
-        if self.kind == "rule" and (self.predictors is not None or self.threshold is not None):
-            raise ValueError("the exit rule has no predictors or threshold: set it with the rule option (P1,P2[,W])")
-        if self.kind == "specee" and self.rule is not None:
-            raise ValueError("the rule option applies to the rule exit, not specee")
+                raise ValueError(f"{', '.join(given)} need " + " or ".join(f"{spell('exit')} {k}" for k in EXIT_KINDS))
+            return
+        if self.kind not in EXIT_KINDS:
+            raise ValueError(f"unknown {spell('exit')} {self.kind!r} (choose from none, {', '.join(EXIT_KINDS)})")
+        reads = ("kind", "kv", *find_exit(self.kind).options)
+        unread = [spell(keyword(f)) for f in fields(self) if f.name not in reads and getattr(self, f.name) is not None]
+        if unread:
+            raise ValueError(f"{', '.join(unread)}: {spell('exit')} {self.kind} does not read them")
 
 
 @dataclass(frozen=True)

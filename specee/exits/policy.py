@@ -4,11 +4,15 @@ strategies make a fresh one per generation."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
 from .predictors import ExitPredictors, ExitSettings
+from .registry import ExitKind, register_exit
 from .scheduler import LayerScheduler
+
+RULE_CANDIDATES = 4
 
 
 class LearnedExit:
@@ -88,3 +92,35 @@ class RuleExit:
 
     def exited(self, layer: int) -> None:
         pass
+
+
+def rule_settings(rule: str | None) -> RuleSettings:
+    if rule is None:
+        return RuleSettings()
+    try:
+        values = [float(v) for v in str(rule).split(",")]
+    except ValueError:
+        values = []
+    if len(values) not in (2, 3, 4) or (len(values) == 4 and not values[3].is_integer()):
+        raise ValueError(f"exit rule {rule!r}: write P1,P2[,W[,L]] (e.g. 0.8,0.5; L: a layer number)")
+    settings = RuleSettings(*values[:3], *(int(v) for v in values[3:]))
+    settings.check()
+    return settings
+
+
+def _learned(config, artifacts, num_layers: int):
+    artifact, predictors = artifacts.exit_predictors(config.predictors)
+    if predictors.num_layers != num_layers:
+        raise ValueError(f"the exit predictors cover {predictors.num_layers} layers, the model has {num_layers + 1}")
+    threshold = artifact.settings.threshold if config.threshold is None else config.threshold
+    return partial(LearnedExit, predictors, artifact.settings, threshold), artifact.settings.candidates
+
+
+def _rule(config, artifacts, num_layers: int):
+    make_policy = partial(RuleExit, rule_settings(config.rule), num_layers)
+    make_policy()  # a bad first layer fails here, not when a generation starts
+    return make_policy, RULE_CANDIDATES
+
+
+register_exit(ExitKind("specee", _learned, options=("predictors", "threshold")))
+register_exit(ExitKind("rule", _rule, options=("rule",)))
