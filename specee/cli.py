@@ -7,6 +7,7 @@ import json
 import os
 import re
 import sys
+from pathlib import Path
 
 EXIT_BAD_INPUT = 2
 
@@ -209,20 +210,15 @@ def _check_training_options(args) -> None:
 
 
 def cmd_train(args) -> int:
-    from pathlib import Path
-
     if args.artifact == "copy-prior":
         from .train.copy_prior import measure_copy_prior
         from .train.ngram import dataset_prompts
 
         measure_copy_prior(_load(args), dataset_prompts(args.dataset, args.skip_first, args.limit), args.max_tokens)
         return 0
-    if args.artifact == "eagle":
-        return _train_eagle(args)
-    if args.artifact == "kangaroo":
-        return _train_kangaroo(args)
-    if args.artifact == "exits":
-        return _train_exits(args)
+    trainers = {"eagle": _train_eagle, "kangaroo": _train_kangaroo, "exits": _train_exits}
+    if args.artifact in trainers:
+        return trainers[args.artifact](args)
     from .train.ngram import train_ngram
 
     train_ngram(
@@ -233,8 +229,6 @@ def cmd_train(args) -> int:
 
 
 def _train_eagle(args) -> int:
-    from pathlib import Path
-
     from .drafters.eagle import EagleArtifact, EagleSettings
     from .train.eagle import EagleTrainConfig, train_eagle
 
@@ -253,8 +247,6 @@ def _train_eagle(args) -> int:
 
 
 def _train_kangaroo(args) -> int:
-    from pathlib import Path
-
     from .drafters.kangaroo import KangarooSettings
     from .train.kangaroo import KangarooTrainConfig, train_kangaroo
 
@@ -273,8 +265,6 @@ def _train_kangaroo(args) -> int:
 
 
 def _train_exits(args) -> int:
-    from pathlib import Path
-
     from .exits.builder import exit_candidates
     from .train.exits import ExitTrainConfig, train_exits
 
@@ -314,8 +304,6 @@ def cmd_bench(args) -> int:
 
 
 def cmd_bench_serve(args) -> int:
-    from pathlib import Path
-
     if importlib.util.find_spec("openai") is None:
         raise UsageError('specee bench-serve sends its requests with the openai client: pip install "specee[bench]"')
     from .eval.llama_cpp_server import model_gguf

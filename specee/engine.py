@@ -131,20 +131,10 @@ class Engine:
 class Generation:
     """A running request: iterate for Events; `.result` is filled when iteration ends."""
 
-    def __init__(
-        self,
-        engine: Engine,
-        prompt: str | Messages | list[int],
-        max_tokens: int = 256,
-        temperature: float = 0.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        seed: int | None = None,
-        stop: list[str] | tuple[str, ...] | str = (),
-        ignore_eos: bool = False,
-        chat: bool = True,
-        strategy: Strategy | None = None,
-    ) -> None:
+    def __init__(self, engine: Engine, prompt: str | Messages | list[int], max_tokens: int = 256,
+                 temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
+                 stop: list[str] | tuple[str, ...] | str = (), ignore_eos: bool = False, chat: bool = True,
+                 strategy: Strategy | None = None) -> None:
         if not isinstance(max_tokens, int) or max_tokens <= 0:
             raise ValueError(f"max_tokens must be a positive integer, got {max_tokens}")
         self.engine = engine

@@ -19,13 +19,8 @@ from .trained import drafter_cache
 class DraftModel(Proposer):
     drafts_trees = True
 
-    def __init__(
-        self,
-        model: Transformer,
-        num_layers: int | None = None,
-        confidence_threshold: float = 0.0,
-        vocab_size: int | None = None,
-    ) -> None:
+    def __init__(self, model: Transformer, num_layers: int | None = None, confidence_threshold: float = 0.0,
+                 vocab_size: int | None = None) -> None:
         total = model.config.num_hidden_layers
         self.num_layers = total if num_layers is None else num_layers
         if not 1 <= self.num_layers <= total:

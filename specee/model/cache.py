@@ -35,16 +35,9 @@ class DeferredRows:
 
 
 class KVCache:
-    def __init__(
-        self,
-        num_layers: int,
-        num_kv_heads: int,
-        head_dim: int,
-        max_len: int,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str = "cpu",
-        capacity: int | None = None,
-    ) -> None:
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, max_len: int,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", capacity: int | None = None
+                 ) -> None:
         """Holds up to `max_len` positions per layer. `capacity` slots are allocated now (all of
         them by default); a full cache doubles its allocation, up to `max_len`, so a request
         that may run to a long context pays only for what it writes."""
