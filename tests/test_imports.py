@@ -25,7 +25,7 @@ LAYERS = [
     ("specee.drafters", "specee.exits"),
     ("specee.verification",),
     ("specee.model", "specee.sampling", "specee.tokenizer", "specee.text_stream", "specee.stats",
-     "specee.artifact_header"),
+     "specee.artifact_header", "specee.registry"),
 ]
 USER_FACING = ("specee.cli", "specee.__main__", "specee.server")
 ON_THE_ENGINE = ("specee", "specee.engine", "specee.batch", "specee.eval", "specee.train", *USER_FACING)

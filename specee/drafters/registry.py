@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ..registry import Registry
 from .base import Proposer
 
 
@@ -42,15 +43,5 @@ class SpecMethod:
         return "drafter" in self.options
 
 
-METHODS: dict[str, SpecMethod] = {}
-
-
-def register(method: SpecMethod) -> SpecMethod:
-    METHODS[method.name] = method
-    return method
-
-
-def find_method(name: str) -> SpecMethod:
-    if name not in METHODS:
-        raise ValueError(f"unknown speculative method {name!r} (choose from none, {', '.join(METHODS)})")
-    return METHODS[name]
+METHODS = Registry("speculative method")
+register, find_method = METHODS.register, METHODS.find

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..registry import Registry
+
 
 @dataclass(frozen=True)
 class ExitKind:
@@ -17,15 +19,5 @@ class ExitKind:
     options: tuple[str, ...] = ()  # ExitConfig fields only this kind reads; the other kinds refuse them
 
 
-EXIT_KINDS: dict[str, ExitKind] = {}
-
-
-def register_exit(kind: ExitKind) -> ExitKind:
-    EXIT_KINDS[kind.name] = kind
-    return kind
-
-
-def find_exit(name: str) -> ExitKind:
-    if name not in EXIT_KINDS:
-        raise ValueError(f"unknown exit {name!r} (choose from none, {', '.join(EXIT_KINDS)})")
-    return EXIT_KINDS[name]
+EXIT_KINDS = Registry("exit")
+register_exit, find_exit = EXIT_KINDS.register, EXIT_KINDS.find

@@ -1,0 +1,17 @@
+"""A table of named entries that modules fill as they are imported (speculative methods, exit kinds)."""
+from __future__ import annotations
+
+
+class Registry(dict):
+    def __init__(self, what: str) -> None:
+        super().__init__()
+        self.what = what  # how an error names an entry
+
+    def register(self, entry):
+        self[entry.name] = entry
+        return entry
+
+    def find(self, name: str):
+        if name not in self:
+            raise ValueError(f"unknown {self.what} {name!r} (choose from none, {', '.join(self)})")
+        return self[name]
