@@ -1,12 +1,14 @@
 """Generations that share the target's passes: continuous batching.
 
 Each member generation runs in a greenlet of its own on the caller's thread. When its strategy
-asks for a full pass of the target (`DecodeState.run_pass`: a prefill chunk, a dense step, the
+asks for a pass of the target (`DecodeState.passes`: a prefill chunk, a dense step, the
 verification of a chain or a tree), the greenlet parks those rows and hands control back. Once
 every member is parked, or has finished a step that needed no such pass, one pass over the
-weights serves them all (`Transformer.run_passes`) and each member resumes with its own states
-and logits. Strategies, drafters and verification stay as they are and never see each other;
-drafters with passes of their own and early exits run those alone, in turn.
+weights serves them all and each member resumes with its own states and logits. A member whose
+pass runs layer by layer (early exits decide between layers) parks its rows before each layer and
+joins the shared pass there; the pass goes on to the deepest layer any member needs. Strategies,
+drafters and verification stay as they are and never see each other; drafters with passes of
+their own run those alone, in turn.
 
 All work stays on the one thread that calls `advance` and `run_pass`: PyTorch's OpenMP thread
 pool belongs to a thread, and a second pool on few cores throttles every parallel region.
@@ -17,40 +19,44 @@ import torch
 from greenlet import GreenletExit, greenlet
 
 from .engine import Event, Generation
-from .model.llama import PassRows, Transformer
+from .model.llama import LayerRows, PassRows, RopeAngles, Segment, Transformer
 
 # `specee serve`'s defaults: generations sharing a pass, and prompt tokens a pass takes from a
 # new one (BENCHMARKS.md, "Continuous batching").
 DEFAULT_MAX_BATCH = 8
 DEFAULT_PREFILL_CHUNK = 128
-# A member that needs no shared pass (early exits run their own) makes at most this many steps a
-# round, so the others are not kept waiting.
+# A member that needs no shared pass makes at most this many steps a round, so the others are not
+# kept waiting.
 STEPS_PER_ROUND = 2
 
 
 class Member:
-    """One generation in a batch: its rows parked for the next pass, or the output it resumes with."""
+    """One generation in a batch: the rows it parked for the next pass (or layer), or the output it
+    resumes with. It is the generation's `Passes`."""
 
     def __init__(self, generation: Generation, prefill_chunk: int | None, home: greenlet) -> None:
         self.generation = generation
         self.prefill_chunk = prefill_chunk
-        self.parked: PassRows | None = None
-        self.reply: tuple[torch.Tensor, torch.Tensor] | Exception | None = None
+        self.parked: PassRows | LayerRows | None = None
+        self.reply: tuple[torch.Tensor, torch.Tensor] | torch.Tensor | Exception | None = None
         self._greenlet = greenlet(self._run, home)
 
     def _run(self) -> None:
-        events = self.generation.events(self._run_pass, self.prefill_chunk)
+        events = self.generation.events(self, self.prefill_chunk)
         try:
             for event in events:
                 self._greenlet.parent.switch(event)
         finally:  # closed where it stands when dropped between steps
             events.close()
 
-    def _run_pass(self, rows: PassRows) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._greenlet.parent.switch(rows)  # resumed with this member's share of the pass
+    def run_pass(self, part: PassRows) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._greenlet.parent.switch(part)  # resumed with this member's share of the pass
 
-    def resume(self) -> Event | PassRows | None:
-        """Run until the next event or parked pass (None: the generation has ended)."""
+    def run_layer(self, rows: LayerRows) -> torch.Tensor:
+        return self._greenlet.parent.switch(rows)  # resumed with this member's rows after the layer
+
+    def resume(self) -> Event | PassRows | LayerRows | None:
+        """Run until the next event or parked rows (None: the generation has ended)."""
         reply, self.reply = self.reply, None
         if isinstance(reply, Exception):
             return self._greenlet.throw(reply)
@@ -75,6 +81,7 @@ class Batch:
         self.prefill_chunk = prefill_chunk
         self.members: list[Member] = []
         self.last_pass_rows = 0
+        self._made: list[tuple[Member, Event | Exception]] = []  # made while a pass ran, told next round
 
     def add(self, generation: Generation) -> Member:
         member = Member(generation, self.prefill_chunk, greenlet.getcurrent())
@@ -90,43 +97,79 @@ class Batch:
     def advance(self) -> list[tuple[Member, Event | Exception]]:
         """Resume every member not parked. Returns the events made, in order, and the exception of a
         member whose generation failed; ended and failed members leave the batch."""
-        made = []
+        made, self._made = self._made, []
         # Held around every resume: members enter and leave inference mode inside their steps, and
         # guards that interleave must all restore the same state.
         with torch.inference_mode():
             for member in [m for m in self.members if m.parked is None]:
-                try:
-                    self._advance(member, made)
-                except Exception as error:  # the generation failed: the others go on
-                    made.append((member, error))
-                if member.ended:
-                    self.members.remove(member)
+                self._advance(member, made, STEPS_PER_ROUND)
         return made
 
-    def _advance(self, member: Member, made: list) -> None:
-        for _ in range(STEPS_PER_ROUND):
-            out = member.resume()
-            if not isinstance(out, Event):
-                member.parked = out
-                return
-            made.append((member, out))
-            if out.finish_reason is not None:
-                member.resume()  # the generation files its result after its last event
-                return
+    def _advance(self, member: Member, made: list, steps: int) -> None:
+        """Resume `member` until it parks, ends or has made `steps` events."""
+        try:
+            for _ in range(steps):
+                out = member.resume()
+                if not isinstance(out, Event):
+                    member.parked = out
+                    break
+                made.append((member, out))
+                if out.finish_reason is not None:
+                    member.resume()  # the generation files its result after its last event
+                    break
+        except Exception as error:  # the generation failed: the others go on
+            made.append((member, error))
+        if member.ended:
+            self.members.remove(member)
 
     def run_pass(self) -> int:
         """One pass over the rows of every parked member; returns how many rows it ran."""
-        parked = [m for m in self.members if m.parked is not None]
-        parts = [m.parked for m in parked]
-        for member in parked:
+        whole = [m for m in self.members if isinstance(m.parked, PassRows)]
+        layered = [m for m in self.members if isinstance(m.parked, LayerRows)]
+        parts = [m.parked for m in whole]
+        for member in whole:
             member.parked = None
-        if parked:
-            try:
-                with torch.inference_mode():
-                    outputs = self.model.run_passes(parts)
-            except Exception as error:  # a bug or a device error: each member fails with it
-                outputs = [error] * len(parked)
-            for member, output in zip(parked, outputs):
-                member.reply = output
-        self.last_pass_rows = sum(len(part.ids) for part in parts)
-        return self.last_pass_rows
+        rows = sum(len(part.ids) for part in parts)
+        try:
+            with torch.inference_mode():
+                if layered:
+                    h, brought = self._run_layered(parts, layered)
+                    rows += brought
+                    outputs = self.model.end_passes(parts, h) if parts else []
+                else:
+                    outputs = self.model.run_passes(parts) if parts else []
+        except Exception as error:  # a bug or a device error: each member fails with it
+            outputs = [error] * len(whole)
+            for member in [m for m in layered if isinstance(m.parked, LayerRows)]:
+                member.parked, member.reply = None, error
+        for member, output in zip(whole, outputs):
+            member.reply = output
+        self.last_pass_rows = rows
+        return rows
+
+    def _run_layered(self, parts: list[PassRows], layered: list[Member]) -> tuple[torch.Tensor | None, int]:
+        """The pass layer by layer: the whole passes' rows run every layer; before each, the members
+        parked at that layer join with theirs and, after it, decide (they exit, or park for the
+        next layer). Returns the whole passes' last states and the rows the layered members brought."""
+        h, angles, segments = self.model.begin_passes(parts) if parts else (None, None, [])
+        brought: dict[Member, int] = {}
+        for i in range(len(self.model.layers)):
+            joining = [m for m in layered if isinstance(m.parked, LayerRows) and m.parked.layer == i]
+            if not joining and not parts:
+                if not any(isinstance(m.parked, LayerRows) and m.parked.layer > i for m in layered):
+                    break
+                continue
+            states = ([h] if parts else []) + [m.parked.h for m in joining]
+            cos = ([angles.cos] if parts else []) + [m.parked.angles.cos for m in joining]
+            sin = ([angles.sin] if parts else []) + [m.parked.angles.sin for m in joining]
+            joined = segments + [Segment(m.parked.cache, m.parked.bias, len(m.parked.h)) for m in joining]
+            out = self.model.layers[i](torch.cat(states), RopeAngles(torch.cat(cos), torch.cat(sin)), joined)
+            sizes = [segment.rows for segment in joined]
+            pieces = out.split([sum(sizes[: len(segments)])] + sizes[len(segments):]) if parts else \
+                out.split(sizes)
+            h = pieces[0] if parts else None
+            for member, piece in zip(joining, pieces[1:] if parts else pieces):
+                brought[member] = max(brought.get(member, 0), len(piece))
+                member.parked, member.reply = None, piece
+                self._advance(member, self._made, 1)  # parks for the next layer, or ends its pass
+        return h, sum(brought.values())

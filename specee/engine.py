@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import torch
 
@@ -17,7 +17,7 @@ from .decoding.config import MAX_DRAFT_NODES, SpecConfig
 from .exits.builder import build_early_exit
 from .loader import load_parts
 from .model.cache import KVCache
-from .model.llama import PassRows, Transformer
+from .model.llama import Passes, PassRows, Transformer
 from .sampling import Sampler, SamplingParams
 from .stats import GenerationStats
 from .text_stream import TextStream
@@ -161,13 +161,12 @@ class Generation:
     def __iter__(self) -> Iterator[Event]:
         return self.events()
 
-    def events(self, run_pass: Callable[[PassRows], tuple[torch.Tensor, torch.Tensor]] | None = None,
-               prefill_chunk: int | None = None) -> Iterator[Event]:
-        """The stream of Events. `run_pass` runs the target's full passes (default: the model's own,
-        at once; a server batch shares them between generations); `prefill_chunk` caps the prompt
-        tokens one of them takes (default: the whole prompt at once)."""
+    def events(self, passes: Passes | None = None, prefill_chunk: int | None = None) -> Iterator[Event]:
+        """The stream of Events. `passes` runs the target's passes (default: the model, at once; a
+        server batch shares them between generations); `prefill_chunk` caps the prompt tokens one
+        pass takes (default: the whole prompt at once)."""
         engine, model = self.engine, self.engine.model
-        run_pass = run_pass or model.run_pass
+        passes = passes or model
         stats = GenerationStats(prompt_tokens=len(self.prompt_ids))
         text = TextStream(engine.tokenizer, self.stop)
         output: list[int] = []
@@ -177,10 +176,10 @@ class Generation:
         with torch.inference_mode():
             cache = engine.new_cache(len(self.prompt_ids), self.max_tokens)
             start = time.perf_counter()
-            logits, hidden, shallow = self._prefill(cache, run_pass, prefill_chunk, stats)
+            logits, hidden, shallow = self._prefill(cache, passes, prefill_chunk, stats)
         stats.prefill_s = time.perf_counter() - start
         state = DecodeState(model, cache, list(self.prompt_ids), logits, Sampler(self.params, model.device), stats,
-                            hidden, shallow, run_pass)
+                            hidden, shallow, passes)
         steps = self.strategy.decode(state)
         start = time.perf_counter()
         try:
@@ -204,7 +203,7 @@ class Generation:
         yield Event(new, delta + text.finish(), finish, drafted, exit_layer)
         self.result = Result(text.text, output, len(self.prompt_ids), len(output), finish, stats)
 
-    def _prefill(self, cache: KVCache, run_pass, chunk: int | None, stats: GenerationStats):
+    def _prefill(self, cache: KVCache, passes: Passes, chunk: int | None, stats: GenerationStats):
         """Run the prompt: (logits after its last token [1, vocab], the last layer's states of every
         prompt token, the states after the drafter's shared layers or None)."""
         model = self.engine.model
@@ -218,7 +217,7 @@ class Generation:
         for start in range(0, len(ids), chunk):
             piece = ids[start : start + chunk]
             last = start + chunk >= len(ids)
-            hidden, logits = run_pass(PassRows(piece, torch.arange(start, start + len(piece), device=model.device),
+            hidden, logits = passes.run_pass(PassRows(piece, torch.arange(start, start + len(piece), device=model.device),
                                                cache, logits_from=len(piece) - 1 if last else len(piece)))
             states.append(hidden)
             stats.weight_bytes += model.weight_bytes

@@ -1,14 +1,20 @@
 """Continuous batching on tiny models: several sequences' rows in one pass, each attending only to
 its own cache, get the bits they get alone; generations sharing passes (dense, chains and trees,
 greedy and seeded sampling, a late joiner, a chunked prefill) give exactly what they give alone;
-a dropped or failing member leaves the others untouched."""
+members with early exits join the shared pass layer by layer; a dropped or failing member
+leaves the others untouched."""
+import random
+
 import pytest
 import torch
 
 from helpers import tiny_model
 from specee.batch import Batch
 from specee.decoding.base import Step
+from specee.drafters.prompt_lookup import PromptLookup
 from specee.engine import Engine, Event
+from specee.exits.autoregressive import EarlyExit
+from specee.exits.candidates import Candidates
 from specee.model.llama import PassRows
 from test_batch_invariance import kernel_model
 
@@ -167,3 +173,44 @@ def test_a_dropped_member_leaves_at_once_and_the_others_go_on(engine):
         assert batch.run_pass() <= 1  # only the kept member's rows from now on
         batch.advance()
     assert generations[0].result.token_ids == alone.token_ids and generations[1].result is None
+
+
+class SeededExit:
+    """Asks to exit after a seeded random choice of layers; the full-head check always agrees (with
+    the whole vocabulary as candidates, every check can pass)."""
+
+    def __init__(self, layers: int, seed: int) -> None:
+        self.layers, self.random = layers, random.Random(seed)
+
+    def active(self):
+        return [True] * (self.layers - 1)
+
+    def fires(self, layer, features, probs, drafter_probs):
+        return torch.tensor([self.random.random() < 0.4 for _ in range(len(features))])
+
+    def confirms(self, logits, first, drafter_probs):
+        return torch.ones(len(logits), dtype=torch.bool)
+
+    def exited(self, layer):
+        pass
+
+
+def test_members_with_early_exits_join_the_shared_pass_layer_by_layer(tiny_tokenizer):
+    layers = 5
+    engine = Engine(tiny_model(seed=7, vocab_size=tiny_tokenizer.vocab_size, num_hidden_layers=layers), tiny_tokenizer)
+    vocab = list(range(tiny_tokenizer.vocab_size))
+
+    def exits(seed, kv):
+        return EarlyExit(Candidates(PromptLookup, vocab, len(vocab)), lambda: SeededExit(layers, seed), kv)
+
+    requests = [(PROMPTS[0], dict(strategy=exits(0, "exact"))), (PROMPTS[1], dict()),
+                (PROMPTS[2], dict(strategy=exits(1, "approx"))), (PROMPTS[3], dict(spec_method="prompt-lookup"))]
+    alone = [engine.generate(p, max_tokens=20, ignore_eos=True, **r) for p, r in requests]
+    generations = [engine.stream(p, max_tokens=20, ignore_eos=True, **r) for p, r in requests]
+    rows, _ = run_batch(engine, generations, prefill_chunk=None)
+    for generation, result in zip(generations, alone):
+        assert generation.result.token_ids == result.token_ids
+        assert generation.result.stats.exit_layers == result.stats.exit_layers
+    assert min(alone[0].stats.exit_layers) < layers and min(alone[2].stats.exit_layers) < layers  # exits happened
+    # The exit members' layers ran in the shared passes: fewer passes than all four made alone.
+    assert len([r for r in rows if r]) < sum(r.stats.target_passes + 1 for r in alone)

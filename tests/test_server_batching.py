@@ -1,6 +1,6 @@
 """Continuous batching end to end: a real `specee serve` process with the default model, driven by
 the official `openai` client. Concurrent requests (mixed methods, lengths, a stop string, seeded
-sampling, one cancelled mid-stream, one arriving while the others decode) share the server's
+sampling, early exits, one cancelled mid-stream, one arriving while the others decode) share the server's
 passes and each gets exactly the tokens it gets alone; a slot freed by a disconnect is reused."""
 import threading
 import time
@@ -27,6 +27,7 @@ REQUESTS = [
     ("Give three tips for writing clear emails.",
      dict(max_tokens=32, temperature=0.8, seed=7, extra_body={"specee": {"spec_method": "hybrid", "tree": "auto"}})),
     ("Say yes.", dict(max_tokens=8)),
+    ("Name a fruit and its colour.", dict(max_tokens=24, extra_body={"specee": {"exit": "specee"}})),
     ("Translate to French: The weather is nice today and we are going to the beach.", dict(max_tokens=48)),
 ]
 LATE = ("Summarize in one sentence: the council approved the park's budget after a long debate.",

@@ -22,6 +22,6 @@ class Autoregressive:
             yield Step([token])
             ids = torch.tensor([token], device=model.device)
             positions = torch.tensor([cache.length], device=model.device)
-            _, logits = state.run_pass(PassRows(ids, positions, cache))
+            _, logits = state.passes.run_pass(PassRows(ids, positions, cache))
             state.stats.target_passes += 1
             state.stats.weight_bytes += model.weight_bytes

@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterator, NamedTuple, Protocol
+from typing import Iterator, NamedTuple, Protocol
 
 import torch
 
 from ..model.cache import KVCache
-from ..model.llama import PassRows, Transformer
+from ..model.llama import Passes, Transformer
 from ..sampling import Sampler
 from ..stats import GenerationStats
 
@@ -26,12 +26,12 @@ class DecodeState:
     hidden: torch.Tensor | None = None  # [prompt, hidden] the last layer's states (before the final norm)
     # [prompt, hidden] the states after the strategy's `shallow_layers` first layers, when it has them
     shallow: torch.Tensor | None = None
-    # Runs the target's full passes: at once (the model's own `run_pass`), or, in a server batch,
-    # together with the other generations' passes.
-    run_pass: Callable[[PassRows], tuple[torch.Tensor, torch.Tensor]] | None = None
+    # Runs the target's passes (`run_pass`, and `run_layer` for a pass run layer by layer): the
+    # model itself, at once, or a server batch's member, sharing them with the other generations.
+    passes: Passes | None = None
 
     def __post_init__(self) -> None:
-        self.run_pass = self.run_pass or self.model.run_pass
+        self.passes = self.passes or self.model
 
 
 class Step(NamedTuple):

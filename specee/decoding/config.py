@@ -218,7 +218,7 @@ def unchecked(keywords: dict) -> SpecConfig:
     return SpecConfig(**spec, exit=ExitConfig(**exits))
 
 
-def request_schema(base: type, validate_method: Callable[[str], None]) -> type:
+def request_schema(base: type, validate_method: Callable[[str], None], validate_exit: Callable[[str], None]) -> type:
     """The server's pydantic model of the options a request may set, with the same ranges."""
     from pydantic import Field, create_model, field_validator
 
@@ -231,10 +231,13 @@ def request_schema(base: type, validate_method: Callable[[str], None]) -> type:
         specs[keyword(f)] = (kind | None, Field(None, ge=m["ge"], le=m["le"], max_length=m["max_length"],
                                                  pattern=m["http_pattern"]))
 
-    def known_method(cls, method):
-        if method not in (None, "none"):
-            validate_method(method)
-        return method
+    def known(validate: Callable[[str], None]):  # registered names, read at each request: late ones count
+        def check(cls, name):
+            if name not in (None, "none"):
+                validate(name)
+            return name
+        return check
 
-    validators = {"known_method": field_validator("spec_method")(known_method)}
+    validators = {"known_method": field_validator("spec_method")(known(validate_method)),
+                  "known_exit": field_validator("exit")(known(validate_exit))}
     return create_model("SpecOptions", __base__=base, __validators__=validators, **specs)

@@ -157,7 +157,7 @@ class FullPass:
 
     def __init__(self, state: DecodeState, shallow_layers: int | None) -> None:
         self.model, self.cache, self.sampler, self.stats = state.model, state.cache, state.sampler, state.stats
-        self.run_pass = state.run_pass
+        self.passes = state.passes
         self.shallow_layers = shallow_layers or 0
         self.deep = range(self.shallow_layers, self.model.config.num_hidden_layers)
         self.deep_bytes = self.model.layers_bytes(self.deep) + self.model.head_bytes
@@ -169,7 +169,7 @@ class FullPass:
         mask = None if draft.is_chain else layout.attention_mask().to(model.device)
         if draft.shallow is None:
             ids = torch.tensor([tokens[-1], *draft.tokens], device=model.device)  # [n + 1]
-            hidden, logits = self.run_pass(PassRows(ids, positions, cache, mask))  # [n + 1, hidden], [n + 1, vocab]
+            hidden, logits = self.passes.run_pass(PassRows(ids, positions, cache, mask))  # [n + 1, hidden], [n + 1, vocab]
             self.stats.weight_bytes += model.weight_bytes
         else:  # the drafter ran the shallow layers for these inputs, in this cache
             hidden = model.run_layers(draft.shallow, positions, cache, mask, self.deep)

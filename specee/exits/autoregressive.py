@@ -30,7 +30,7 @@ class EarlyExit:
 
     def decode(self, state: DecodeState) -> Iterator[Step]:
         tokens, stats = state.tokens, state.stats
-        runner = ExitPass(state.model, state.cache, self.make_policy(), self.kv, stats)
+        runner = ExitPass(state.model, state.cache, self.make_policy(), self.kv, stats, passes=state.passes)
         verifier = ExitVerifier(self.candidates, runner, tokens, state.sampler)
         no_draft = Draft.empty()
         layout = TreeLayout.of(no_draft)

@@ -20,7 +20,7 @@ from typing import Callable, NamedTuple, Protocol
 import torch
 
 from ..model.cache import KVCache
-from ..model.llama import AttentionBias, Transformer
+from ..model.llama import AttentionBias, LayerRows, Passes, Transformer
 from ..model.rope import RopeAngles
 from ..stats import GenerationStats
 from .features import candidate_logits, exit_features
@@ -58,13 +58,14 @@ class ExitPass:
     """Runs one generation's passes (the last token and a draft's rows), stopping them early."""
 
     def __init__(self, model: Transformer, cache: KVCache, policy: ExitPolicy, kv: str, stats: GenerationStats,
-                 on_features: Callable[[int, torch.Tensor], None] | None = None) -> None:
+                 on_features: Callable[[int, torch.Tensor], None] | None = None, passes: Passes | None = None) -> None:
         if kv not in KV_MODES:
             raise ValueError(f"exit KV mode must be one of {', '.join(KV_MODES)}, got {kv!r}")
         self.model, self.cache, self.policy, self.kv, self.stats = model, cache, policy, kv, stats
         self.num_layers = model.config.num_hidden_layers
         self.group = model.config.num_attention_heads // model.config.num_key_value_heads
         self.on_features = on_features  # tests: sees (layer, features) of every decision
+        self.passes = passes or model  # runs each layer: at once, or shared with a batch's other passes
         # Weight bytes of layers 0..i, for each i (what a pass that exits after layer i read).
         self.layer_bytes = list(itertools.accumulate(model.layers_bytes(range(i, i + 1))
                                                      for i in range(self.num_layers)))
@@ -119,7 +120,7 @@ class ExitPass:
             if batch.shape[0] != bias_rows:
                 bias, bias_rows = self._bias(batch.shape[0] - T, T, tree), batch.shape[0]
             angles = RopeAngles(all_angles.cos[start:], all_angles.sin[start:])
-            batch = model.layers[i](batch, angles, cache, bias)
+            batch = self.passes.run_layer(LayerRows(i, batch, angles, cache, bias))
             if i == last or not (active[i] or (i + 1 < last and active[i + 1])):
                 continue
             began = time.perf_counter()

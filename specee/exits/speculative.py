@@ -47,7 +47,7 @@ class SpeculativeExit:
 
     def decode(self, state: DecodeState) -> Iterator[Step]:
         """The speculative loop, its passes verified with exits."""
-        runner = ExitPass(state.model, state.cache, self.make_policy(), self.kv, state.stats)
+        runner = ExitPass(state.model, state.cache, self.make_policy(), self.kv, state.stats, passes=state.passes)
         return self.speculative.decode(state, ExitVerifier(self.candidates, runner, state.tokens, state.sampler,
                                                            self.shallow_layers))
 

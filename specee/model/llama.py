@@ -7,7 +7,7 @@ where HF runs three: the loader concatenates them.
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -217,6 +217,25 @@ class PassRows(NamedTuple):
     logits_from: int = 0
 
 
+class LayerRows(NamedTuple):
+    """One sequence's rows for one layer, for a pass run layer by layer (early exits decide between
+    layers): the layer, its input states [T, hidden], their angles, the cache, the attention bias."""
+
+    layer: int
+    h: torch.Tensor
+    angles: RopeAngles
+    cache: KVCache
+    bias: AttentionBias
+
+
+class Passes(Protocol):
+    """What runs a generation's passes of the target: the Transformer itself, or a server batch's
+    member, which shares them with the other generations of the batch."""
+
+    def run_pass(self, part: PassRows) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def run_layer(self, rows: LayerRows) -> torch.Tensor: ...
+
+
 def full_attention_mask(mask: torch.Tensor | None, T: int, S: int, device) -> torch.Tensor:
     """[T, S] bool: keys before the last K are visible to all new tokens; the last K follow
     `mask` ([T, K], e.g. a tree); with no mask, the S - T cached keys are visible and the new
@@ -387,19 +406,30 @@ class Transformer(nn.Module):
         the bits it gets alone (batch invariance): a sequence's output does not depend on the others."""
         if len(parts) == 1:
             return [self.run_pass(parts[0])]
-        group = self.config.num_attention_heads // self.config.num_key_value_heads
-        sizes = [len(part.ids) for part in parts]
-        segments = [Segment(part.cache, AttentionBias(part.mask, n, group), n) for part, n in zip(parts, sizes)]
-        h = self.embed(torch.cat([part.ids for part in parts]))
-        angles = self.angles(torch.cat([part.positions for part in parts]))
+        h, angles, segments = self.begin_passes(parts)
         for layer in self.layers:
             h = layer(h, angles, segments)
-        hidden = h.split(sizes)
+        return self.end_passes(parts, h)
+
+    def begin_passes(self, parts: list[PassRows]) -> tuple[torch.Tensor, RopeAngles, list[Segment]]:
+        """What the first layer of `run_passes` takes: the parts' embeddings, angles and segments."""
+        group = self.config.num_attention_heads // self.config.num_key_value_heads
+        segments = [Segment(part.cache, AttentionBias(part.mask, len(part.ids), group), len(part.ids)) for part in parts]
+        return (self.embed(torch.cat([part.ids for part in parts])),
+                self.angles(torch.cat([part.positions for part in parts])), segments)
+
+    def end_passes(self, parts: list[PassRows], h: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Split the last layer's states of `run_passes` by part and score the rows that want logits."""
+        hidden = h.split([len(part.ids) for part in parts])
         scored = [states[part.logits_from :] for part, states in zip(parts, hidden)]
         if not any(len(rows) for rows in scored):
             return [(states, h.new_empty(0, self.config.vocab_size)) for states in hidden]
         logits = self.logits(self.norm(torch.cat(scored))).split([len(rows) for rows in scored])
         return list(zip(hidden, logits))
+
+    def run_layer(self, rows: LayerRows) -> torch.Tensor:
+        """One layer over one sequence's rows (a pass run layer by layer)."""
+        return self.layers[rows.layer](rows.h, rows.angles, rows.cache, rows.bias)
 
     def run_pass(self, part: PassRows) -> tuple[torch.Tensor, torch.Tensor]:
         """One sequence's pass: its last layer's states [T, hidden] and the logits of its rows from

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ..decoding.config import request_schema
 from ..drafters.registry import find_method
+from ..exits.registry import find_exit
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 
@@ -20,7 +21,7 @@ class Strict(BaseModel):
 # decoding/config.py. A request that names a spec_method replaces the server's defaults; one that
 # does not adjusts them. Paths to tables, draft models or exit predictors are server flags only, so
 # a client cannot make the server read its files.
-SpecOptions = request_schema(Strict, find_method)  # methods are read at each request, so late ones count
+SpecOptions = request_schema(Strict, find_method, find_exit)
 
 
 class StreamOptions(Strict):
