@@ -54,14 +54,9 @@ class Result:
     stats: GenerationStats = field(repr=False)
 
     def to_dict(self) -> dict:
-        return {
-            "text": self.text,
-            "token_ids": self.token_ids,
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "finish_reason": self.finish_reason,
-            "stats": self.stats.to_dict() | {"prefill_s": self.stats.prefill_s, "decode_s": self.stats.decode_s},
-        }
+        names = ("text", "token_ids", "prompt_tokens", "completion_tokens", "finish_reason")
+        stats = self.stats.to_dict() | {"prefill_s": self.stats.prefill_s, "decode_s": self.stats.decode_s}
+        return {name: getattr(self, name) for name in names} | {"stats": stats}
 
 
 def load_engine(model=None, dtype: str = "fp32", device: str = "cpu", threads: int | None = None,
@@ -217,8 +212,8 @@ class Generation:
         for start in range(0, len(ids), chunk):
             piece = ids[start : start + chunk]
             last = start + chunk >= len(ids)
-            hidden, logits = passes.run_pass(PassRows(piece, torch.arange(start, start + len(piece), device=model.device),
-                                               cache, logits_from=len(piece) - 1 if last else len(piece)))
+            positions = torch.arange(start, start + len(piece), device=model.device)
+            hidden, logits = passes.run_pass(PassRows(piece, positions, cache, logits_from=len(piece) - (1 if last else 0)))
             states.append(hidden)
             stats.weight_bytes += model.weight_bytes
         return logits, torch.cat(states), None

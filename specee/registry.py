@@ -11,7 +11,8 @@ class Registry(dict):
         self[entry.name] = entry
         return entry
 
-    def find(self, name: str):
+    def find(self, name: str, spelled: str | None = None):
+        """The entry `name`; an unknown one is a ValueError naming the option as `spelled`."""
         if name not in self:
-            raise ValueError(f"unknown {self.what} {name!r} (choose from none, {', '.join(self)})")
+            raise ValueError(f"unknown {spelled or self.what} {name!r} (choose from none, {', '.join(self)})")
         return self[name]

@@ -46,9 +46,7 @@ class ExitConfig:
             if given:
                 raise ValueError(f"{', '.join(given)} need " + " or ".join(f"{spell('exit')} {k}" for k in EXIT_KINDS))
             return
-        if self.kind not in EXIT_KINDS:
-            raise ValueError(f"unknown {spell('exit')} {self.kind!r} (choose from none, {', '.join(EXIT_KINDS)})")
-        reads = ("kind", "kv", *find_exit(self.kind).options)
+        reads = ("kind", "kv", *find_exit(self.kind, spell("exit")).options)
         unread = [spell(keyword(f)) for f in fields(self) if f.name not in reads and getattr(self, f.name) is not None]
         if unread:
             raise ValueError(f"{', '.join(unread)}: {spell('exit')} {self.kind} does not read them")
@@ -135,9 +133,7 @@ class SpecConfig:
             if unread:
                 raise ValueError(f"{', '.join(unread)}: no spec_method to read them")
             return
-        if self.method not in METHODS:
-            raise ValueError(f"unknown {spell('spec_method')} {self.method!r} (choose from none, {', '.join(METHODS)})")
-        method = find_method(self.method)
+        method = find_method(self.method, spell("spec_method"))
         if self.tree is not None and not self.tree.strip():
             raise ValueError('an empty tree: write --tree auto or rank paths like "0;1;0,0" (or leave it out for a chain)')
         if method.own_tree and self.tree is not None:
@@ -218,8 +214,9 @@ def unchecked(keywords: dict) -> SpecConfig:
     return SpecConfig(**spec, exit=ExitConfig(**exits))
 
 
-def request_schema(base: type, validate_method: Callable[[str], None], validate_exit: Callable[[str], None]) -> type:
-    """The server's pydantic model of the options a request may set, with the same ranges."""
+def request_schema(base: type, registries: dict[str, Callable[[str], object]]) -> type:
+    """The server's pydantic model of the options a request may set, with the same ranges; the names
+    of `registries` ({keyword: find}) are looked up at each request, so late registrations count."""
     from pydantic import Field, create_model, field_validator
 
     specs = {}
@@ -231,13 +228,12 @@ def request_schema(base: type, validate_method: Callable[[str], None], validate_
         specs[keyword(f)] = (kind | None, Field(None, ge=m["ge"], le=m["le"], max_length=m["max_length"],
                                                  pattern=m["http_pattern"]))
 
-    def known(validate: Callable[[str], None]):  # registered names, read at each request: late ones count
+    def known(find: Callable[[str], object]):
         def check(cls, name):
             if name not in (None, "none"):
-                validate(name)
+                find(name)
             return name
         return check
 
-    validators = {"known_method": field_validator("spec_method")(known(validate_method)),
-                  "known_exit": field_validator("exit")(known(validate_exit))}
+    validators = {f"known_{name}": field_validator(name)(known(find)) for name, find in registries.items()}
     return create_model("SpecOptions", __base__=base, __validators__=validators, **specs)

@@ -62,12 +62,10 @@ class Speculative:
         node_cost: float = 0.0,
         shallow_layers: int | None = None,
     ) -> None:
-        if not 1 <= num_draft_tokens <= MAX_DRAFT_NODES:
-            raise ValueError(f"num_draft_tokens must be in 1..{MAX_DRAFT_NODES}, got {num_draft_tokens}")
-        if not 1 <= tree_budget <= MAX_DRAFT_NODES:
-            raise ValueError(f"tree_budget must be in 1..{MAX_DRAFT_NODES}, got {tree_budget}")
-        if not 1 <= tree_width <= MAX_DRAFT_NODES:
-            raise ValueError(f"tree_width must be in 1..{MAX_DRAFT_NODES}, got {tree_width}")
+        sizes = {"num_draft_tokens": num_draft_tokens, "tree_budget": tree_budget, "tree_width": tree_width}
+        for name, value in sizes.items():
+            if not 1 <= value <= MAX_DRAFT_NODES:
+                raise ValueError(f"{name} must be in 1..{MAX_DRAFT_NODES}, got {value}")
         if isinstance(tree, StaticTree) and len(tree) > MAX_DRAFT_NODES:
             raise ValueError(f"a static tree may have at most {MAX_DRAFT_NODES} nodes, got {len(tree)}")
         proposer = make_proposer()
@@ -169,7 +167,7 @@ class FullPass:
         mask = None if draft.is_chain else layout.attention_mask().to(model.device)
         if draft.shallow is None:
             ids = torch.tensor([tokens[-1], *draft.tokens], device=model.device)  # [n + 1]
-            hidden, logits = self.passes.run_pass(PassRows(ids, positions, cache, mask))  # [n + 1, hidden], [n + 1, vocab]
+            hidden, logits = self.passes.run_pass(PassRows(ids, positions, cache, mask))  # [n + 1, hidden / vocab]
             self.stats.weight_bytes += model.weight_bytes
         else:  # the drafter ran the shallow layers for these inputs, in this cache
             hidden = model.run_layers(draft.shallow, positions, cache, mask, self.deep)

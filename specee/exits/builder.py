@@ -17,6 +17,7 @@ from .candidates import Candidates
 from .registry import find_exit
 from .speculative import SpeculativeExit
 
+
 def build_early_exit(artifacts: ArtifactStore, config: ExitConfig, speculative: Speculative | None = None
                      ) -> EarlyExit | SpeculativeExit:
     """Exits of the registered kind `config.kind` in plain decoding, or inside the verification

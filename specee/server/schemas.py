@@ -21,7 +21,7 @@ class Strict(BaseModel):
 # decoding/config.py. A request that names a spec_method replaces the server's defaults; one that
 # does not adjusts them. Paths to tables, draft models or exit predictors are server flags only, so
 # a client cannot make the server read its files.
-SpecOptions = request_schema(Strict, find_method, find_exit)
+SpecOptions = request_schema(Strict, {"spec_method": find_method, "exit": find_exit})
 
 
 class StreamOptions(Strict):
