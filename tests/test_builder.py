@@ -54,6 +54,12 @@ def test_static_trees_honour_every_rank(engine):
     assert draft.tokens == [0, 4, 5] and draft.parents == [-1, -1, 0]
 
 
+def test_strategies_are_named_for_their_method_and_shape(engine):
+    """The name labels the server's metrics and the bench's rows."""
+    assert engine.strategy("prompt-lookup").name == "prompt-lookup"
+    assert engine.strategy("prompt-lookup", tree="auto", tree_width=3).name == "prompt-lookup-tree"
+
+
 def test_chain_only_proposer_refuses_trees(engine):
     with pytest.raises(ValueError, match="drafts chains only"):
         engine.strategy("staged", draft_model="self:1", tree="auto")

@@ -21,7 +21,8 @@ CHAT = "/v1/chat/completions"
 
 @pytest.fixture(scope="module")
 def server():
-    running = running_server("--ignore-eos", "--max-queue", "1", "--api-key", KEY,
+    # One slot, so a second request waits in the queue (batching has tests of its own).
+    running = running_server("--ignore-eos", "--max-batch", "1", "--max-queue", "1", "--api-key", KEY,
                             "--request-timeout", str(TIME_LIMIT_S))
     yield running
     running.stop()  # the SIGTERM test has usually stopped it already

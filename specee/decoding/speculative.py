@@ -63,9 +63,9 @@ class Speculative:
         shallow_layers: int | None = None,
     ) -> None:
         sizes = {"num_draft_tokens": num_draft_tokens, "tree_budget": tree_budget, "tree_width": tree_width}
-        for name, value in sizes.items():
+        for size, value in sizes.items():
             if not 1 <= value <= MAX_DRAFT_NODES:
-                raise ValueError(f"{name} must be in 1..{MAX_DRAFT_NODES}, got {value}")
+                raise ValueError(f"{size} must be in 1..{MAX_DRAFT_NODES}, got {value}")
         if isinstance(tree, StaticTree) and len(tree) > MAX_DRAFT_NODES:
             raise ValueError(f"a static tree may have at most {MAX_DRAFT_NODES} nodes, got {len(tree)}")
         proposer = make_proposer()
