@@ -80,7 +80,6 @@ class Batch:
         self.model = model
         self.prefill_chunk = prefill_chunk
         self.members: list[Member] = []
-        self.last_pass_rows = 0
         self._made: list[tuple[Member, Event | Exception]] = []  # made while a pass ran, told next round
 
     def add(self, generation: Generation) -> Member:
@@ -144,7 +143,6 @@ class Batch:
                 member.parked, member.reply = None, error
         for member, output in zip(whole, outputs):
             member.reply = output
-        self.last_pass_rows = rows
         return rows
 
     def _run_layered(self, parts: list[PassRows], layered: list[Member]) -> tuple[torch.Tensor | None, int]:
@@ -152,6 +150,7 @@ class Batch:
         parked at that layer join with theirs and, after it, decide (they exit, or park for the
         next layer). Returns the whole passes' last states and the rows the layered members brought."""
         h, angles, segments = self.model.begin_passes(parts) if parts else (None, None, [])
+        whole_rows = [len(h)] if parts else []
         brought: dict[Member, int] = {}
         for i in range(len(self.model.layers)):
             joining = [m for m in layered if isinstance(m.parked, LayerRows) and m.parked.layer == i]
@@ -159,16 +158,15 @@ class Batch:
                 if not any(isinstance(m.parked, LayerRows) and m.parked.layer > i for m in layered):
                     break
                 continue
-            states = ([h] if parts else []) + [m.parked.h for m in joining]
-            cos = ([angles.cos] if parts else []) + [m.parked.angles.cos for m in joining]
-            sin = ([angles.sin] if parts else []) + [m.parked.angles.sin for m in joining]
-            joined = segments + [Segment(m.parked.cache, m.parked.bias, len(m.parked.h)) for m in joining]
-            out = self.model.layers[i](torch.cat(states), RopeAngles(torch.cat(cos), torch.cat(sin)), joined)
-            sizes = [segment.rows for segment in joined]
-            pieces = out.split([sum(sizes[: len(segments)])] + sizes[len(segments):]) if parts else \
-                out.split(sizes)
-            h = pieces[0] if parts else None
-            for member, piece in zip(joining, pieces[1:] if parts else pieces):
+            rows = [m.parked for m in joining]
+            inputs = ([(h, angles)] if parts else []) + [(r.h, r.angles) for r in rows]
+            rotations = RopeAngles(torch.cat([a.cos for _, a in inputs]), torch.cat([a.sin for _, a in inputs]))
+            out = self.model.layers[i](torch.cat([x for x, _ in inputs]), rotations,
+                                       segments + [Segment(r.cache, r.bias, len(r.h)) for r in rows])
+            pieces = out.split(whole_rows + [len(r.h) for r in rows])
+            if parts:
+                h, pieces = pieces[0], pieces[1:]
+            for member, piece in zip(joining, pieces):
                 brought[member] = max(brought.get(member, 0), len(piece))
                 member.parked, member.reply = None, piece
                 self._advance(member, self._made, 1)  # parks for the next layer, or ends its pass

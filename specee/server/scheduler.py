@@ -45,7 +45,7 @@ class Job:
     first_token_at: float | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
     tokens: int = 0  # generated so far
-    text: str = ""  # the answer so far (for the live page's view of every stream)
+    text: str = ""  # the answer's last TEXT_TAIL characters (for the live page's view of every stream)
 
     def cancel(self) -> None:
         """Called from the handler (a client went away): the worker stops at the next step."""
@@ -57,7 +57,7 @@ class Job:
         rate = (self.tokens - 1) / (now - started) if started and self.tokens > 1 and now > started else 0.0
         return {"slot": index, "mode": self.generation.strategy.name, "prompt_tokens": len(self.generation.prompt_ids),
                 "tokens": self.tokens, "tokens_per_s": round(rate, 1), "state": "decoding" if started else "prefill",
-                "text": self.text[-TEXT_TAIL:]}
+                "text": self.text}
 
 
 class Scheduler:
@@ -154,7 +154,7 @@ class Scheduler:
         if job.first_token_at is None and made.token_ids:
             job.first_token_at = time.monotonic()
         job.tokens += len(made.token_ids)
-        job.text += made.text
+        job.text = (job.text + made.text)[-TEXT_TAIL:]
         job.deliver(made)
         if made.finish_reason is not None:
             self._end(member, Ended("finished", job.generation.result))
