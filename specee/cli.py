@@ -39,6 +39,8 @@ TRAINING_QUANTIZATION = "none"
 
 
 def _add_model_options(p: argparse.ArgumentParser, default_quantization: str = "auto") -> None:
+    from .model.kernels import TIER_NAMES
+
     p.add_argument("--model", help="GGUF file or Hugging Face model directory (default: SmolLM2-135M-Instruct)")
     p.add_argument("--dtype", default="fp32", help="fp32 or bf16 (default fp32)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
@@ -50,6 +52,9 @@ def _add_model_options(p: argparse.ArgumentParser, default_quantization: str = "
     p.add_argument("--no-compile", dest="compile", action="store_false",
                    help="run on PyTorch's own CPU kernels instead of specee's compiled ones (built once per machine "
                         "into the cache folder): slower, and its greedy tokens may differ from the compiled run's")
+    p.add_argument("--cpu-tier", choices=("auto",) + TIER_NAMES, default=None,
+                   help="which instruction set specee's kernels use: auto (the best this CPU runs; or $SPECEE_CPU_TIER), "
+                        "or a lower tier to run and time it; every tier gives the same bits")
 
 
 def _add_sampling_options(p: argparse.ArgumentParser) -> None:
@@ -329,7 +334,7 @@ def cmd_bench_serve(args) -> int:
     model_flags = [f"--{name}={value}" for name, value in (("model", args.model), ("dtype", args.dtype),
                                                           ("device", args.device), ("quantization", args.quantization))
                    if value]
-    model_flags += [] if args.compile else ["--no-compile"]
+    model_flags += ([] if args.compile else ["--no-compile"]) + ([f"--cpu-tier={args.cpu_tier}"] if args.cpu_tier else [])
     run_serve_bench(engine, config, model_flags)
     return 0
 
@@ -362,11 +367,15 @@ def _validate_sampling(args) -> None:
 
 def _validate_model_options(args) -> None:
     from .loader import parse_device, parse_dtype
+    from .model.kernels import requested_tier, supported_tiers
     from .model.quantize import check_quantization
 
     try:
         parse_dtype(args.dtype)
         check_quantization(args.quantization, parse_device(args.device))
+        tier = requested_tier(args.cpu_tier)
+        if tier not in supported_tiers():
+            raise ValueError(f"CPU tier {tier} cannot run on this CPU (it runs {', '.join(supported_tiers())})")
     except ValueError as e:
         raise UsageError(str(e)) from None
 
@@ -375,7 +384,7 @@ def _load(args):
     from . import load
 
     return load(args.model, dtype=args.dtype, device=args.device, threads=args.threads, quantization=args.quantization,
-                compile=args.compile)
+                compile=args.compile, cpu_tier=args.cpu_tier)
 
 
 def _load_off_main_thread(args):

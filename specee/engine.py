@@ -60,9 +60,9 @@ class Result:
 
 
 def load_engine(model=None, dtype: str = "fp32", device: str = "cpu", threads: int | None = None,
-                quantization: str = "auto", compile: bool = True) -> "Engine":
+                quantization: str = "auto", compile: bool = True, cpu_tier: str | None = None) -> "Engine":
     parts = load_parts(model, dtype=dtype, device=device, threads=threads, quantization=quantization,
-                       compile=compile)
+                       compile=compile, cpu_tier=cpu_tier)
     return Engine(parts.model, parts.tokenizer, source=parts.source, quantization=parts.quantization)
 
 

@@ -46,11 +46,12 @@ def parse_device(name: str) -> torch.device:
 
 
 def load_parts(model=None, dtype: str = "fp32", device: str = "cpu", threads: int | None = None,
-               quantization: str = "auto", compile: bool = True) -> ModelParts:
+               quantization: str = "auto", compile: bool = True, cpu_tier: str | None = None) -> ModelParts:
     """`quantization`: auto (int4 on the CPU, none elsewhere: `automatic_quantization`), none,
     int8, int4 (quantize the loaded weights), or gguf (keep a GGUF file's own quantized tensors);
     the quantized formats run on the CPU. `compile`: on the CPU, run on the compiled kernels
-    (`model/kernels/`, built once per machine) where they can be had; False: PyTorch's own."""
+    (`model/kernels/`, built once per machine) where they can be had, in `cpu_tier` (default: the
+    best this CPU runs, or $SPECEE_CPU_TIER); False: PyTorch's own."""
     torch_dtype, torch_device = parse_dtype(dtype), parse_device(device)
     check_quantization(quantization, torch_device)
     if threads is not None:
@@ -73,7 +74,7 @@ def load_parts(model=None, dtype: str = "fp32", device: str = "cpu", threads: in
         # cuDNN's attention plans each new key length anew (4.5 ms of CPU a call in bf16 on an
         # H100), and every decoding step brings a new one; flash and efficient attention do not.
         torch.backends.cuda.enable_cudnn_sdp(False)
-    kernels = cpu_kernels() if compile and torch_device.type == "cpu" else None
+    kernels = cpu_kernels(cpu_tier) if compile and torch_device.type == "cpu" else None
     net = build_model(weights, torch_dtype, torch_device, kernels)
     if quantization in ("int8", "int4"):
         quantize_model(net, quantization, kernels=kernels)

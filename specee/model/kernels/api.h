@@ -1,0 +1,63 @@
+// The C ABI between one CPU tier's library (tier.cpp compiled with that tier's flags, no torch
+// headers) and the torch bindings (bindings.cpp), which validate tensors, pick the threads and
+// call a tier's table.
+#pragma once
+
+#include <cstdint>
+
+namespace specee {
+
+constexpr int KERNEL_API_VERSION = 1;
+
+// One integer matmul: x's rows quantized to int8 blocks (codes, scales, sums) times a packed
+// matrix of tiles of 16 output features (see integer_linear.py's pack_codes).
+struct MatmulArgs {
+  const uint8_t* packed;        // [tiles, tile_bytes]
+  int64_t tile_bytes;
+  const uint8_t* scales_zeros;  // bits 4: [tiles, K / group, 2, 16] bf16; bits 8: [tiles, 2, 16] fp32
+  int64_t tile_scale_bytes;
+  int64_t bits, blocks_per_group, out_features, rows, in_features;
+  const int8_t* codes;          // [rows, K]
+  const float* scales;          // [rows, K / 32]
+  const int32_t* sums;          // [rows, K / 32]
+  float* out;                   // [rows, out_features]
+};
+
+// One sequence's share of an attention call: its layer of the cache and which keys its rows see.
+struct Segment {
+  const float* keys;       // [kv_heads, capacity, hd]
+  const float* values;
+  int64_t capacity;
+  const int64_t* visible;  // row t sees keys 0 .. visible[t] - 1 (when mask is null)
+  const uint8_t* mask;     // else: keys before `prefix`, and j >= prefix where mask[t, j - prefix] != 0
+  int64_t prefix;
+  int64_t num_keys;
+  int64_t first_row;       // its first row among the call's rows
+};
+
+struct AttentionArgs {
+  const float* q;              // [rows, heads, hd]
+  int64_t rows, heads, kv_heads, head_dim, most_keys;
+  const Segment* segments;
+  const int64_t* row_segment;  // [rows]
+  float* out;                  // [rows, heads * hd]
+};
+
+struct KernelTable {
+  int api_version;
+  const char* tier;
+  // x [T, K] fp32 -> codes [T, K] int8, scales [T, K / 32], sums [T, K / 32] (sum of codes).
+  void (*quantize_rows)(const float* x, int64_t T, int64_t K, int8_t* codes, float* scales, int32_t* sums);
+  // Output tiles begin .. end - 1 of one matmul.
+  void (*matmul_tiles)(const MatmulArgs& args, int64_t begin, int64_t end);
+  // (row, head) items begin .. end - 1 of one attention call.
+  void (*attend)(const AttentionArgs& args, int64_t begin, int64_t end);
+  // Rotates the queries and keys of T rows of qkv [T, (heads + 2 kv_heads) hd], writes the queries
+  // to q [T, heads, hd] and the keys and values into one layer of a cache at start .. start + T - 1.
+  void (*rotate_rows)(const float* qkv, int64_t T, int64_t heads, int64_t kv_heads, int64_t hd, const float* cos,
+                      const float* sin, float* q, float* keys, float* values, int64_t capacity, int64_t start);
+  void (*rms_norm)(const float* x, int64_t T, int64_t D, const float* weight, float eps, float* out);
+  void (*silu_mul)(const float* gate_up, int64_t T, int64_t I, float* out);
+};
+
+}  // namespace specee

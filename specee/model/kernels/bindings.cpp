@@ -1,0 +1,207 @@
+// The torch side of the CPU kernels: `Kernels(library, symbol)` opens one tier's library (tier.cpp
+// built with that tier's flags) and exposes its table to Python, checking each tensor and spreading
+// the work over PyTorch's threads. Compiled once, for any x86-64 or AArch64 CPU: no ISA flags here.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <dlfcn.h>
+
+#include <string>
+#include <vector>
+
+#include "api.h"
+
+namespace {
+
+using specee::AttentionArgs;
+using specee::KernelTable;
+using specee::MatmulArgs;
+using specee::Segment;
+
+constexpr int64_t LANES = 16;
+constexpr int64_t BLOCK = 32;
+
+void check_rows(const at::Tensor& x, int64_t dims, const char* what) {
+  TORCH_CHECK(x.dim() == dims && x.is_contiguous() && x.scalar_type() == at::kFloat, what, " must be ", dims,
+              "-D fp32 contiguous");
+}
+
+Segment segment_of(const at::Tensor& keys, const at::Tensor& values, const at::Tensor& visible,
+                   const at::Tensor& tail_mask, int64_t prefix, int64_t num_keys, int64_t first_row) {
+  TORCH_CHECK(keys.is_contiguous() && values.is_contiguous() && keys.scalar_type() == at::kFloat, "cache must be fp32 contiguous");
+  TORCH_CHECK(keys.size(2) % LANES == 0 && keys.size(2) <= 256, "head_dim must be a multiple of 16, at most 256");
+  const bool masked = tail_mask.numel() > 0;
+  return {keys.data_ptr<float>(), values.data_ptr<float>(), keys.size(1),
+          masked ? nullptr : visible.data_ptr<int64_t>(), masked ? tail_mask.data_ptr<uint8_t>() : nullptr,
+          prefix, num_keys, first_row};
+}
+
+class Kernels {
+ public:
+  Kernels(const std::string& library, const std::string& symbol) {
+    // RTLD_LOCAL: two tiers in one process never resolve each other's symbols.
+    handle_ = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
+    TORCH_CHECK(handle_ != nullptr, "cannot open ", library, ": ", dlerror());
+    auto entry = reinterpret_cast<const KernelTable* (*)()>(dlsym(handle_, symbol.c_str()));
+    TORCH_CHECK(entry != nullptr, library, " has no ", symbol);
+    table_ = entry();
+    TORCH_CHECK(table_->api_version == specee::KERNEL_API_VERSION, library, " is built for another kernel API");
+  }
+  Kernels(const Kernels&) = delete;
+  Kernels& operator=(const Kernels&) = delete;
+
+  std::string tier() const { return table_->tier; }
+
+  // x [T, K] fp32; packed [N / 16, K / 32 * block bytes] uint8; scales_zeros: bits 4,
+  // [N / 16, K / group_size, 2, 16] bf16; bits 8, [N / 16, 2, 16] fp32. Returns [T, N] fp32.
+  at::Tensor integer_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales_zeros,
+                            int64_t out_features, int64_t bits, int64_t group_size) const {
+    check_rows(x, 2, "x");
+    TORCH_CHECK(bits == 4 || bits == 8, "bits must be 4 or 8");
+    const int64_t T = x.size(0), K = x.size(1);
+    TORCH_CHECK(K % BLOCK == 0, "in_features must be a multiple of 32");
+    const int64_t B = K / BLOCK, tiles = packed.size(0);
+    TORCH_CHECK(packed.is_contiguous() && scales_zeros.is_contiguous() && tiles * LANES >= out_features,
+                "packed weights do not match out_features");
+    auto codes = at::empty({T, K}, x.options().dtype(at::kChar));
+    auto scales = at::empty({T, B}, x.options());
+    auto sums = at::empty({T, B}, x.options().dtype(at::kInt));
+    table_->quantize_rows(x.data_ptr<float>(), T, K, codes.data_ptr<int8_t>(), scales.data_ptr<float>(),
+                          sums.data_ptr<int32_t>());
+    auto out = at::empty({T, out_features}, x.options());
+    const MatmulArgs args{packed.data_ptr<uint8_t>(), packed.stride(0), static_cast<const uint8_t*>(scales_zeros.data_ptr()),
+                          scales_zeros.stride(0) * scales_zeros.element_size(), bits, bits == 4 ? group_size / BLOCK : 1,
+                          out_features, T, K, codes.data_ptr<int8_t>(), scales.data_ptr<float>(), sums.data_ptr<int32_t>(),
+                          out.data_ptr<float>()};
+    at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) { table_->matmul_tiles(args, begin, end); });
+    return out;
+  }
+
+  // q [T, heads, hd] fp32; keys, values [kv_heads, capacity, hd] fp32 (one layer of the cache).
+  // Row t sees keys 0 .. visible[t] - 1 when `tail_mask` is empty; otherwise keys before `prefix`
+  // and those j >= prefix with tail_mask[t, j - prefix] != 0, up to `num_keys`. Returns [T, heads * hd].
+  at::Tensor attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& visible,
+                       const at::Tensor& tail_mask, int64_t prefix, int64_t num_keys) const {
+    check_rows(q, 3, "q");
+    const int64_t T = q.size(0);
+    auto out = at::empty({T, q.size(1) * q.size(2)}, q.options());
+    attend({segment_of(keys, values, visible, tail_mask, prefix, num_keys, 0)}, std::vector<int64_t>(T, 0), q,
+           keys.size(0), out);
+    return out;
+  }
+
+  // qkv [T, (heads + 2 kv_heads) * hd] fp32 (a pass's fused projections); cos, sin [T, hd] fp32
+  // (sin's first half negated). Rotates queries and keys and writes the keys and values of the T
+  // new tokens into the layer's cache at start .. start + T - 1. Returns the queries [T, heads, hd].
+  at::Tensor rotate_and_store(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& keys,
+                              at::Tensor& values, int64_t start, int64_t heads) const {
+    check_rows(qkv, 2, "qkv");
+    TORCH_CHECK(keys.is_contiguous() && values.is_contiguous(), "cache must be contiguous");
+    const int64_t T = qkv.size(0), kv_heads = keys.size(0), hd = keys.size(2);
+    TORCH_CHECK(qkv.size(1) == (heads + 2 * kv_heads) * hd, "qkv width does not match the heads");
+    TORCH_CHECK(start + T <= keys.size(1), "cache too small");
+    auto q = at::empty({T, heads, hd}, qkv.options());
+    rotate(qkv, 0, T, cos, sin, heads, q, keys, values, start);
+    return q;
+  }
+
+  // The attention of one layer for the rows of several sequences at once, each with its own cache:
+  // segment s owns the next rows[s] rows of qkv (and of cos, sin), writes its keys and values into
+  // keys[s], values[s] from starts[s] on, and its rows see keys as `attention`'s arguments say
+  // (visible[s], tail_masks[s], prefixes[s], num_keys[s]). Returns [T, heads * hd].
+  at::Tensor rotate_store_attend(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
+                                 std::vector<at::Tensor> keys, std::vector<at::Tensor> values,
+                                 std::vector<int64_t> starts, std::vector<int64_t> rows,
+                                 std::vector<at::Tensor> visible, std::vector<at::Tensor> tail_masks,
+                                 std::vector<int64_t> prefixes, std::vector<int64_t> num_keys, int64_t heads) const {
+    check_rows(qkv, 2, "qkv");
+    const size_t n = keys.size();
+    TORCH_CHECK(n > 0 && values.size() == n && starts.size() == n && rows.size() == n && visible.size() == n &&
+                tail_masks.size() == n && prefixes.size() == n && num_keys.size() == n, "one entry per segment");
+    const int64_t T = qkv.size(0), kv_heads = keys[0].size(0), hd = keys[0].size(2);
+    TORCH_CHECK(qkv.size(1) == (heads + 2 * kv_heads) * hd, "qkv width does not match the heads");
+    auto q = at::empty({T, heads, hd}, qkv.options());
+    auto out = at::empty({T, heads * hd}, qkv.options());
+    std::vector<Segment> segments;
+    std::vector<int64_t> row_segment;
+    int64_t first = 0;
+    for (size_t s = 0; s < n; ++s) {
+      TORCH_CHECK(starts[s] + rows[s] <= keys[s].size(1), "cache too small");
+      TORCH_CHECK(keys[s].is_contiguous() && values[s].is_contiguous(), "cache must be contiguous");
+      TORCH_CHECK(first + rows[s] <= T, "the segments' rows must add up to qkv's");
+      segments.push_back(segment_of(keys[s], values[s], visible[s], tail_masks[s], prefixes[s], num_keys[s], first));
+      rotate(qkv, first, rows[s], cos, sin, heads, q, keys[s], values[s], starts[s]);
+      row_segment.insert(row_segment.end(), rows[s], static_cast<int64_t>(s));
+      first += rows[s];
+    }
+    TORCH_CHECK(first == T, "the segments' rows must add up to qkv's");
+    attend(segments, row_segment, q, kv_heads, out);
+    return out;
+  }
+
+  // x [T, D] fp32, weight [D] fp32: each row times 1 / sqrt(mean(x^2) + eps), then the weight.
+  at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) const {
+    check_rows(x, 2, "x");
+    TORCH_CHECK(weight.is_contiguous() && weight.scalar_type() == at::kFloat && weight.numel() == x.size(1),
+                "the weight must be [D] fp32 and match x");
+    auto out = at::empty_like(x);
+    table_->rms_norm(x.data_ptr<float>(), x.size(0), x.size(1), weight.data_ptr<float>(), static_cast<float>(eps),
+                     out.data_ptr<float>());
+    return out;
+  }
+
+  // gate_up [T, 2 I] fp32 (gate, then up) -> silu(gate) * up [T, I].
+  at::Tensor silu_mul(const at::Tensor& gate_up) const {
+    check_rows(gate_up, 2, "gate_up");
+    TORCH_CHECK(gate_up.size(1) % 2 == 0, "gate_up must have an even width");
+    const int64_t T = gate_up.size(0), I = gate_up.size(1) / 2;
+    auto out = at::empty({T, I}, gate_up.options());
+    table_->silu_mul(gate_up.data_ptr<float>(), T, I, out.data_ptr<float>());
+    return out;
+  }
+
+ private:
+  void rotate(const at::Tensor& qkv, int64_t first, int64_t T, const at::Tensor& cos, const at::Tensor& sin,
+              int64_t heads, at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, int64_t start) const {
+    const int64_t kv_heads = keys.size(0), hd = keys.size(2);
+    check_rows(cos, 2, "cos");
+    check_rows(sin, 2, "sin");
+    TORCH_CHECK(cos.size(1) == hd && sin.sizes() == cos.sizes() && cos.size(0) >= first + T, "cos and sin must be [T, hd]");
+    table_->rotate_rows(qkv.data_ptr<float>() + first * qkv.size(1), T, heads, kv_heads, hd,
+                        cos.data_ptr<float>() + first * hd, sin.data_ptr<float>() + first * hd,
+                        q.data_ptr<float>() + first * heads * hd, keys.data_ptr<float>(), values.data_ptr<float>(),
+                        keys.size(1), start);
+  }
+
+  void attend(const std::vector<Segment>& segments, const std::vector<int64_t>& row_segment, const at::Tensor& q,
+              int64_t kv_heads, at::Tensor& out) const {
+    const int64_t T = q.size(0), heads = q.size(1);
+    TORCH_CHECK(heads % kv_heads == 0, "heads must be a multiple of kv_heads");
+    int64_t most_keys = 0;
+    for (const Segment& s : segments) most_keys = std::max(most_keys, s.num_keys);
+    const AttentionArgs args{q.data_ptr<float>(), T, heads, kv_heads, q.size(2), most_keys, segments.data(),
+                             row_segment.data(), out.data_ptr<float>()};
+    at::parallel_for(0, T * heads, 1, [&](int64_t begin, int64_t end) { table_->attend(args, begin, end); });
+  }
+
+  void* handle_ = nullptr;  // never closed: tensors' kernels may run until the process ends
+  const KernelTable* table_ = nullptr;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  // The GIL is let go while a kernel runs: a server's other threads (its HTTP streams) go on meanwhile.
+  const auto free_gil = pybind11::call_guard<pybind11::gil_scoped_release>();
+  pybind11::class_<Kernels>(m, "Kernels")
+      .def(pybind11::init<const std::string&, const std::string&>(), "open one tier's kernel library")
+      .def_property_readonly("tier", &Kernels::tier)
+      .def("rotate_and_store", &Kernels::rotate_and_store, "rotary embedding of q and k; k and v written into the cache",
+           free_gil)
+      .def("integer_linear", &Kernels::integer_linear, "int8-activation x 4/8-bit-weight matmul, rows independent",
+           free_gil)
+      .def("attention", &Kernels::attention, "attention with each row over its visible keys alone", free_gil)
+      .def("rotate_store_attend", &Kernels::rotate_store_attend,
+           "rotate, store and attend for several sequences' rows at once", free_gil)
+      .def("rms_norm", &Kernels::rms_norm, "RMS norm of each row", free_gil)
+      .def("silu_mul", &Kernels::silu_mul, "silu(gate) * up of each row", free_gil);
+}

@@ -1,0 +1,301 @@
+// The kernels, written once on a 16-lane vector (`specee::simd`, one header per tier) and compiled
+// once per tier by tier.cpp. Integer block sums are exact in every tier; everything after them is
+// the same sequence of lane-wise IEEE fp32 operations, with reductions in one fixed tree and one exp
+// of our own, never fused (built with -ffp-contract=off). So a row's result has the same bits on
+// every CPU, and never depends on the other rows of the call.
+//
+// 1. Integer matmuls (llama.cpp's Q4 x Q8 scheme): each activation row is quantized to int8 in
+//    blocks of 32 with its own scale; weights are unsigned 4- or 8-bit codes with a scale and an
+//    offset. A tile of weights is loaded once for up to MAX_ROWS rows, so a pass over several rows
+//    reads the weights once.
+// 2. Attention: every (row, head) pair walks its visible keys in order, as a one-row call would.
+// 3. The small per-row steps of a layer (RMS norm, SiLU gate), one call each.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "api.h"
+
+namespace specee::kernels {
+
+using namespace specee::simd;
+
+constexpr int64_t LANES = 16;  // output features per tile
+constexpr int64_t BLOCK = 32;  // activation block: one int8 scale per row and block
+constexpr int MAX_ROWS = 8;    // rows sharing one load of a weight tile
+constexpr int64_t INT4_BLOCK_BYTES = 256;  // 16 lanes x 32 codes, two per byte
+constexpr int64_t INT8_BLOCK_BYTES = 512;
+constexpr int64_t PREFETCH_BYTES = 8192;
+
+// a * b + c, rounded twice: every tier has it, the portable one without fused hardware.
+inline F16 madd(F16 a, F16 b, F16 c) { return a * b + c; }
+
+// Round to the nearest integer, ties to even, for |x| < 2^22.
+inline F16 round_nearest(F16 x) {
+  const F16 magic = splat(12582912.0f);  // 1.5 * 2^23
+  return (x + magic) - magic;
+}
+
+// The first `n` lanes of p, the others `fill`; and the first `n` lanes of a stored.
+inline F16 load_head(const float* p, int64_t n, float fill) {
+  if (n >= LANES) return load(p);
+  float lanes[LANES];
+  std::fill(lanes, lanes + LANES, fill);
+  std::memcpy(lanes, p, n * sizeof(float));
+  return load(lanes);
+}
+inline void store_head(float* p, F16 a, int64_t n) {
+  if (n >= LANES) return store(p, a);
+  float lanes[LANES];
+  store(lanes, a);
+  std::memcpy(p, lanes, n * sizeof(float));
+}
+
+// exp(x) as Cephes' expf: x = n ln2 + r, |r| <= ln2 / 2, a degree-7 polynomial in r, times 2^n.
+// Below about -87.3 it gives 0, above about 88.7 infinity.
+inline F16 exp(F16 x) {
+  x = max(min(x, splat(88.7f)), splat(-104.0f));
+  F16 n = round_nearest(x * splat(1.44269504088896341f));
+  n = max(min(n, splat(127.0f)), splat(-127.0f));
+  const F16 r = (x - n * splat(0.693359375f)) - n * splat(-2.12194440e-4f);
+  F16 p = splat(1.9875691500e-4f);
+  p = madd(p, r, splat(1.3981999507e-3f));
+  p = madd(p, r, splat(8.3334519073e-3f));
+  p = madd(p, r, splat(4.1665795894e-2f));
+  p = madd(p, r, splat(1.6666665459e-1f));
+  p = madd(p, r, splat(5.0000001201e-1f));
+  const F16 e = (p * (r * r) + r) + splat(1.0f);
+  return e * pow2i(n);
+}
+
+inline void quantize_rows(const float* x, int64_t T, int64_t K, int8_t* codes, float* scales, int32_t* sums) {
+  const int64_t B = K / BLOCK;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t b = 0; b < B; ++b) {
+      const float* src = x + t * K + b * BLOCK;
+      const F16 lo = load(src), hi = load(src + LANES);
+      const float amax = reduce_max(max(abs(lo), abs(hi)));
+      const float scale = amax / 127.0f;
+      const F16 inverse = splat(scale > 0.0f ? 1.0f / scale : 0.0f);
+      // |x| / scale <= 127 up to rounding: the clamp only guards the int8 range.
+      const F16 top = splat(127.0f), bottom = splat(-128.0f);
+      float q[BLOCK];
+      store(q, max(min(round_nearest(lo * inverse), top), bottom));
+      store(q + LANES, max(min(round_nearest(hi * inverse), top), bottom));
+      int32_t sum = 0;
+      int8_t* dst = codes + t * K + b * BLOCK;
+      for (int64_t i = 0; i < BLOCK; ++i) {
+        dst[i] = static_cast<int8_t>(q[i]);
+        sum += dst[i];
+      }
+      scales[t * B + b] = scale;
+      sums[t * B + b] = sum;
+    }
+}
+
+// One tile of 16 output features for R rows.
+// INT4: w = code * s + (z - 8 s) with bf16 s and z per lane and weight group ([G][s x16, z x16]).
+// INT8: w = code * s + m with fp32 s and m per lane for the whole row ([s x16, m x16]), applied last.
+template <int R, bool INT4>
+void tile_rows(const uint8_t* w, const uint8_t* scales_zeros, int64_t blocks, int64_t blocks_per_group,
+               const int8_t* codes, const float* scales, const int32_t* sums, int64_t K, float* out, int64_t ldo,
+               int64_t valid) {
+  const int64_t B = K / BLOCK;
+  constexpr int64_t BLOCK_BYTES = INT4 ? INT4_BLOCK_BYTES : INT8_BLOCK_BYTES;
+  F16 acc[R];
+  float acc_sums[R];
+  for (int r = 0; r < R; ++r) {
+    acc[r] = splat(0.0f);
+    acc_sums[r] = 0.0f;
+  }
+  F16 group_s = splat(0.0f), group_m = splat(0.0f);
+  const uint16_t* group_scales = reinterpret_cast<const uint16_t*>(scales_zeros);
+  for (int64_t b = 0, in_group = 0; b < blocks; ++b) {
+    I16 dots[R];
+    const uint8_t* block = w + b * BLOCK_BYTES;
+    // Ask for the weights PREFETCH_BYTES ahead (this tile's or the next ones'): they stream in from
+    // memory while this block is multiplied.
+    for (int64_t byte = 0; byte < BLOCK_BYTES; byte += 64) prefetch(block + PREFETCH_BYTES + byte);
+    dot<R, INT4>(block, codes + b * BLOCK, K, dots);
+    if constexpr (INT4) {
+      if (in_group == 0) {
+        group_s = load_bf16(group_scales);
+        group_m = load_bf16(group_scales + LANES) - splat(8.0f) * group_s;
+        group_scales += 2 * LANES;
+      }
+      in_group = in_group + 1 == blocks_per_group ? 0 : in_group + 1;
+    }
+    for (int r = 0; r < R; ++r) {
+      const F16 products = to_float(dots[r]);
+      const float row_scale = scales[r * B + b];
+      const float row_sum = row_scale * static_cast<float>(sums[r * B + b]);
+      if constexpr (INT4) {
+        // acc += (a * s) * dot + m * (a * sum of codes): the block's exact dot product, scaled.
+        acc[r] = madd(splat(row_scale) * group_s, products, acc[r]);
+        acc[r] = madd(group_m, splat(row_sum), acc[r]);
+      } else {
+        acc[r] = madd(splat(row_scale), products, acc[r]);
+        acc_sums[r] = acc_sums[r] + row_sum;
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    F16 result = acc[r];
+    if constexpr (!INT4) {
+      const float* sm = reinterpret_cast<const float*>(scales_zeros);
+      result = madd(load(sm), result, load(sm + LANES) * splat(acc_sums[r]));
+    }
+    store_head(out + r * ldo, result, valid);
+  }
+}
+
+template <bool INT4>
+void tile(const MatmulArgs& a, const uint8_t* w, const uint8_t* sz, float* out, int64_t valid) {
+  const int64_t K = a.in_features, B = K / BLOCK;
+  for (int64_t r0 = 0; r0 < a.rows; r0 += MAX_ROWS) {
+    const int64_t rows = std::min<int64_t>(MAX_ROWS, a.rows - r0);
+    const int8_t* c = a.codes + r0 * K;
+    const float* sc = a.scales + r0 * B;
+    const int32_t* su = a.sums + r0 * B;
+    float* o = out + r0 * a.out_features;
+#define SPECEE_ROWS(R) \
+  case R: tile_rows<R, INT4>(w, sz, B, a.blocks_per_group, c, sc, su, K, o, a.out_features, valid); break;
+    switch (rows) {
+      SPECEE_ROWS(1) SPECEE_ROWS(2) SPECEE_ROWS(3) SPECEE_ROWS(4)
+      SPECEE_ROWS(5) SPECEE_ROWS(6) SPECEE_ROWS(7) SPECEE_ROWS(8)
+    }
+#undef SPECEE_ROWS
+  }
+}
+
+inline void matmul_tiles(const MatmulArgs& a, int64_t begin, int64_t end) {
+  for (int64_t t = begin; t < end; ++t) {
+    const int64_t valid = std::min<int64_t>(LANES, a.out_features - t * LANES);
+    const uint8_t* w = a.packed + t * a.tile_bytes;
+    const uint8_t* sz = a.scales_zeros + t * a.tile_scale_bytes;
+    if (a.bits == 4) tile<true>(a, w, sz, a.out + t * LANES, valid);
+    else tile<false>(a, w, sz, a.out + t * LANES, valid);
+  }
+}
+
+constexpr int64_t MAX_HEAD_CHUNKS = 16;  // head_dim up to 256
+
+// Attention of one query row of one head over `count` keys, key i at row index(i) of k/v.
+template <typename Index>
+void attend_one(const float* q, const float* k, const float* v, int64_t hd, int64_t count, Index index, float scale,
+                float* scores, float* out) {
+  const int64_t chunks = hd / LANES;
+  for (int64_t i = 0; i < count; ++i) {
+    const float* key = k + index(i) * hd;
+    F16 acc = splat(0.0f);
+    for (int64_t c = 0; c < chunks; ++c) acc = madd(load(q + c * LANES), load(key + c * LANES), acc);
+    scores[i] = reduce_add(acc) * scale;
+  }
+  // Softmax with key i in lane i % 16 of the block i / 16, wherever the keys sit in the cache.
+  const float lowest = -std::numeric_limits<float>::infinity();
+  F16 highest = splat(lowest);
+  for (int64_t i = 0; i < count; i += LANES) highest = max(highest, load_head(scores + i, count - i, lowest));
+  const F16 top = splat(reduce_max(highest));
+  F16 total = splat(0.0f);
+  for (int64_t i = 0; i < count; i += LANES) {
+    const F16 p = exp(load_head(scores + i, count - i, lowest) - top);  // exp(-inf) lanes are 0
+    store_head(scores + i, p, count - i);
+    total = total + p;
+  }
+  const F16 inverse = splat(1.0f / reduce_add(total));
+  F16 acc[MAX_HEAD_CHUNKS];
+  for (int64_t c = 0; c < chunks; ++c) acc[c] = splat(0.0f);
+  for (int64_t i = 0; i < count; ++i) {
+    const float* value = v + index(i) * hd;
+    const F16 weight = splat(scores[i]);
+    for (int64_t c = 0; c < chunks; ++c) acc[c] = madd(weight, load(value + c * LANES), acc[c]);
+  }
+  for (int64_t c = 0; c < chunks; ++c) store(out + c * LANES, acc[c] * inverse);
+}
+
+inline void attend(const AttentionArgs& a, int64_t begin, int64_t end) {
+  const int64_t heads = a.heads, hd = a.head_dim, group = heads / a.kv_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  std::vector<float> scores(a.most_keys + LANES);
+  std::vector<int64_t> order;
+  for (int64_t item = begin; item < end; ++item) {
+    const int64_t t = item / heads, h = item % heads, g = h / group;
+    const Segment& s = a.segments[a.row_segment[t]];
+    const int64_t row = t - s.first_row;
+    const float* k = s.keys + g * s.capacity * hd;
+    const float* v = s.values + g * s.capacity * hd;
+    const float* qrow = a.q + (t * heads + h) * hd;
+    float* o = a.out + t * heads * hd + h * hd;
+    if (s.mask == nullptr) {
+      attend_one(qrow, k, v, hd, s.visible[row], [](int64_t i) { return i; }, scale, scores.data(), o);
+    } else {
+      const int64_t tail_len = s.num_keys - s.prefix;
+      order.clear();
+      for (int64_t j = 0; j < s.prefix; ++j) order.push_back(j);
+      for (int64_t j = 0; j < tail_len; ++j)
+        if (s.mask[row * tail_len + j]) order.push_back(s.prefix + j);
+      const int64_t* idx = order.data();
+      attend_one(qrow, k, v, hd, static_cast<int64_t>(order.size()), [idx](int64_t i) { return idx[i]; }, scale,
+                 scores.data(), o);
+    }
+  }
+}
+
+// x * cos + (swapped halves) * sin, rounded as those separate operations round (PyTorch's rope).
+inline void rotate_rows(const float* x, int64_t T, int64_t heads, int64_t kv_heads, int64_t hd, const float* c,
+                        const float* sn, float* qp, float* kp, float* vp, int64_t capacity, int64_t start) {
+  const int64_t half = hd / 2, width = (heads + 2 * kv_heads) * hd;
+  for (int64_t t = 0; t < T; ++t) {
+    const float* row = x + t * width;
+    const float* ct = c + t * hd;
+    const float* st = sn + t * hd;
+    for (int64_t h = 0; h < heads + kv_heads; ++h) {
+      const float* src = row + h * hd;
+      float* dst = h < heads ? qp + (t * heads + h) * hd : kp + ((h - heads) * capacity + start + t) * hd;
+      for (int64_t d = 0; d < hd; ++d) {
+        const float swapped = src[d < half ? d + half : d - half];
+        dst[d] = src[d] * ct[d] + swapped * st[d];
+      }
+    }
+    for (int64_t g = 0; g < kv_heads; ++g)
+      std::copy(row + (heads + kv_heads + g) * hd, row + (heads + kv_heads + g + 1) * hd, vp + (g * capacity + start + t) * hd);
+  }
+}
+
+// Each row times 1 / sqrt(mean(x^2) + eps), then the weight; squares summed in 16 lanes, then across.
+inline void rms_norm(const float* x, int64_t T, int64_t D, const float* weight, float eps, float* out) {
+  for (int64_t t = 0; t < T; ++t) {
+    const float* row = x + t * D;
+    F16 squares = splat(0.0f);
+    for (int64_t d = 0; d < D; d += LANES) {
+      const F16 v = load_head(row + d, D - d, 0.0f);
+      squares = squares + v * v;
+    }
+    const F16 inverse = splat(1.0f / std::sqrt(reduce_add(squares) / static_cast<float>(D) + eps));
+    for (int64_t d = 0; d < D; d += LANES)
+      store_head(out + t * D + d, (load_head(row + d, D - d, 0.0f) * inverse) * load_head(weight + d, D - d, 0.0f), D - d);
+  }
+}
+
+// gate_up [T, 2 I] (gate, then up) -> silu(gate) * up [T, I].
+inline void silu_mul(const float* gate_up, int64_t T, int64_t I, float* out) {
+  const F16 one = splat(1.0f), zero = splat(0.0f);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < I; i += LANES) {
+      const F16 gate = load_head(gate_up + t * 2 * I + i, I - i, 0.0f);
+      const F16 up = load_head(gate_up + t * 2 * I + I + i, I - i, 0.0f);
+      store_head(out + t * I + i, (gate / (one + exp(zero - gate))) * up, I - i);
+    }
+}
+
+inline const KernelTable* table(const char* tier) {
+  static const KernelTable kernel_table{KERNEL_API_VERSION, tier, quantize_rows, matmul_tiles, attend,
+                                        rotate_rows, rms_norm, silu_mul};
+  return &kernel_table;
+}
+
+}  // namespace specee::kernels

@@ -1,0 +1,167 @@
+// The AVX2 + FMA tier (and, compiled with -mavxvnni, the AVX-VNNI tier): the 16-lane vector in
+// two ymm registers, lanes 0-7 and 8-15. Without VNNI the int8 products go through vpmaddubsw
+// (unsigned codes x signed activations, pairs summed in int16) and vpmaddwd (pairs to int32), as
+// llama.cpp's Q4 x Q8 path does; with VNNI, vpdpbusd sums four products straight into int32.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace specee::simd {
+
+struct F16 {
+  __m256 lo, hi;
+};
+struct I16 {
+  __m256i lo, hi;
+};
+
+inline F16 splat(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
+inline F16 load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+inline void store(float* p, F16 a) {
+  _mm256_storeu_ps(p, a.lo);
+  _mm256_storeu_ps(p + 8, a.hi);
+}
+inline F16 operator+(F16 a, F16 b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+inline F16 operator-(F16 a, F16 b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
+inline F16 operator*(F16 a, F16 b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+inline F16 operator/(F16 a, F16 b) { return {_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)}; }
+// minps/maxps are a < b ? a : b and a > b ? a : b, as the portable tier writes them.
+inline F16 min(F16 a, F16 b) { return {_mm256_min_ps(a.lo, b.lo), _mm256_min_ps(a.hi, b.hi)}; }
+inline F16 max(F16 a, F16 b) { return {_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)}; }
+inline F16 abs(F16 a) {
+  const __m256 mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  return {_mm256_and_ps(a.lo, mask), _mm256_and_ps(a.hi, mask)};
+}
+inline __m256 pow2i8(__m256 n) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23));
+}
+inline F16 pow2i(F16 n) { return {pow2i8(n.lo), pow2i8(n.hi)}; }
+inline __m256 bf16x8(const uint16_t* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+}
+inline F16 load_bf16(const uint16_t* p) { return {bf16x8(p), bf16x8(p + 8)}; }
+
+// The halving tree: lane i + lane i + 8, then + 4, + 2, + 1.
+inline float reduce_add(F16 a) {
+  const __m256 eight = _mm256_add_ps(a.lo, a.hi);
+  const __m128 four = _mm_add_ps(_mm256_castps256_ps128(eight), _mm256_extractf128_ps(eight, 1));
+  const __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
+  return _mm_cvtss_f32(_mm_add_ss(two, _mm_shuffle_ps(two, two, 1)));
+}
+inline float reduce_max(F16 a) {
+  const __m256 eight = _mm256_max_ps(a.lo, a.hi);
+  const __m128 four = _mm_max_ps(_mm256_castps256_ps128(eight), _mm256_extractf128_ps(eight, 1));
+  const __m128 two = _mm_max_ps(four, _mm_movehl_ps(four, four));
+  return _mm_cvtss_f32(_mm_max_ss(two, _mm_shuffle_ps(two, two, 1)));
+}
+
+inline F16 to_float(I16 a) { return {_mm256_cvtepi32_ps(a.lo), _mm256_cvtepi32_ps(a.hi)}; }
+
+inline __m256i broadcast4(const int8_t* q) {
+  int32_t word;
+  std::memcpy(&word, q, 4);
+  return _mm256_set1_epi32(word);
+}
+
+// The dot products of R rows of activations (row r at q + r * K) with one block of 32 inputs of
+// 16 features, exact in int32. The block's bytes are step j (inputs 4j .. 4j + 3) for lanes 0-15,
+// four codes a lane; 4-bit codes hold steps 0-3 in the low nibbles and 4-7 in the high ones. Each
+// weight vector is loaded once for all the rows; at most four rows at a time keep every
+// accumulator in a register.
+#if defined(__AVXVNNI__)
+template <int R>
+inline void dot_rows(const __m256i (&w)[4], int j0, int j1, const int8_t* q, int64_t K, __m256i (&acc)[R][2]) {
+  for (int r = 0; r < R; ++r) {
+    const __m256i a0 = broadcast4(q + r * K + 4 * j0), a1 = broadcast4(q + r * K + 4 * j1);
+    acc[r][0] = _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(acc[r][0], w[0], a0), w[2], a1);
+    acc[r][1] = _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(acc[r][1], w[1], a0), w[3], a1);
+  }
+}
+
+template <int R, bool INT4>
+inline void dot(const uint8_t* p, const int8_t* q, int64_t K, I16* out) {
+  if constexpr (R > 4) {
+    dot<4, INT4>(p, q, K, out);
+    dot<R - 4, INT4>(p, q + 4 * K, K, out + 4);
+  } else {
+    const __m256i nibble = _mm256_set1_epi8(0x0f);
+    __m256i acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+    for (int i = 0; i < 4; ++i) {
+      __m256i w[4];
+      if constexpr (INT4) {  // steps i and i + 4
+        for (int h = 0; h < 2; ++h) {
+          const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i * 64 + h * 32));
+          w[h] = _mm256_and_si256(packed, nibble);
+          w[2 + h] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), nibble);
+        }
+        dot_rows<R>(w, i, i + 4, q, K, acc);
+      } else {  // steps 2i and 2i + 1
+        for (int h = 0; h < 4; ++h) w[h] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i * 128 + h * 32));
+        dot_rows<R>(w, 2 * i, 2 * i + 1, q, K, acc);
+      }
+    }
+    for (int r = 0; r < R; ++r) out[r] = {acc[r][0], acc[r][1]};
+  }
+}
+#else
+// Codes below 16 times activations in -127..127: a pair is at most 3,810 and eight steps' pairs
+// 30,480, so the int16 sums cannot saturate. 8-bit codes would: their low and high nibbles are
+// multiplied as two 4-bit codes, code = low + 16 high.
+template <int R>
+inline void nibble_rows(const __m256i (&w)[4], int j0, int j1, const int8_t* q, int64_t K, __m256i (&acc)[R][2]) {
+  for (int r = 0; r < R; ++r) {
+    const __m256i a0 = broadcast4(q + r * K + 4 * j0), a1 = broadcast4(q + r * K + 4 * j1);
+    acc[r][0] = _mm256_add_epi16(acc[r][0], _mm256_add_epi16(_mm256_maddubs_epi16(w[0], a0), _mm256_maddubs_epi16(w[2], a1)));
+    acc[r][1] = _mm256_add_epi16(acc[r][1], _mm256_add_epi16(_mm256_maddubs_epi16(w[1], a0), _mm256_maddubs_epi16(w[3], a1)));
+  }
+}
+
+template <int R, bool INT4>
+inline void dot(const uint8_t* p, const int8_t* q, int64_t K, I16* out) {
+  constexpr int CHUNK = INT4 ? 4 : 2;
+  if constexpr (R > CHUNK) {
+    dot<CHUNK, INT4>(p, q, K, out);
+    dot<R - CHUNK, INT4>(p, q + CHUNK * K, K, out + CHUNK);
+  } else {
+    const __m256i nibble = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1), sixteens = _mm256_set1_epi16(16);
+    __m256i low[R][2], high[R][2];
+    for (int r = 0; r < R; ++r) low[r][0] = low[r][1] = high[r][0] = high[r][1] = _mm256_setzero_si256();
+    for (int i = 0; i < (INT4 ? 4 : 8); ++i) {
+      __m256i w[4];
+      for (int h = 0; h < 2; ++h) {
+        const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i * 64 + h * 32));
+        w[h] = _mm256_and_si256(packed, nibble);
+        w[2 + h] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), nibble);
+      }
+      if constexpr (INT4) {  // steps i and i + 4
+        nibble_rows<R>(w, i, i + 4, q, K, low);
+      } else {  // step i, its low and high nibbles
+        const __m256i lows[4] = {w[0], w[1], w[0], w[1]}, highs[4] = {w[2], w[3], w[2], w[3]};
+        for (int r = 0; r < R; ++r) {
+          const __m256i a = broadcast4(q + r * K + 4 * i);
+          low[r][0] = _mm256_add_epi16(low[r][0], _mm256_maddubs_epi16(lows[0], a));
+          low[r][1] = _mm256_add_epi16(low[r][1], _mm256_maddubs_epi16(lows[1], a));
+          high[r][0] = _mm256_add_epi16(high[r][0], _mm256_maddubs_epi16(highs[0], a));
+          high[r][1] = _mm256_add_epi16(high[r][1], _mm256_maddubs_epi16(highs[1], a));
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      if constexpr (INT4) {
+        out[r] = {_mm256_madd_epi16(low[r][0], ones), _mm256_madd_epi16(low[r][1], ones)};
+      } else {
+        out[r] = {_mm256_add_epi32(_mm256_madd_epi16(low[r][0], ones), _mm256_madd_epi16(high[r][0], sixteens)),
+                  _mm256_add_epi32(_mm256_madd_epi16(low[r][1], ones), _mm256_madd_epi16(high[r][1], sixteens))};
+      }
+    }
+  }
+}
+#endif
+
+inline void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
+
+}  // namespace specee::simd
