@@ -11,9 +11,11 @@ from the first). Per format:
   agreement (tokens before the first divergence from fp32's greedy output, and outputs identical),
   and MMLU accuracy (greedy, short answers).
 
-A format runs on specee's compiled CPU kernels; "<format>:eager" runs it on PyTorch's own.
+A format runs on specee's compiled CPU kernels, in the best CPU tier; "<format>:<tier>" in a tier
+this CPU runs (avx512, avxvnni, avx2, neon, portable), "<format>:eager" on PyTorch's own kernels.
 
     PYTHONPATH=. python benchmarks/formats.py --formats none,int8,int4,gguf,int4:eager --rounds 2
+    PYTHONPATH=. python benchmarks/formats.py --formats int4:avx2,int4:portable,int4:eager
 """
 from __future__ import annotations
 
@@ -69,11 +71,12 @@ def median_s(fn, repeats: int = 3) -> float:
 
 
 def measure_ours(system: str, inputs: dict, with_quality: bool) -> dict:
-    """`system`: a format, on the compiled kernels, or "<format>:eager" on PyTorch's own."""
+    """`system`: a format, on the compiled kernels (in the tier "<format>:<tier>" names), or
+    "<format>:eager" on PyTorch's own."""
     import specee
 
     quantization, _, path = system.partition(":")
-    engine = specee.load(quantization=quantization, compile=path != "eager")
+    engine = specee.load(quantization=quantization, compile=path != "eager", cpu_tier=path if path not in ("", "eager") else None)
     model, long_prompt = engine.model, inputs["long_prompt"]
     engine.generate(inputs["decode_prompt"], chat=False, max_tokens=8, ignore_eos=True)  # warm-up
 

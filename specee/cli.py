@@ -400,7 +400,7 @@ def _load_off_main_thread(args):
 
 def _speed_line(result, engine) -> str:
     s = result.stats
-    kernels = "compiled kernels" if engine.model.uses_kernels else "PyTorch kernels"
+    kernels = f"compiled kernels ({engine.cpu_tier})" if engine.model.uses_kernels else "PyTorch kernels"
     speculative = f"; {s.mean_acceptance_length:.2f} tokens per target pass" if s.accept_lengths else ""
     return (
         f"[{engine.quantization} weights, {kernels}; {result.prompt_tokens} prompt tokens, prefill {s.prefill_s:.2f} s; {result.completion_tokens} tokens "
@@ -434,7 +434,7 @@ def cmd_generate(args) -> int:
     sys.stdout.write("\n")
     print(_speed_line(result, engine), file=sys.stderr)
     if args.json:
-        print(json.dumps(result.to_dict()))
+        print(json.dumps(result.to_dict() | {"cpu_tier": engine.cpu_tier}))
     return 0
 
 

@@ -146,3 +146,13 @@ def arithmetic_corpus(path, count: int):
     """A small training text file: `count` blank-line-separated sums with their answers."""
     path.write_text("\n\n".join(f"Question {i}: what is {i} plus {i}? Answer: {2 * i}." for i in range(count)))
     return path
+
+
+def cpu_tier_params():
+    """One pytest param per CPU kernel tier; the tiers this CPU cannot run are skipped, saying why."""
+    import pytest
+
+    from specee.model.kernels import TIERS, missing_cpu_flags
+
+    return [pytest.param(tier.name, id=tier.name, marks=pytest.mark.skipif(
+        bool(missing_cpu_flags(tier)), reason=f"this CPU lacks {', '.join(missing_cpu_flags(tier))}")) for tier in TIERS]

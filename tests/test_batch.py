@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from helpers import tiny_model
+from helpers import cpu_tier_params, tiny_model
 from specee.batch import Batch
 from specee.decoding.base import Step
 from specee.drafters.prompt_lookup import PromptLookup
@@ -42,9 +42,10 @@ def prefilled(model, prefix: list[int]):
     return cache
 
 
-@pytest.mark.parametrize("quantization", ["eager", "none", "int4"])
-def test_several_sequences_in_one_pass_get_the_bits_they_get_alone(quantization):
-    model = tiny_model(seed=2) if quantization == "eager" else kernel_model(quantization, seed=2)
+@pytest.mark.parametrize("quantization,tier", [("eager", None), ("none", None)] + [
+    pytest.param("int4", tier.values[0], id=f"int4-{tier.id}", marks=tier.marks) for tier in cpu_tier_params()])
+def test_several_sequences_in_one_pass_get_the_bits_they_get_alone(quantization, tier):
+    model = tiny_model(seed=2) if quantization == "eager" else kernel_model(quantization, seed=2, tier=tier)
     tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
     # A prefill chunk scoring its last row, a chain after a prefix, a tree (a mask) after another.
     shapes = [([], [5, 9, 2, 7, 7, 1, 3], None, 6), ([4, 8, 15], [16, 23], None, 0),

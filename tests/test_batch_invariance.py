@@ -1,6 +1,7 @@
-"""Batch invariance of the whole forward on the CPU kernels: in every weight format, each row of a
-pass over a chain or a tree of 1..32 new tokens gets exactly the logits a one-token pass over its
-path gives. Lossless speculation (and a server batching requests) rests on it."""
+"""Batch invariance of the whole forward on the CPU kernels: in every weight format and every CPU
+tier this machine runs, each row of a pass over a chain or a tree of 1..32 new tokens gets exactly
+the logits a one-token pass over its path gives, and every tier gives the portable tier's logits.
+Lossless speculation (and a server batching requests) rests on it."""
 from __future__ import annotations
 
 import random
@@ -8,19 +9,20 @@ import random
 import pytest
 import torch
 
-from helpers import tiny_hf_model
+from helpers import cpu_tier_params, tiny_hf_model
 from specee.model.config import LlamaConfig
 from specee.model.cpu_packing import pack_linears
-from specee.model.kernels import cpu_kernels
+from specee.model.kernels import cpu_kernels, load_tier
 from specee.model.loading import LoadedWeights, build_model
 from specee.model.quantize import quantize_model
 
 FORMATS = ["none", "int8", "int4"]
 
 
-def kernel_model(quantization: str, seed: int = 0, dtype=torch.float32):
-    """A tiny random model on the CPU kernels (matrices whose inputs split into blocks of 32)."""
-    kernels = cpu_kernels()
+def kernel_model(quantization: str, seed: int = 0, dtype=torch.float32, tier: str | None = None):
+    """A tiny random model on the CPU kernels, in `tier` (default: the best this CPU runs; the
+    matrices' inputs split into blocks of 32)."""
+    kernels = load_tier(tier) if tier else cpu_kernels()
     assert kernels is not None
     hf = tiny_hf_model(seed, intermediate_size=128, vocab_size=160)
     config = LlamaConfig.from_dict(hf.config.to_dict())
@@ -91,12 +93,24 @@ def check_rows(model, rng: random.Random, sizes, vocab: int) -> int:
     return compared
 
 
+@pytest.mark.parametrize("tier", cpu_tier_params())
 @pytest.mark.parametrize("quantization", FORMATS)
-def test_every_row_of_a_pass_equals_its_one_token_pass(quantization):
-    model = kernel_model(quantization)
+def test_every_row_of_a_pass_equals_its_one_token_pass(quantization, tier):
+    model = kernel_model(quantization, tier=tier)
     rng = random.Random(quantization)
     compared = check_rows(model, rng, sizes=list(range(1, 33)), vocab=model.config.vocab_size)
     assert compared == 2 * sum(range(1, 33))
+
+
+@pytest.mark.parametrize("tier", cpu_tier_params())
+@pytest.mark.parametrize("quantization", FORMATS)
+def test_every_tier_gives_the_portable_tiers_logits(quantization, tier):
+    """The same bits on every CPU: a pass over a tree in `tier` equals the portable tier's, row for row."""
+    rng = random.Random(7)
+    prefix, tokens = [rng.randrange(160) for _ in range(20)], [rng.randrange(160) for _ in range(9)]
+    parents = random_tree(rng, 9, chain=False)
+    logits = tree_pass(kernel_model(quantization, tier=tier), prefix, tokens, parents)
+    assert torch.equal(logits, tree_pass(kernel_model(quantization, tier="portable"), prefix, tokens, parents))
 
 
 def test_rows_differ_between_paths_so_the_check_has_teeth():

@@ -1,5 +1,6 @@
-"""The compiled CPU kernels (`specee/model/kernels/`): each against a plain reference, each row's
-result independent of the other rows of the call, and the build cache."""
+"""The compiled CPU kernels (`specee/model/kernels/`), in every tier this CPU runs: each against a
+plain reference, each row's result independent of the other rows of the call, every tier's bits
+equal to the portable tier's; the tier choice and the build cache."""
 from __future__ import annotations
 
 import os
@@ -12,18 +13,24 @@ import torch
 import torch.nn.functional as F
 
 from specee.model.integer_linear import IntegerLinear
-from specee.model.kernels import KernelsUnavailable, build, build_directory, cpu_kernels
+import specee.model.kernels as kernels_module
+from helpers import cpu_tier_params
+from specee.model.kernels import (KernelsUnavailable, bindings_directory, cpu_kernels, load_tier, supported_tiers,
+                                  tier_library, tier_named)
 from specee.model.quantize import quantize_int4, quantize_int8, quantized_linear
 from specee.model.rope import apply_rope, rope_angles
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(scope="module", params=cpu_tier_params())
+def kernels(request):
+    return load_tier(request.param)
+
+
 @pytest.fixture(scope="module")
-def kernels():
-    module = cpu_kernels()
-    assert module is not None, "the CPU kernels must build on the test machines (g++ and AVX-512 VNNI)"
-    return module
+def portable():
+    return load_tier("portable")
 
 
 def rows(T: int, K: int, seed: int = 0) -> torch.Tensor:
@@ -152,38 +159,148 @@ def run_python(code: str, cwd=None, **env) -> subprocess.CompletedProcess:
                           env={**os.environ, "PYTHONPATH": str(ROOT), **env}, cwd=cwd)
 
 
-def test_a_second_process_reuses_the_built_kernels_from_any_working_directory(kernels, tmp_path):
-    directory = build_directory()
-    library = next(directory.glob("*.so"))
-    log = (directory / ".ninja_log").read_text()
-    built_at = library.stat().st_mtime_ns
-    done = run_python("from specee.model.kernels import cpu_kernels; assert cpu_kernels() is not None", cwd=tmp_path)
+def test_a_second_process_reuses_the_built_kernels_from_any_working_directory(tmp_path):
+    assert cpu_kernels() is not None, "the CPU kernels must build on the test machines (g++)"
+    bindings = next(bindings_directory().glob("*.so"))
+    library = tier_library(tier_named(supported_tiers()[0]))
+    built_at = bindings.stat().st_mtime_ns, library.stat().st_mtime_ns
+    log = (bindings_directory() / ".ninja_log").read_text()
+    done = run_python("from specee.model.kernels import cpu_kernels; assert cpu_kernels() is not None", cwd=tmp_path,
+                      SPECEE_CPU_TIER="")
     assert done.returncode == 0, done.stderr
     assert "compiling" not in done.stderr
-    assert library.stat().st_mtime_ns == built_at
-    assert (directory / ".ninja_log").read_text() == log  # ninja ran no build step
+    assert (bindings.stat().st_mtime_ns, library.stat().st_mtime_ns) == built_at
+    assert (bindings_directory() / ".ninja_log").read_text() == log  # ninja ran no build step
 
 
-def test_without_a_compiler_the_kernels_are_unavailable_with_a_reason(monkeypatch, tmp_path):
-    import specee.model.kernels as kernels_module
+def test_the_best_tier_runs_and_is_named_once_on_stderr(tmp_path):
+    code = ("import specee.model.kernels as k; a = k.cpu_kernels(); b = k.cpu_kernels(); "
+            "assert a is b; print(a.tier)")
+    done = run_python(code, cwd=tmp_path, SPECEE_CPU_TIER="")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == supported_tiers()[0]
+    assert done.stderr.count("specee: CPU kernels: ") == 1
+    assert f"CPU kernels: {supported_tiers()[0]} (" in done.stderr
 
+
+def test_an_override_forces_a_lower_tier_and_a_tier_the_cpu_lacks_is_refused(tmp_path, monkeypatch):
+    done = run_python("import specee.model.kernels as k; print(k.cpu_kernels().tier)", cwd=tmp_path,
+                      SPECEE_CPU_TIER="portable")
+    assert done.returncode == 0 and done.stdout.strip() == "portable", done.stderr
+    monkeypatch.setenv("SPECEE_CPU_TIER", "sse9")
+    with pytest.raises(ValueError, match="SPECEE_CPU_TIER: unknown CPU tier 'sse9'"):
+        kernels_module.requested_tier()
+    monkeypatch.delenv("SPECEE_CPU_TIER")
+    foreign = "neon" if kernels_module.machine() == "x86_64" else "avx2"
+    with pytest.raises(ValueError, match=f"CPU tier {foreign} needs"):
+        load_tier(foreign)
+
+
+def test_the_command_line_refuses_a_tier_the_cpu_cannot_run(capsys):
+    from specee.cli import main
+
+    foreign = "neon" if kernels_module.machine() == "x86_64" else "avx2"
+    assert main(["generate", "hi", "--cpu-tier", foreign]) == 2
+    assert f"CPU tier {foreign} cannot run on this CPU" in capsys.readouterr().err
+
+
+def test_without_a_compiler_the_kernels_are_unavailable_with_a_reason(monkeypatch):
     monkeypatch.setattr(kernels_module.shutil, "which", lambda name: None)
+    monkeypatch.delenv("CXX", raising=False)
     with pytest.raises(KernelsUnavailable, match="no C\\+\\+ compiler"):
-        build(tmp_path)
+        kernels_module.compiler()
+    kernels_module.bindings.cache_clear()
+    try:
+        with pytest.raises(KernelsUnavailable, match="no C\\+\\+ compiler"):
+            kernels_module.bindings()
+    finally:
+        kernels_module.bindings.cache_clear()
+
+
+def test_a_tier_that_fails_to_build_says_why(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECEE_CACHE", str(tmp_path))
+    monkeypatch.setattr(kernels_module, "COMMON_FLAGS", kernels_module.COMMON_FLAGS + ("-mno-such-flag",))
+    with pytest.raises(KernelsUnavailable, match="building the portable CPU kernels failed"):
+        tier_library(tier_named("portable"))
 
 
 @pytest.mark.slow
-def test_a_damaged_cache_is_rebuilt_with_a_warning(kernels, tmp_path):
+def test_a_damaged_cache_is_rebuilt_with_a_warning(tmp_path):
     """A corrupt shared object in the cache folder: the next process warns, builds it again and runs."""
     import shutil
 
-    target = tmp_path / "kernels" / build_directory().name
-    shutil.copytree(build_directory(), target)
+    assert cpu_kernels() is not None
+    target = tmp_path / "kernels" / bindings_directory().name
+    shutil.copytree(bindings_directory(), target)
     library = next(target.glob("*.so"))
     library.write_bytes(b"not a shared object")
-    done = run_python("from specee.model.kernels import build; print(build().integer_linear is not None)",
-                      SPECEE_CACHE=str(tmp_path))
+    done = run_python("from specee.model.kernels import cpu_kernels; print(cpu_kernels().integer_linear is not None)",
+                      SPECEE_CACHE=str(tmp_path), SPECEE_CPU_TIER="portable")
     assert done.returncode == 0, done.stderr
     assert "could not be loaded" in done.stderr and "rebuilding" in done.stderr
     assert done.stdout.strip().endswith("True")
     assert next(target.glob("*.so")).read_bytes()[:4] == b"\x7fELF"
+    tier = next((tmp_path / "kernels").glob("portable-*/libspecee_portable.so"))
+    tier.write_bytes(b"not a shared object")
+    done = run_python("from specee.model.kernels import cpu_kernels; print(cpu_kernels().tier)",
+                      SPECEE_CACHE=str(tmp_path), SPECEE_CPU_TIER="portable")
+    assert done.returncode == 0 and done.stdout.strip().endswith("portable"), done.stderr
+    assert "could not be loaded" in done.stderr and tier.read_bytes()[:4] == b"\x7fELF"
+
+
+# Every tier against the portable one, bit for bit: integer sums are exact, and every fp32 step after
+# them is the same operation in the same order in every tier (kernels.h).
+
+@pytest.mark.parametrize("bits,group", [(4, 32), (4, 64), (4, 128), (8, 0)])
+@pytest.mark.parametrize("shape", [(200, 640), (64, 128), (16, 1536)])
+def test_every_tier_multiplies_with_the_portable_tiers_bits(kernels, portable, bits, group, shape):
+    N, K = shape
+    w = torch.randn(N, K, generator=torch.Generator().manual_seed(N + K)) * 0.05
+    weight = quantize_int4(w, group) if bits == 4 else quantize_int8(w)
+    layer, reference = quantized_linear(weight, kernels=kernels), quantized_linear(weight, kernels=portable)
+    for T in (1, 2, 5, 9):
+        x = rows(T, K, seed=T) * (1 + 10 * (torch.arange(K) % 7 == 0))  # some large activations
+        x[0, :32] = 0  # a block of zeros: scale 0
+        out = layer(x)
+        assert torch.equal(out, reference(x)), f"{T} rows"
+    assert out.abs().max() > 0
+
+
+def test_every_tier_attends_with_the_portable_tiers_bits(kernels, portable):
+    past, T = 77, 11  # key counts that are not multiples of 16
+    q, keys, values = attention_inputs(T, past, seed=5)
+    visible = torch.arange(past + 1, past + T + 1)
+    assert torch.equal(kernels.attention(q, keys, values, visible, NO_MASK, 0, past + T),
+                       portable.attention(q, keys, values, visible, NO_MASK, 0, past + T))
+    mask = (torch.rand(T, T, generator=torch.Generator().manual_seed(6)) < 0.5).to(torch.uint8) | torch.eye(T, dtype=torch.uint8)
+    assert torch.equal(kernels.attention(q * 30, keys, values, torch.empty(0, dtype=torch.long), mask, past, past + T),
+                       portable.attention(q * 30, keys, values, torch.empty(0, dtype=torch.long), mask, past, past + T))
+
+
+def test_every_tier_rotates_stores_and_attends_several_sequences_with_the_portable_tiers_bits(kernels, portable):
+    heads, kv_heads, hd = 4, 2, 32
+    rows_of = [3, 5]
+    qkv = rows(sum(rows_of), (heads + 2 * kv_heads) * hd, seed=7)
+    angles = rope_angles(1.0 / 10000 ** (torch.arange(0, hd, 2).float() / hd), torch.arange(40, 48), torch.float32)
+    cos, sin = angles.cos.reshape(8, hd), angles.sin.reshape(8, hd)
+    results = []
+    for tier in (kernels, portable):
+        caches = [torch.randn(2, kv_heads, 64, hd, generator=torch.Generator().manual_seed(s)) for s in (8, 9)]
+        out = tier.rotate_store_attend(qkv, cos, sin, [c[0] for c in caches], [c[1] for c in caches], [40, 20], rows_of,
+                                       [torch.arange(41, 44), torch.empty(0, dtype=torch.long)],
+                                       [NO_MASK, torch.tril(torch.ones(5, 5, dtype=torch.uint8))], [0, 20], [43, 25], heads)
+        results.append((out, caches))
+    (out, caches), (expected, expected_caches) = results
+    assert torch.equal(out, expected)
+    assert all(torch.equal(a, b) for a, b in zip(caches, expected_caches))
+
+
+@pytest.mark.parametrize("width", [576, 72])
+def test_every_tier_normalizes_and_gates_with_the_portable_tiers_bits(kernels, portable, width):
+    x, weight = rows(5, width, seed=10), torch.randn(width, generator=torch.Generator().manual_seed(11))
+    assert torch.equal(kernels.rms_norm(x, weight, 1e-6), portable.rms_norm(x, weight, 1e-6))
+    gate_up = torch.linspace(-100, 100, 5 * 2 * width).view(5, 2 * width)  # exp's clamps at both ends
+    gate_up = gate_up[:, torch.randperm(2 * width, generator=torch.Generator().manual_seed(12))].contiguous()
+    gated = kernels.silu_mul(gate_up)
+    assert torch.equal(gated, portable.silu_mul(gate_up))
+    torch.testing.assert_close(gated, F.silu(gate_up[:, :width]) * gate_up[:, width:], rtol=1e-5, atol=1e-5)

@@ -211,6 +211,9 @@ def test_metrics_parse_and_count_the_requests_made(default_server, client, model
     reached = delta(after, before, "specee_draft_position_reached_total", mode="hybrid", position="0")
     assert 0 < reached <= stats["target_passes"]
     assert after[("specee_queue_length", ())] == 0
+    from specee.model.kernels import supported_tiers
+
+    assert after[("specee_cpu_kernels_info", (("tier", supported_tiers()[0]),))] == 1
 
 
 def test_fifty_concurrent_clients_get_correct_answers_in_bounded_memory(default_server, client, model_id):

@@ -124,7 +124,7 @@ async def read_json(request: Request) -> object:
 
 
 def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
-    metrics = Metrics()
+    metrics = Metrics(engine.cpu_tier)
     scheduler = Scheduler(Batch(engine.model, config.prefill_chunk), config.max_queue, config.max_batch,
                           on_step=metrics.record_step, on_end=metrics.record_end, on_pass=metrics.record_pass)
     metrics.watch(scheduler)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 
 from ..engine import Event
 from .scheduler import Ended, Job, Scheduler
@@ -13,8 +13,10 @@ LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, cpu_tier: str | None = None) -> None:
         self.registry = r = CollectorRegistry()
+        Info("specee_cpu_kernels", "Which CPU tier specee's kernels run (none: PyTorch's kernels)",
+             registry=r).info({"tier": cpu_tier or "none"})
         self.requests = Counter("specee_requests", "HTTP requests by route and status code",
                                 ["route", "status"], registry=r)
         self.generations = Counter("specee_generations", "Generations by how they ended "
