@@ -73,12 +73,12 @@ class Engine:
         self.tokenizer = tokenizer
         self.source = source  # the GGUF file or model directory it was loaded from
         self.quantization = quantization  # how the matrices are stored: none, int8, int4 or gguf
+        self.artifacts = ArtifactStore(model, tokenizer)
 
     @property
     def cpu_tier(self) -> str | None:
         """The CPU tier specee's kernels run in (avx512, avx2, ...), or None on PyTorch's kernels."""
         return self.model.kernels.tier if self.model.uses_kernels else None
-        self.artifacts = ArtifactStore(model, tokenizer)
 
     @property
     def config(self):

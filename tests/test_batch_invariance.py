@@ -19,12 +19,13 @@ from specee.model.quantize import quantize_model
 FORMATS = ["none", "int8", "int4"]
 
 
-def kernel_model(quantization: str, seed: int = 0, dtype=torch.float32, tier: str | None = None):
+def kernel_model(quantization: str, seed: int = 0, dtype=torch.float32, tier: str | None = None,
+                 model_type: str = "llama"):
     """A tiny random model on the CPU kernels, in `tier` (default: the best this CPU runs; the
     matrices' inputs split into blocks of 32)."""
     kernels = load_tier(tier) if tier else cpu_kernels()
     assert kernels is not None
-    hf = tiny_hf_model(seed, intermediate_size=128, vocab_size=160)
+    hf = tiny_hf_model(seed, model_type, intermediate_size=128, vocab_size=160)
     config = LlamaConfig.from_dict(hf.config.to_dict())
     state = {k: v.detach().clone() for k, v in hf.state_dict().items()}
     model = build_model(LoadedWeights(config, state, None), dtype, "cpu", kernels)
@@ -146,3 +147,29 @@ def test_eager_fp32_decodes_the_compiled_tokens(default_engine):
     for prompt in PROMPTS[:4]:
         expected = default_engine.generate(prompt, max_tokens=64, ignore_eos=True).token_ids
         assert eager.generate(prompt, max_tokens=64, ignore_eos=True).token_ids == expected, prompt
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2"])  # qwen2: biases on q, k and v
+@pytest.mark.parametrize("quantization", ["int8", "int4"])
+def test_fused_layers_give_the_bits_of_the_layers_part_by_part(quantization, model_type):
+    """On the integer formats a pass runs all its layers in one kernel call (`run_fused`); the same
+    pass part by part (norm, matrices, attention, adds as separate calls) gives the same bits, for a
+    chain, a tree, and a pass over some of the layers."""
+    model = kernel_model(quantization, model_type=model_type)
+    assert model.fused_stack is not None and all(layer.fused is not None for layer in model.layers)
+    rng = random.Random(3)
+    prefix, tokens = [rng.randrange(160) for _ in range(25)], [rng.randrange(160) for _ in range(7)]
+    passes = [(tokens, random_tree(rng, 7, chain=True)), (tokens, random_tree(rng, 7, chain=False))]
+    fused = [tree_pass(model, prefix, *p) for p in passes]
+    cache = model.new_cache(40)
+    with torch.inference_mode():
+        partial = model.hidden(torch.tensor(prefix), torch.arange(25), cache, layers=range(1, 3))
+    stack = model.fused_stack
+    model.fused_stack = None
+    for layer in model.layers:
+        layer.fused = None
+    assert all(torch.equal(a, tree_pass(model, prefix, *p)) for a, p in zip(fused, passes))
+    with torch.inference_mode():
+        assert torch.equal(partial, model.hidden(torch.tensor(prefix), torch.arange(25), model.new_cache(40),
+                                                 layers=range(1, 3)))
+    assert stack is not None and not torch.equal(fused[0], fused[1])

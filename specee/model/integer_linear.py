@@ -50,6 +50,12 @@ class IntegerLinear(nn.Module):
         self.scales_zeros = per_tile(scales_zeros)  # [tiles, G, 2, 16] or [tiles, 2, 16]
         self.weight_bytes = self.packed.numel() + self.scales_zeros.numel() * self.scales_zeros.element_size()
 
+    def as_kernel_matrix(self):
+        """What the kernels' fused decoder layer takes for this matrix (`bindings.cpp`, Matrix)."""
+        from .kernels import bindings
+
+        return bindings().Matrix(self.packed, self.scales_zeros, self.out_features, self.bits, self.group_size, self.bias)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x if x.dim() == 2 and x.dtype == torch.float32 else x.reshape(-1, self.in_features).float()  # [T, K]
         out = self.kernels.integer_linear(rows.contiguous(), self.packed, self.scales_zeros, self.out_features,

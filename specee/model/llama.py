@@ -136,6 +136,17 @@ class Attention(nn.Module):
         cache.append(self.layer_index, k, kv[:, nkv * hd :].view(T, nkv, hd))
 
 
+def run_fused(kernels, stack, layers: range, h: torch.Tensor, angles: RopeAngles, cache: KVCache,
+              bias: AttentionBias) -> torch.Tensor:
+    """`layers` (consecutive, their cache all at one length) for one sequence's rows h [T, hidden] in
+    one kernel call: what running them one by one gives, bit for bit."""
+    T, start = len(h), cache.lengths[layers.start]
+    for i in layers:
+        cache.extend(i, T)
+    return kernels.decoder_layers(stack, layers.start, layers.stop, h.contiguous(), *angles_rows(angles, T), cache.keys,
+                                  cache.values, start, *bias.for_kernel(start + T))
+
+
 def angles_rows(angles: RopeAngles, T: int) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin as the kernels take them: [T, head_dim] fp32."""
     return angles.cos.reshape(T, -1).float(), angles.sin.reshape(T, -1).float()
@@ -277,10 +288,36 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
+    # The layer as one kernel call, where every part runs on the kernels (`Transformer.use_kernels`):
+    # (kernels, the model's LayerStack, this layer's index in it).
+    fused = None
+
     def forward(self, h: torch.Tensor, angles: RopeAngles, cache: KVCache | list[Segment],
                 mask: torch.Tensor | AttentionBias | None = None) -> torch.Tensor:
+        if self.fused is not None and isinstance(cache, KVCache) and h.dim() == 2 and not h.requires_grad:
+            kernels, stack, index = self.fused
+            group = self.self_attn.num_heads // self.self_attn.num_kv_heads
+            bias = mask if isinstance(mask, AttentionBias) else AttentionBias(mask, len(h), group)
+            return run_fused(kernels, stack, range(index, index + 1), h, angles, cache, bias)
         h = h + self.self_attn(self.input_layernorm(h), angles, cache, mask)
         return h + self.mlp(self.post_attention_layernorm(h))
+
+    def kernel_weights(self, kernels):
+        """What the kernels' fused layers take of this layer (`bindings.cpp`, LayerWeights), or None
+        where a part does not run on `kernels`."""
+        from .integer_linear import IntegerLinear
+        from .kernels import bindings
+
+        attention, mlp = self.self_attn, self.mlp
+        norms = (self.input_layernorm, self.post_attention_layernorm)
+        matrices = (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        if not (kernels is not None and all(m.kernels is kernels for m in (attention, mlp, *norms))
+                and all(isinstance(m, IntegerLinear) and m.kernels is kernels for m in matrices)
+                and all(n.weight.dtype == torch.float32 for n in norms)):
+            return None
+        qkv, o, gate_up, down = (m.as_kernel_matrix() for m in matrices)
+        return bindings().LayerWeights(norms[0].weight, norms[0].eps, qkv, o, norms[1].weight, norms[1].eps, gate_up, down,
+                                       attention.num_heads)
 
     def write_kv(self, h: torch.Tensor, angles: RopeAngles, cache: KVCache) -> None:
         """Append the K/V this layer would compute if `h` were its input, without running it."""
@@ -294,6 +331,7 @@ class Transformer(nn.Module):
     # drafts by it. Dense weights read once for all rows (BENCHMARKS.md, "Multi-row cost per
     # format"); the quantized formats set their own.
     extra_row_cost = 0.03
+    fused_stack = None  # (kernels, LayerStack): every layer as kernel calls (`use_kernels`)
 
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
@@ -316,6 +354,14 @@ class Transformer(nn.Module):
         for module in self.modules():
             if isinstance(module, (RMSNorm, MLP)):
                 module.kernels = kernels if rows_fit else None
+        weights = [layer.kernel_weights(kernels) for layer in self.layers]
+        self.fused_stack = None
+        if all(w is not None for w in weights):
+            from .kernels import bindings
+
+            self.fused_stack = (kernels, bindings().LayerStack(weights))
+        for index, layer in enumerate(self.layers):
+            layer.fused = None if self.fused_stack is None else (*self.fused_stack, index)
 
     @property
     def kernels(self):
@@ -396,7 +442,11 @@ class Transformer(nn.Module):
         angles = self.angles(positions)
         c = self.config
         bias = AttentionBias(mask, h.shape[0], c.num_attention_heads // c.num_key_value_heads)
-        for i in layers if layers is not None else range(len(self.layers)):
+        layers = layers if layers is not None else range(len(self.layers))
+        if (self.fused_stack is not None and isinstance(cache, KVCache) and h.dim() == 2 and not h.requires_grad
+                and len(layers) and layers.step == 1 and len({cache.lengths[i] for i in layers}) == 1):
+            return run_fused(*self.fused_stack, layers, h, angles, cache, bias)
+        for i in layers:
             h = self.layers[i](h, angles, cache, bias)
         return h
 

@@ -2,9 +2,12 @@
 // built with that tier's flags) and exposes its table to Python, checking each tensor and spreading
 // the work over PyTorch's threads. Compiled once, for any x86-64 or AArch64 CPU: no ISA flags here.
 #include <torch/extension.h>
+#include <pybind11/stl_bind.h>
 #include <ATen/Parallel.h>
 #include <dlfcn.h>
+#include <omp.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +37,32 @@ Segment segment_of(const at::Tensor& keys, const at::Tensor& values, const at::T
           masked ? nullptr : visible.data_ptr<int64_t>(), masked ? tail_mask.data_ptr<uint8_t>() : nullptr,
           prefix, num_keys, first_row};
 }
+
+// One quantized matrix as `integer_linear` takes it (IntegerLinear's tensors), and its bias (or an
+// undefined tensor).
+struct Matrix {
+  at::Tensor packed, scales_zeros;
+  int64_t out_features, bits, group_size;
+  at::Tensor bias;
+};
+
+// A decoder layer whose parts all run on the kernels: its norms' weights and its four matrices.
+struct LayerWeights {
+  at::Tensor input_norm;
+  double input_eps;
+  Matrix qkv, o;
+  at::Tensor post_norm;
+  double post_eps;
+  Matrix gate_up, down;
+  int64_t heads;
+};
+
+}  // namespace
+
+// A list of LayerWeights handed to C++ by reference, not copied at every call.
+PYBIND11_MAKE_OPAQUE(std::vector<LayerWeights>)
+
+namespace {
 
 class Kernels {
  public:
@@ -149,6 +178,126 @@ class Kernels {
     return out;
   }
 
+  // Decoder layers first .. last - 1 of `stack` for the T rows h [T, D] of one sequence, each
+  // h + attention(norm(h)), then + the MLP of its norm, with the kernels and the adds its parts run
+  // one by one (so the same bits), all in one parallel region: the threads meet at barriers between
+  // steps instead of being woken for each. keys, values: the cache, [layers, kv_heads, capacity, hd];
+  // every layer writes positions start .. start + T - 1, which its rows see as `attention`'s
+  // visible, tail_mask, prefix and num_keys say. Returns [T, D].
+  at::Tensor decoder_layers(const std::vector<LayerWeights>& stack, int64_t first, int64_t last, const at::Tensor& h,
+                            const at::Tensor& cos, const at::Tensor& sin, at::Tensor& keys, at::Tensor& values,
+                            int64_t start, const at::Tensor& visible, const at::Tensor& tail_mask, int64_t prefix,
+                            int64_t num_keys) const {
+    check_rows(h, 2, "h");
+    TORCH_CHECK(0 <= first && first < last && last <= static_cast<int64_t>(stack.size()), "no such layers");
+    TORCH_CHECK(keys.dim() == 4 && keys.is_contiguous() && values.is_contiguous() && keys.sizes() == values.sizes() &&
+                keys.scalar_type() == at::kFloat && last <= keys.size(0), "the cache must be [layers, kv, S, hd] fp32");
+    const int64_t T = h.size(0), D = h.size(1), kv_heads = keys.size(1), capacity = keys.size(2), hd = keys.size(3);
+    TORCH_CHECK(start + T <= capacity && num_keys <= capacity, "cache too small");
+    check_rows(cos, 2, "cos");
+    check_rows(sin, 2, "sin");
+    TORCH_CHECK(cos.size(0) == T && cos.size(1) == hd && sin.sizes() == cos.sizes(), "cos and sin must be [T, hd]");
+    TORCH_CHECK(tail_mask.numel() ? tail_mask.size(0) == T : visible.numel() == T, "one visibility per row");
+    const LayerWeights& w0 = stack[first];
+    const int64_t heads = w0.heads, I = w0.gate_up.out_features / 2;
+    for (int64_t l = first; l < last; ++l) check_layer(stack[l], D, I, heads, kv_heads, hd);
+    const auto f = h.options();
+    at::Tensor x = h.clone(), normed = at::empty({T, D}, f), qkv = at::empty({T, w0.qkv.out_features}, f);
+    at::Tensor q = at::empty({T, heads, hd}, f), attended = at::empty({T, heads * hd}, f), mixed = at::empty({T, D}, f);
+    at::Tensor gate_up = at::empty({T, 2 * I}, f), gated = at::empty({T, I}, f);
+    const int64_t widest = std::max({D, heads * hd, I});
+    at::Tensor codes = at::empty({T, widest}, f.dtype(at::kChar)), scales = at::empty({T, widest / BLOCK}, f);
+    at::Tensor sums = at::empty({T, widest / BLOCK}, f.dtype(at::kInt));
+    auto quantized = [&](const at::Tensor& rows) {  // rows as int8 blocks, into codes, scales, sums
+      table_->quantize_rows(rows.data_ptr<float>(), T, rows.size(1), codes.data_ptr<int8_t>(), scales.data_ptr<float>(),
+                            sums.data_ptr<int32_t>());
+    };
+    auto matmul = [&](const Matrix& m, int64_t K, at::Tensor& out) {
+      return MatmulArgs{m.packed.data_ptr<uint8_t>(), m.packed.stride(0), static_cast<const uint8_t*>(m.scales_zeros.data_ptr()),
+                        m.scales_zeros.stride(0) * m.scales_zeros.element_size(), m.bits,
+                        m.bits == 4 ? m.group_size / BLOCK : 1, m.out_features, T, K, codes.data_ptr<int8_t>(),
+                        scales.data_ptr<float>(), sums.data_ptr<int32_t>(), out.data_ptr<float>()};
+    };
+    auto add_bias = [](at::Tensor& rows, const Matrix& m) {  // rows + bias, as IntegerLinear adds it
+      if (!m.bias.defined()) return;
+      float* r = rows.data_ptr<float>();
+      const float* b = m.bias.data_ptr<float>();
+      for (int64_t i = 0; i < rows.numel(); ++i) r[i] = r[i] + b[i % m.out_features];
+    };
+    auto residual = [T, D](const at::Tensor& from, at::Tensor& onto) {  // onto = from + onto, as `h + ...` adds
+      const float* a = from.data_ptr<float>();
+      float* b = onto.data_ptr<float>();
+      for (int64_t i = 0; i < T * D; ++i) b[i] = a[i] + b[i];
+    };
+    auto tiles = [](const MatmulArgs& a) { return (a.out_features + LANES - 1) / LANES; };
+    const std::vector<int64_t> row_segment(T, 0);
+    const int threads = static_cast<int>(std::max<int64_t>(1, at::get_num_threads()));
+#pragma omp parallel num_threads(threads)
+    {
+      const int64_t id = omp_get_thread_num(), n = omp_get_num_threads();
+      auto share = [&](int64_t count, auto&& work) {  // this thread's part of count items
+        const int64_t chunk = (count + n - 1) / n, begin = std::min(count, id * chunk), end = std::min(count, begin + chunk);
+        if (begin < end) work(begin, end);
+      };
+      for (int64_t l = first; l < last; ++l) {
+        const LayerWeights& w = stack[l];
+        float* k = keys.data_ptr<float>() + l * kv_heads * capacity * hd;
+        float* v = values.data_ptr<float>() + l * kv_heads * capacity * hd;
+        const Segment segment{k, v, capacity, tail_mask.numel() ? nullptr : visible.data_ptr<int64_t>(),
+                              tail_mask.numel() ? tail_mask.data_ptr<uint8_t>() : nullptr, prefix, num_keys, 0};
+        const AttentionArgs attention{q.data_ptr<float>(), T, heads, kv_heads, hd, num_keys, &segment, row_segment.data(),
+                                      attended.data_ptr<float>()};
+        const MatmulArgs qkv_args = matmul(w.qkv, D, qkv), o_args = matmul(w.o, heads * hd, mixed);
+        const MatmulArgs gate_up_args = matmul(w.gate_up, D, gate_up), down_args = matmul(w.down, I, normed);
+#pragma omp single
+        {
+          table_->rms_norm(x.data_ptr<float>(), T, D, w.input_norm.data_ptr<float>(), static_cast<float>(w.input_eps),
+                           normed.data_ptr<float>());
+          quantized(normed);
+        }
+        share(tiles(qkv_args), [&](int64_t b, int64_t e) { table_->matmul_tiles(qkv_args, b, e); });
+#pragma omp barrier
+#pragma omp single
+        {
+          add_bias(qkv, w.qkv);
+          table_->rotate_rows(qkv.data_ptr<float>(), T, heads, kv_heads, hd, cos.data_ptr<float>(), sin.data_ptr<float>(),
+                              q.data_ptr<float>(), k, v, capacity, start);
+        }
+        share(T * heads, [&](int64_t b, int64_t e) { table_->attend(attention, b, e); });
+#pragma omp barrier
+#pragma omp single
+        quantized(attended);
+        share(tiles(o_args), [&](int64_t b, int64_t e) { table_->matmul_tiles(o_args, b, e); });
+#pragma omp barrier
+#pragma omp single
+        {
+          add_bias(mixed, w.o);
+          residual(x, mixed);  // the attention's residual sum
+          table_->rms_norm(mixed.data_ptr<float>(), T, D, w.post_norm.data_ptr<float>(), static_cast<float>(w.post_eps),
+                           normed.data_ptr<float>());
+          quantized(normed);
+        }
+        share(tiles(gate_up_args), [&](int64_t b, int64_t e) { table_->matmul_tiles(gate_up_args, b, e); });
+#pragma omp barrier
+#pragma omp single
+        {
+          add_bias(gate_up, w.gate_up);
+          table_->silu_mul(gate_up.data_ptr<float>(), T, I, gated.data_ptr<float>());
+          quantized(gated);
+        }
+        share(tiles(down_args), [&](int64_t b, int64_t e) { table_->matmul_tiles(down_args, b, e); });
+#pragma omp barrier
+#pragma omp single
+        {
+          add_bias(normed, w.down);
+          residual(mixed, normed);  // the MLP's residual sum: the layer's output
+          std::swap(x, normed);
+        }
+      }
+    }
+    return x;
+  }
+
   // gate_up [T, 2 I] fp32 (gate, then up) -> silu(gate) * up [T, I].
   at::Tensor silu_mul(const at::Tensor& gate_up) const {
     check_rows(gate_up, 2, "gate_up");
@@ -160,6 +309,17 @@ class Kernels {
   }
 
  private:
+  static void check_layer(const LayerWeights& w, int64_t D, int64_t I, int64_t heads, int64_t kv_heads, int64_t hd) {
+    TORCH_CHECK(w.heads == heads && w.qkv.out_features == (heads + 2 * kv_heads) * hd && w.o.out_features == D &&
+                w.gate_up.out_features == 2 * I && w.down.out_features == D, "the layer's matrices do not fit together");
+    for (const Matrix* m : {&w.qkv, &w.o, &w.gate_up, &w.down})
+      TORCH_CHECK(!m->bias.defined() || (m->bias.scalar_type() == at::kFloat && m->bias.is_contiguous() &&
+                                         m->bias.numel() == m->out_features), "a bias must be fp32 and match its matrix");
+    for (const at::Tensor* norm : {&w.input_norm, &w.post_norm})
+      TORCH_CHECK(norm->scalar_type() == at::kFloat && norm->is_contiguous() && norm->numel() == D,
+                  "the norms must be fp32 and match h");
+  }
+
   void rotate(const at::Tensor& qkv, int64_t first, int64_t T, const at::Tensor& cos, const at::Tensor& sin,
               int64_t heads, at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, int64_t start) const {
     const int64_t kv_heads = keys.size(0), hd = keys.size(2);
@@ -192,6 +352,14 @@ class Kernels {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // The GIL is let go while a kernel runs: a server's other threads (its HTTP streams) go on meanwhile.
   const auto free_gil = pybind11::call_guard<pybind11::gil_scoped_release>();
+  pybind11::class_<Matrix>(m, "Matrix")
+      .def(pybind11::init([](at::Tensor packed, at::Tensor scales_zeros, int64_t out_features, int64_t bits,
+                             int64_t group_size, std::optional<at::Tensor> bias) {
+        return Matrix{packed, scales_zeros, out_features, bits, group_size, bias.value_or(at::Tensor())};
+      }));
+  pybind11::class_<LayerWeights>(m, "LayerWeights")
+      .def(pybind11::init<at::Tensor, double, Matrix, Matrix, at::Tensor, double, Matrix, Matrix, int64_t>());
+  pybind11::bind_vector<std::vector<LayerWeights>>(m, "LayerStack");
   pybind11::class_<Kernels>(m, "Kernels")
       .def(pybind11::init<const std::string&, const std::string&>(), "open one tier's kernel library")
       .def_property_readonly("tier", &Kernels::tier)
@@ -203,5 +371,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("rotate_store_attend", &Kernels::rotate_store_attend,
            "rotate, store and attend for several sequences' rows at once", free_gil)
       .def("rms_norm", &Kernels::rms_norm, "RMS norm of each row", free_gil)
-      .def("silu_mul", &Kernels::silu_mul, "silu(gate) * up of each row", free_gil);
+      .def("silu_mul", &Kernels::silu_mul, "silu(gate) * up of each row", free_gil)
+      .def("decoder_layers", &Kernels::decoder_layers, "consecutive decoder layers for one sequence's rows", free_gil);
 }

@@ -173,6 +173,9 @@ void tile(const MatmulArgs& a, const uint8_t* w, const uint8_t* sz, float* out, 
 }
 
 inline void matmul_tiles(const MatmulArgs& a, int64_t begin, int64_t end) {
+  // The blocks' own prefetches run PREFETCH_BYTES ahead: ask for the first ones now.
+  const uint8_t* first = a.packed + begin * a.tile_bytes;
+  for (int64_t byte = 0; byte < std::min(PREFETCH_BYTES, (end - begin) * a.tile_bytes); byte += 64) prefetch(first + byte);
   for (int64_t t = begin; t < end; ++t) {
     const int64_t valid = std::min<int64_t>(LANES, a.out_features - t * LANES);
     const uint8_t* w = a.packed + t * a.tile_bytes;
