@@ -15,7 +15,7 @@ A format runs on specee's compiled CPU kernels, in the best CPU tier; "<format>:
 this CPU runs (avx512, avxvnni, avx2, neon, portable), "<format>:eager" on PyTorch's own kernels.
 
     PYTHONPATH=. python benchmarks/formats.py --formats none,int8,int4,gguf,int4:eager --rounds 2
-    PYTHONPATH=. python benchmarks/formats.py --formats int4:avx2,int4:portable,int4:eager
+    PYTHONPATH=. python benchmarks/formats.py --formats int4:avx2,int4:portable,int4:eager --no-quality
 """
 from __future__ import annotations
 
@@ -204,6 +204,7 @@ def main() -> None:
     parser.add_argument("--formats", default="none,int8,int4,gguf")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--no-llama-cpp", action="store_true")
+    parser.add_argument("--no-quality", action="store_true", help="speed, prefill and memory only")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--inputs", help=argparse.SUPPRESS)
     parser.add_argument("--quality", action="store_true", help=argparse.SUPPRESS)
@@ -216,7 +217,8 @@ def main() -> None:
     runs: dict[str, list[dict]] = {s: [] for s in systems}
     for round_index in range(args.rounds):
         for system in systems:
-            runs[system].append(run_child(system, inputs, with_quality=round_index == 0 and system != "llama.cpp"))
+            with_quality = round_index == 0 and system != "llama.cpp" and not args.no_quality
+            runs[system].append(run_child(system, inputs, with_quality=with_quality))
             print(f"round {round_index + 1}: {system} {runs[system][-1]['decode_ms']:.2f} ms/token", file=sys.stderr)
     results = {}
     for system, rs in runs.items():

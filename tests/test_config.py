@@ -6,7 +6,8 @@ import pytest
 from pydantic import ValidationError
 
 from specee.cli import build_parser
-from specee.decoding.builder import DEFAULTS, QUANTIZED_CHAIN_LENGTH, resolve
+from specee.decoding.builder import (DEAR_CHAIN_LENGTH, DEAR_TREE_NODE_COST, DEFAULTS, QUANTIZED_CHAIN_LENGTH,
+                                     QUANTIZED_TREE_NODE_COST, resolve)
 from specee.decoding.config import SpecConfig, all_fields, flag, from_flags, keyword
 from specee.server.schemas import SpecOptions
 
@@ -62,10 +63,14 @@ def test_options_nothing_would_read_are_refused(keywords, message):
 
 
 def test_resolve_sizes_drafts_for_what_a_row_costs_and_leaves_trained_sizes_to_the_artifact():
-    cheap, costly = SimpleNamespace(extra_row_cost=0.02), SimpleNamespace(extra_row_cost=0.3)
+    cheap, costly, dear = (SimpleNamespace(extra_row_cost=cost) for cost in (0.02, 0.15, 0.3))
     chain = SpecConfig(method="prompt-lookup")
     assert resolve(chain, cheap).num_draft_tokens == DEFAULTS["num_draft_tokens"]
     assert resolve(chain, costly).num_draft_tokens == QUANTIZED_CHAIN_LENGTH
+    assert resolve(chain, dear).num_draft_tokens == DEAR_CHAIN_LENGTH
+    tree = SpecConfig(method="hybrid", tree="auto")
+    assert [resolve(tree, m).tree_node_cost for m in (cheap, costly, dear)] == [
+        DEFAULTS["tree_node_cost"], QUANTIZED_TREE_NODE_COST, DEAR_TREE_NODE_COST]
     assert resolve(SpecConfig(method="prompt-lookup", num_draft_tokens=5), costly).num_draft_tokens == 5
     kangaroo = resolve(SpecConfig(method="kangaroo"), costly)
     assert kangaroo.num_draft_tokens is None and kangaroo.confidence_threshold is None

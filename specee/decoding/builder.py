@@ -22,6 +22,12 @@ COSTLY_ROW = 0.1
 QUANTIZED_CHAIN_LENGTH = 4
 QUANTIZED_TREE_NODE_COST = 0.3
 QUANTIZED_EAGLE_BUDGET = 3
+# Where a row costs at least DEAR_ROW (the kernels' AVX2 tier: its int8 products go through pairs
+# of 16-bit sums, not VNNI), shorter chains and dearer tree nodes won on an AVX2 tuning slice
+# (BENCHMARKS.md, "CPU tiers").
+DEAR_ROW = 0.2
+DEAR_CHAIN_LENGTH = 2
+DEAR_TREE_NODE_COST = 0.5
 
 
 # Defaults where neither the user, the weight format nor a trained drafter's artifact sets a size.
@@ -47,10 +53,11 @@ def sized_for_weights(model: Transformer, method: SpecMethod, config: SpecConfig
         return {"tree_budget": QUANTIZED_EAGLE_BUDGET}
     if method.trained:
         return {}  # its artifact's draft length
+    dear = model.extra_row_cost >= DEAR_ROW
     if config.tree is None:
-        return {"num_draft_tokens": QUANTIZED_CHAIN_LENGTH}
+        return {"num_draft_tokens": DEAR_CHAIN_LENGTH if dear else QUANTIZED_CHAIN_LENGTH}
     if config.dynamic_tree:
-        return {"tree_node_cost": QUANTIZED_TREE_NODE_COST}
+        return {"tree_node_cost": DEAR_TREE_NODE_COST if dear else QUANTIZED_TREE_NODE_COST}
     return {}  # a static tree's size is the user's
 
 

@@ -30,10 +30,12 @@ from .integer_linear import BLOCK as INPUT_BLOCK, IntegerLinear
 from .fingerprint import weights_fingerprint
 
 QUANTIZATIONS = ("auto", "none", "int8", "int4", "gguf")
-# One more row of a pass, as a fraction of a one-token pass (BENCHMARKS.md, "Multi-row cost per
-# format"): the CPU kernels read the weights once for all rows, but every row's int8 products cost
-# compute that a one-token pass, bound by reading the weights, does not spend.
-KERNEL_ROW_COST, ATEN_ROW_COST = 0.15, 0.17
+# One more row of a pass, as a fraction of a one-token pass, per CPU tier of the kernels (BENCHMARKS.md,
+# "Multi-row cost per format" and "CPU tiers"): the kernels read the weights once for all rows, but
+# every row's int8 products cost compute that a one-token pass, bound by reading the weights, does
+# not spend. Measured: avx512 (Zen 4), avx2 (Zen 3), portable; the tiers not measured yet take avx2's.
+KERNEL_ROW_COST = {"avx512": 0.15, "avxvnni": 0.2, "avx2": 0.2, "neon": 0.2, "portable": 1.0}
+ATEN_ROW_COST = 0.17
 INT4_GROUP_SIZES = (32, 64, 128)
 # The default model comes as Q4_1 (groups of 32): groups of 32 keep its values almost exactly,
 # groups of 64 cannot, and moved its logits far more (BENCHMARKS.md).
@@ -301,5 +303,5 @@ def install_quantized(model: nn.Module, weights: dict[str, QuantizedWeight],
         model.embed_tokens = QuantizedEmbedding(model.lm_head.quantized, dtype)
     for layer in model.layers:  # aten's kernels round rows alone; so must attention without the CPU kernels
         layer.self_attn.rows_alone = True
-    model.extra_row_cost = KERNEL_ROW_COST if kernels is not None else ATEN_ROW_COST
+    model.extra_row_cost = KERNEL_ROW_COST[kernels.tier] if kernels is not None else ATEN_ROW_COST
     return model
