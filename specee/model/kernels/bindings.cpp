@@ -212,6 +212,11 @@ class Kernels {
       table_->quantize_rows(rows.data_ptr<float>(), T, rows.size(1), codes.data_ptr<int8_t>(), scales.data_ptr<float>(),
                             sums.data_ptr<int32_t>());
     };
+    auto normalized = [&](const at::Tensor& rows, const at::Tensor& weight, double eps) {  // into normed, quantized
+      table_->rms_norm(rows.data_ptr<float>(), T, D, weight.data_ptr<float>(), static_cast<float>(eps),
+                       normed.data_ptr<float>());
+      quantized(normed);
+    };
     auto matmul = [&](const Matrix& m, int64_t K, at::Tensor& out) {
       return MatmulArgs{m.packed.data_ptr<uint8_t>(), m.packed.stride(0), static_cast<const uint8_t*>(m.scales_zeros.data_ptr()),
                         m.scales_zeros.stride(0) * m.scales_zeros.element_size(), m.bits,
@@ -250,11 +255,7 @@ class Kernels {
         const MatmulArgs qkv_args = matmul(w.qkv, D, qkv), o_args = matmul(w.o, heads * hd, mixed);
         const MatmulArgs gate_up_args = matmul(w.gate_up, D, gate_up), down_args = matmul(w.down, I, normed);
 #pragma omp single
-        {
-          table_->rms_norm(x.data_ptr<float>(), T, D, w.input_norm.data_ptr<float>(), static_cast<float>(w.input_eps),
-                           normed.data_ptr<float>());
-          quantized(normed);
-        }
+        normalized(x, w.input_norm, w.input_eps);
         share(tiles(qkv_args), [&](int64_t b, int64_t e) { table_->matmul_tiles(qkv_args, b, e); });
 #pragma omp barrier
 #pragma omp single
@@ -273,9 +274,7 @@ class Kernels {
         {
           add_bias(mixed, w.o);
           residual(x, mixed);  // the attention's residual sum
-          table_->rms_norm(mixed.data_ptr<float>(), T, D, w.post_norm.data_ptr<float>(), static_cast<float>(w.post_eps),
-                           normed.data_ptr<float>());
-          quantized(normed);
+          normalized(mixed, w.post_norm, w.post_eps);
         }
         share(tiles(gate_up_args), [&](int64_t b, int64_t e) { table_->matmul_tiles(gate_up_args, b, e); });
 #pragma omp barrier

@@ -97,6 +97,14 @@ inline void quantize_rows(const float* x, int64_t T, int64_t K, int8_t* codes, f
     }
 }
 
+// The dot products of R rows, in chunks of the rows the tier's `dot` keeps in registers at once.
+template <int R, bool INT4>
+inline void dot_rows(const uint8_t* block, const int8_t* q, int64_t K, I16* out) {
+  constexpr int N = R < DOT_ROWS<INT4> ? R : DOT_ROWS<INT4>;
+  dot<N, INT4>(block, q, K, out);
+  if constexpr (R > N) dot_rows<R - N, INT4>(block, q + N * K, K, out + N);
+}
+
 // One tile of 16 output features for R rows.
 // INT4: w = code * s + (z - 8 s) with bf16 s and z per lane and weight group ([G][s x16, z x16]).
 // INT8: w = code * s + m with fp32 s and m per lane for the whole row ([s x16, m x16]), applied last.
@@ -120,7 +128,7 @@ void tile_rows(const uint8_t* w, const uint8_t* scales_zeros, int64_t blocks, in
     // Ask for the weights PREFETCH_BYTES ahead (this tile's or the next ones'): they stream in from
     // memory while this block is multiplied.
     for (int64_t byte = 0; byte < BLOCK_BYTES; byte += 64) prefetch(block + PREFETCH_BYTES + byte);
-    dot<R, INT4>(block, codes + b * BLOCK, K, dots);
+    dot_rows<R, INT4>(block, codes + b * BLOCK, K, dots);
     if constexpr (INT4) {
       if (in_group == 0) {
         group_s = load_bf16(group_scales);

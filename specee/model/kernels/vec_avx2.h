@@ -73,7 +73,7 @@ inline __m256i broadcast4(const int8_t* q) {
 // accumulator in a register.
 #if defined(__AVXVNNI__)
 template <int R>
-inline void dot_rows(const __m256i (&w)[4], int j0, int j1, const int8_t* q, int64_t K, __m256i (&acc)[R][2]) {
+inline void vnni_rows(const __m256i (&w)[4], int j0, int j1, const int8_t* q, int64_t K, __m256i (&acc)[R][2]) {
   for (int r = 0; r < R; ++r) {
     const __m256i a0 = broadcast4(q + r * K + 4 * j0), a1 = broadcast4(q + r * K + 4 * j1);
     acc[r][0] = _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(acc[r][0], w[0], a0), w[2], a1);
@@ -81,31 +81,29 @@ inline void dot_rows(const __m256i (&w)[4], int j0, int j1, const int8_t* q, int
   }
 }
 
+template <bool INT4>
+constexpr int DOT_ROWS = 4;
+
 template <int R, bool INT4>
 inline void dot(const uint8_t* p, const int8_t* q, int64_t K, I16* out) {
-  if constexpr (R > 4) {
-    dot<4, INT4>(p, q, K, out);
-    dot<R - 4, INT4>(p, q + 4 * K, K, out + 4);
-  } else {
-    const __m256i nibble = _mm256_set1_epi8(0x0f);
-    __m256i acc[R][2];
-    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
-    for (int i = 0; i < 4; ++i) {
-      __m256i w[4];
-      if constexpr (INT4) {  // steps i and i + 4
-        for (int h = 0; h < 2; ++h) {
-          const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i * 64 + h * 32));
-          w[h] = _mm256_and_si256(packed, nibble);
-          w[2 + h] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), nibble);
-        }
-        dot_rows<R>(w, i, i + 4, q, K, acc);
-      } else {  // steps 2i and 2i + 1
-        for (int h = 0; h < 4; ++h) w[h] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i * 128 + h * 32));
-        dot_rows<R>(w, 2 * i, 2 * i + 1, q, K, acc);
+  const __m256i nibble = _mm256_set1_epi8(0x0f);
+  __m256i acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+  for (int i = 0; i < 4; ++i) {
+    __m256i w[4];
+    if constexpr (INT4) {  // steps i and i + 4
+      for (int h = 0; h < 2; ++h) {
+        const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i * 64 + h * 32));
+        w[h] = _mm256_and_si256(packed, nibble);
+        w[2 + h] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), nibble);
       }
+      vnni_rows<R>(w, i, i + 4, q, K, acc);
+    } else {  // steps 2i and 2i + 1
+      for (int h = 0; h < 4; ++h) w[h] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i * 128 + h * 32));
+      vnni_rows<R>(w, 2 * i, 2 * i + 1, q, K, acc);
     }
-    for (int r = 0; r < R; ++r) out[r] = {acc[r][0], acc[r][1]};
   }
+  for (int r = 0; r < R; ++r) out[r] = {acc[r][0], acc[r][1]};
 }
 #else
 // Codes below 16 times activations in -127..127: a pair is at most 3,810 and eight steps' pairs
@@ -120,43 +118,40 @@ inline void nibble_rows(const __m256i (&w)[4], int j0, int j1, const int8_t* q, 
   }
 }
 
+template <bool INT4>
+constexpr int DOT_ROWS = INT4 ? 4 : 2;
+
 template <int R, bool INT4>
 inline void dot(const uint8_t* p, const int8_t* q, int64_t K, I16* out) {
-  constexpr int CHUNK = INT4 ? 4 : 2;
-  if constexpr (R > CHUNK) {
-    dot<CHUNK, INT4>(p, q, K, out);
-    dot<R - CHUNK, INT4>(p, q + CHUNK * K, K, out + CHUNK);
-  } else {
-    const __m256i nibble = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1), sixteens = _mm256_set1_epi16(16);
-    __m256i low[R][2], high[R][2];
-    for (int r = 0; r < R; ++r) low[r][0] = low[r][1] = high[r][0] = high[r][1] = _mm256_setzero_si256();
-    for (int i = 0; i < (INT4 ? 4 : 8); ++i) {
-      __m256i w[4];
-      for (int h = 0; h < 2; ++h) {
-        const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i * 64 + h * 32));
-        w[h] = _mm256_and_si256(packed, nibble);
-        w[2 + h] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), nibble);
-      }
-      if constexpr (INT4) {  // steps i and i + 4
-        nibble_rows<R>(w, i, i + 4, q, K, low);
-      } else {  // step i, its low and high nibbles
-        const __m256i lows[4] = {w[0], w[1], w[0], w[1]}, highs[4] = {w[2], w[3], w[2], w[3]};
-        for (int r = 0; r < R; ++r) {
-          const __m256i a = broadcast4(q + r * K + 4 * i);
-          low[r][0] = _mm256_add_epi16(low[r][0], _mm256_maddubs_epi16(lows[0], a));
-          low[r][1] = _mm256_add_epi16(low[r][1], _mm256_maddubs_epi16(lows[1], a));
-          high[r][0] = _mm256_add_epi16(high[r][0], _mm256_maddubs_epi16(highs[0], a));
-          high[r][1] = _mm256_add_epi16(high[r][1], _mm256_maddubs_epi16(highs[1], a));
-        }
+  const __m256i nibble = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1), sixteens = _mm256_set1_epi16(16);
+  __m256i low[R][2], high[R][2];
+  for (int r = 0; r < R; ++r) low[r][0] = low[r][1] = high[r][0] = high[r][1] = _mm256_setzero_si256();
+  for (int i = 0; i < (INT4 ? 4 : 8); ++i) {
+    __m256i w[4];
+    for (int h = 0; h < 2; ++h) {
+      const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i * 64 + h * 32));
+      w[h] = _mm256_and_si256(packed, nibble);
+      w[2 + h] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), nibble);
+    }
+    if constexpr (INT4) {  // steps i and i + 4
+      nibble_rows<R>(w, i, i + 4, q, K, low);
+    } else {  // step i, its low and high nibbles
+      const __m256i lows[4] = {w[0], w[1], w[0], w[1]}, highs[4] = {w[2], w[3], w[2], w[3]};
+      for (int r = 0; r < R; ++r) {
+        const __m256i a = broadcast4(q + r * K + 4 * i);
+        low[r][0] = _mm256_add_epi16(low[r][0], _mm256_maddubs_epi16(lows[0], a));
+        low[r][1] = _mm256_add_epi16(low[r][1], _mm256_maddubs_epi16(lows[1], a));
+        high[r][0] = _mm256_add_epi16(high[r][0], _mm256_maddubs_epi16(highs[0], a));
+        high[r][1] = _mm256_add_epi16(high[r][1], _mm256_maddubs_epi16(highs[1], a));
       }
     }
-    for (int r = 0; r < R; ++r) {
-      if constexpr (INT4) {
-        out[r] = {_mm256_madd_epi16(low[r][0], ones), _mm256_madd_epi16(low[r][1], ones)};
-      } else {
-        out[r] = {_mm256_add_epi32(_mm256_madd_epi16(low[r][0], ones), _mm256_madd_epi16(high[r][0], sixteens)),
-                  _mm256_add_epi32(_mm256_madd_epi16(low[r][1], ones), _mm256_madd_epi16(high[r][1], sixteens))};
-      }
+  }
+  for (int r = 0; r < R; ++r) {
+    if constexpr (INT4) {
+      out[r] = {_mm256_madd_epi16(low[r][0], ones), _mm256_madd_epi16(low[r][1], ones)};
+    } else {
+      out[r] = {_mm256_add_epi32(_mm256_madd_epi16(low[r][0], ones), _mm256_madd_epi16(high[r][0], sixteens)),
+                _mm256_add_epi32(_mm256_madd_epi16(low[r][1], ones), _mm256_madd_epi16(high[r][1], sixteens))};
     }
   }
 }

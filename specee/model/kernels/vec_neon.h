@@ -67,33 +67,31 @@ inline int8x16_t broadcast4(const int8_t* q) {
   return vreinterpretq_s8_s32(vdupq_n_s32(word));
 }
 
+template <bool INT4>
+constexpr int DOT_ROWS = 4;
+
 template <int R, bool INT4>
 inline void dot(const uint8_t* p, const int8_t* q, int64_t K, I16* out) {
-  if constexpr (R > 4) {
-    dot<4, INT4>(p, q, K, out);
-    dot<R - 4, INT4>(p, q + 4 * K, K, out + 4);
-  } else {
-    const uint8x16_t nibble = vdupq_n_u8(0x0f);
-    int32x4_t low[R][4], high[R][4];
-    for (int r = 0; r < R; ++r)
-      for (int k = 0; k < 4; ++k) low[r][k] = high[r][k] = vdupq_n_s32(0);
-    for (int i = 0; i < (INT4 ? 4 : 8); ++i)
-      for (int k = 0; k < 4; ++k) {
-        const uint8x16_t packed = vld1q_u8(p + i * 64 + k * 16);
-        const int8x16_t lo = vreinterpretq_s8_u8(vandq_u8(packed, nibble)), hi = vreinterpretq_s8_u8(vshrq_n_u8(packed, 4));
-        for (int r = 0; r < R; ++r) {
-          if constexpr (INT4) {  // steps i and i + 4
-            low[r][k] = vdotq_s32(vdotq_s32(low[r][k], lo, broadcast4(q + r * K + 4 * i)), hi, broadcast4(q + r * K + 4 * (i + 4)));
-          } else {  // step i
-            const int8x16_t a = broadcast4(q + r * K + 4 * i);
-            low[r][k] = vdotq_s32(low[r][k], lo, a);
-            high[r][k] = vdotq_s32(high[r][k], hi, a);
-          }
+  const uint8x16_t nibble = vdupq_n_u8(0x0f);
+  int32x4_t low[R][4], high[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int k = 0; k < 4; ++k) low[r][k] = high[r][k] = vdupq_n_s32(0);
+  for (int i = 0; i < (INT4 ? 4 : 8); ++i)
+    for (int k = 0; k < 4; ++k) {
+      const uint8x16_t packed = vld1q_u8(p + i * 64 + k * 16);
+      const int8x16_t lo = vreinterpretq_s8_u8(vandq_u8(packed, nibble)), hi = vreinterpretq_s8_u8(vshrq_n_u8(packed, 4));
+      for (int r = 0; r < R; ++r) {
+        if constexpr (INT4) {  // steps i and i + 4
+          low[r][k] = vdotq_s32(vdotq_s32(low[r][k], lo, broadcast4(q + r * K + 4 * i)), hi, broadcast4(q + r * K + 4 * (i + 4)));
+        } else {  // step i
+          const int8x16_t a = broadcast4(q + r * K + 4 * i);
+          low[r][k] = vdotq_s32(low[r][k], lo, a);
+          high[r][k] = vdotq_s32(high[r][k], hi, a);
         }
       }
-    for (int r = 0; r < R; ++r)
-      for (int k = 0; k < 4; ++k) out[r].v[k] = INT4 ? low[r][k] : vaddq_s32(low[r][k], vshlq_n_s32(high[r][k], 4));
-  }
+    }
+  for (int r = 0; r < R; ++r)
+    for (int k = 0; k < 4; ++k) out[r].v[k] = INT4 ? low[r][k] : vaddq_s32(low[r][k], vshlq_n_s32(high[r][k], 4));
 }
 
 inline void prefetch(const void* p) { __builtin_prefetch(p); }

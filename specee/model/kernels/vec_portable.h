@@ -79,6 +79,9 @@ inline F16 to_float(I16 a) {
 // The dot products of R rows of activations (row r at q + r * K) with one block of 32 inputs of
 // 16 features, exact in int32. The block's bytes are step j (inputs 4j .. 4j + 3) for lanes 0-15,
 // four codes a lane; 4-bit codes hold steps 0-3 in the low nibbles and 4-7 in the high ones.
+template <bool INT4>
+constexpr int DOT_ROWS = 8;
+
 template <int R, bool INT4>
 inline void dot(const uint8_t* p, const int8_t* q, int64_t K, I16* out) {
   uint8_t codes[8][16][4];  // [step][lane][input]
