@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import specee
+from specee.model.kernels import supported_tiers
 
 FORMATS = ("int8", "int4", "gguf")
 PROMPTS = [
@@ -30,6 +31,8 @@ SPECULATIVE = {
 
 
 EAGER = "int4:eager"  # the default format on PyTorch's own kernels
+# The default format on the kernels' other CPU tiers this machine runs (the best one is "int4").
+OTHER_TIERS = tuple(f"int4:{tier}" for tier in supported_tiers()[1:])
 
 pytestmark = pytest.mark.slow  # every test here runs the default model in each weight format
 
@@ -37,7 +40,8 @@ pytestmark = pytest.mark.slow  # every test here runs the default model in each 
 @pytest.fixture(scope="module")
 def engines():
     return {name: specee.load(quantization=name) for name in FORMATS} | {
-        EAGER: specee.load(quantization="int4", compile=False)}
+        EAGER: specee.load(quantization="int4", compile=False)} | {
+        name: specee.load(quantization="int4", cpu_tier=name.split(":")[1]) for name in OTHER_TIERS}
 
 
 def test_the_default_format_on_the_cpu_is_int4(default_engine):
@@ -113,10 +117,25 @@ def speculative_runs(engine, prompts, max_tokens, configs=SPECULATIVE) -> dict[s
     return found
 
 
-@pytest.mark.parametrize("name", FORMATS + (EAGER,))
+@pytest.mark.parametrize("name", FORMATS + (EAGER,) + OTHER_TIERS)
 def test_speculative_decoding_is_lossless_in_every_format(engines, name):
     for config, (identical, accepted) in speculative_runs(engines[name], [COPY_PROMPT], 24).items():
         assert identical == 1 and accepted > 0, f"{config}: identical {identical}, accepted {accepted}"
+
+
+@pytest.mark.parametrize("name", OTHER_TIERS)
+def test_every_cpu_tier_decodes_the_best_tiers_tokens(engines, name):
+    """The same bits on every CPU: the default model in a lower tier answers token for token as in
+    the best tier, and its logits are equal."""
+    best, other = engines["int4"], engines[name]
+    assert other.cpu_tier == name.split(":")[1] and best.cpu_tier == supported_tiers()[0]
+    for prompt in (COPY_PROMPT, PROMPTS[1]):
+        assert other.generate(prompt, max_tokens=32, ignore_eos=True).token_ids == \
+            best.generate(prompt, max_tokens=32, ignore_eos=True).token_ids
+    ids = torch.tensor(best.encode(PROMPTS[0]))
+    with torch.inference_mode():
+        logits = [e.model(ids, torch.arange(len(ids)), e.model.new_cache(len(ids))) for e in (best, other)]
+    assert torch.equal(*logits)
 
 
 @pytest.mark.parametrize("name", FORMATS)

@@ -51,10 +51,8 @@ class IntegerLinear(nn.Module):
         self.weight_bytes = self.packed.numel() + self.scales_zeros.numel() * self.scales_zeros.element_size()
 
     def as_kernel_matrix(self):
-        """What the kernels' fused decoder layer takes for this matrix (`bindings.cpp`, Matrix)."""
-        from .kernels import bindings
-
-        return bindings().Matrix(self.packed, self.scales_zeros, self.out_features, self.bits, self.group_size, self.bias)
+        """What the kernels' fused decoder layers take of this matrix (`bindings.cpp`, Matrix)."""
+        return self.kernels.matrix(self.packed, self.scales_zeros, self.out_features, self.bits, self.group_size, self.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x if x.dim() == 2 and x.dtype == torch.float32 else x.reshape(-1, self.in_features).float()  # [T, K]

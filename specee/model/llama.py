@@ -306,7 +306,6 @@ class DecoderLayer(nn.Module):
         """What the kernels' fused layers take of this layer (`bindings.cpp`, LayerWeights), or None
         where a part does not run on `kernels`."""
         from .integer_linear import IntegerLinear
-        from .kernels import bindings
 
         attention, mlp = self.self_attn, self.mlp
         norms = (self.input_layernorm, self.post_attention_layernorm)
@@ -316,8 +315,8 @@ class DecoderLayer(nn.Module):
                 and all(n.weight.dtype == torch.float32 for n in norms)):
             return None
         qkv, o, gate_up, down = (m.as_kernel_matrix() for m in matrices)
-        return bindings().LayerWeights(norms[0].weight, norms[0].eps, qkv, o, norms[1].weight, norms[1].eps, gate_up, down,
-                                       attention.num_heads)
+        return kernels.layer_weights(norms[0].weight, norms[0].eps, qkv, o, norms[1].weight, norms[1].eps, gate_up, down,
+                                     attention.num_heads)
 
     def write_kv(self, h: torch.Tensor, angles: RopeAngles, cache: KVCache) -> None:
         """Append the K/V this layer would compute if `h` were its input, without running it."""
@@ -357,9 +356,7 @@ class Transformer(nn.Module):
         weights = [layer.kernel_weights(kernels) for layer in self.layers]
         self.fused_stack = None
         if all(w is not None for w in weights):
-            from .kernels import bindings
-
-            self.fused_stack = (kernels, bindings().LayerStack(weights))
+            self.fused_stack = (kernels, kernels.layer_stack(weights))
         for index, layer in enumerate(self.layers):
             layer.fused = None if self.fused_stack is None else (*self.fused_stack, index)
 

@@ -351,13 +351,8 @@ class Kernels {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // The GIL is let go while a kernel runs: a server's other threads (its HTTP streams) go on meanwhile.
   const auto free_gil = pybind11::call_guard<pybind11::gil_scoped_release>();
-  pybind11::class_<Matrix>(m, "Matrix")
-      .def(pybind11::init([](at::Tensor packed, at::Tensor scales_zeros, int64_t out_features, int64_t bits,
-                             int64_t group_size, std::optional<at::Tensor> bias) {
-        return Matrix{packed, scales_zeros, out_features, bits, group_size, bias.value_or(at::Tensor())};
-      }));
-  pybind11::class_<LayerWeights>(m, "LayerWeights")
-      .def(pybind11::init<at::Tensor, double, Matrix, Matrix, at::Tensor, double, Matrix, Matrix, int64_t>());
+  pybind11::class_<Matrix>(m, "Matrix");
+  pybind11::class_<LayerWeights>(m, "LayerWeights");
   pybind11::bind_vector<std::vector<LayerWeights>>(m, "LayerStack");
   pybind11::class_<Kernels>(m, "Kernels")
       .def(pybind11::init<const std::string&, const std::string&>(), "open one tier's kernel library")
@@ -371,5 +366,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            "rotate, store and attend for several sequences' rows at once", free_gil)
       .def("rms_norm", &Kernels::rms_norm, "RMS norm of each row", free_gil)
       .def("silu_mul", &Kernels::silu_mul, "silu(gate) * up of each row", free_gil)
-      .def("decoder_layers", &Kernels::decoder_layers, "consecutive decoder layers for one sequence's rows", free_gil);
+      .def("decoder_layers", &Kernels::decoder_layers, "consecutive decoder layers for one sequence's rows", free_gil)
+      .def("matrix", [](const Kernels&, at::Tensor packed, at::Tensor scales_zeros, int64_t out_features, int64_t bits,
+                        int64_t group_size, std::optional<at::Tensor> bias) {
+        return Matrix{packed, scales_zeros, out_features, bits, group_size, bias.value_or(at::Tensor())};
+      }, "a quantized matrix as decoder_layers takes it")
+      .def("layer_weights", [](const Kernels&, at::Tensor input_norm, double input_eps, Matrix qkv, Matrix o,
+                               at::Tensor post_norm, double post_eps, Matrix gate_up, Matrix down, int64_t heads) {
+        return LayerWeights{input_norm, input_eps, qkv, o, post_norm, post_eps, gate_up, down, heads};
+      }, "a decoder layer as decoder_layers takes it")
+      .def("layer_stack", [](const Kernels&, const pybind11::list& layers) {
+        std::vector<LayerWeights> stack;
+        for (const auto& layer : layers) stack.push_back(layer.cast<LayerWeights>());
+        return stack;
+      }, "the layers decoder_layers runs, in order");
 }
