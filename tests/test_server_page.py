@@ -9,6 +9,7 @@ import httpx
 import pytest
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
@@ -82,10 +83,12 @@ def test_the_page_shows_every_running_stream(default_server, browser):
 
     with ThreadPoolExecutor(2) as pool:
         futures = [pool.submit(run, body) for body in bodies]
-        WebDriverWait(browser, 60).until(lambda b: len(rows(b)) == 2 and all(int(row[3]) > 0 for row in rows(b)))
-        shown = rows(browser)
+        # The page redraws its rows as tokens arrive: a row read mid-redraw is stale, read again.
+        wait = WebDriverWait(browser, 60, ignored_exceptions=(StaleElementReferenceException,))
+        shown = wait.until(lambda b: (found := rows(b)) and len(found) == 2 and all(int(row[3]) > 0 for row in found)
+                           and found)
         assert {row[1] for row in shown} == {"dense", "prompt-lookup"} and {row[2] for row in shown} == {"decoding"}
         assert browser.find_element(By.ID, "slots-summary").text.startswith("2 of ")
         assert all(future.result() > 0 for future in futures)
-    WebDriverWait(browser, 10).until(lambda b: rows(b) == [])
+    WebDriverWait(browser, 10, ignored_exceptions=(StaleElementReferenceException,)).until(lambda b: rows(b) == [])
     assert browser.find_element(By.ID, "slots-summary").text.startswith("0 of ")
