@@ -17,7 +17,7 @@ import specee.model.kernels as kernels_module
 from helpers import cpu_tier_params
 from specee.model.kernels import (KernelsUnavailable, bindings_directory, cpu_kernels, load_tier, supported_tiers,
                                   tier_library, tier_named)
-from specee.model.quantize import quantize_int4, quantize_int8, quantized_linear
+from specee.model.quantize import cat_rows, quantize_grouped_int8, quantize_int4, quantize_int8, quantized_linear
 from specee.model.rope import apply_rope, rope_angles
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,12 +46,22 @@ def int8_activations(x: torch.Tensor) -> torch.Tensor:
     return (codes.double() * scale.double()).view_as(x)
 
 
-@pytest.mark.parametrize("bits", [4, 8])
+def quantized(w: torch.Tensor, bits: int, group: int):
+    """w in a format of the kernels: int4 in groups, int8 per row (group 0) or int8 in groups."""
+    if bits == 4:
+        return quantize_int4(w, group)
+    return quantize_grouped_int8(w, group) if group else quantize_int8(w)
+
+
+FORMATS = [(4, 32), (8, 0), (8, 32), (8, 16)]  # bits, group
+
+
+@pytest.mark.parametrize("bits,group", FORMATS)
 @pytest.mark.parametrize("shape", [(960, 576), (97, 128), (16, 1536)])
-def test_integer_linear_is_int8_activations_times_the_dequantized_weight(kernels, bits, shape):
+def test_integer_linear_is_int8_activations_times_the_dequantized_weight(kernels, bits, group, shape):
     N, K = shape
     w = torch.randn(N, K, generator=torch.Generator().manual_seed(1)) * 0.05
-    weight = quantize_int4(w, 32) if bits == 4 else quantize_int8(w)
+    weight = quantized(w, bits, group)
     layer = quantized_linear(weight, kernels=kernels)
     assert isinstance(layer, IntegerLinear) and layer.bits == bits
     x = rows(9, K)
@@ -62,15 +72,38 @@ def test_integer_linear_is_int8_activations_times_the_dequantized_weight(kernels
     torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
 
 
-@pytest.mark.parametrize("bits", [4, 8])
-def test_a_row_gets_the_same_bits_whatever_the_rows_beside_it(kernels, bits):
+@pytest.mark.parametrize("bits,group", FORMATS)
+def test_a_row_gets_the_same_bits_whatever_the_rows_beside_it(kernels, bits, group):
     w = torch.randn(200, 576, generator=torch.Generator().manual_seed(2)) * 0.05  # 200: a partial tile of 16
-    layer = quantized_linear(quantize_int4(w, 32) if bits == 4 else quantize_int8(w), kernels=kernels)
+    layer = quantized_linear(quantized(w, bits, group), kernels=kernels)
     x = rows(40, 576, seed=3)
     alone = torch.cat([layer(x[i:i + 1]) for i in range(len(x))])
     for T in range(2, 41):
         assert torch.equal(layer(x[:T]), alone[:T]), f"{T} rows"
     assert torch.equal(layer(x.flip(0)), alone.flip(0))
+
+
+@pytest.mark.parametrize("v_group", [32, 16])
+def test_int4_and_grouped_int8_fuse_into_one_matrix_of_the_same_values(kernels, v_group):
+    """A GGUF layer's Q4_K q and k beside its Q6_K (groups of 16) or Q8_0 (32) v: fused, all three
+    become int8 in the smallest group, with the same weights. In groups of 32 each part keeps the bits
+    it had alone (int4's offset z - 8 s is the one its kernel computes); in groups of 16 a block's two
+    halves are scaled apart, so the int4 parts round differently, by a few ulps."""
+    g = torch.Generator().manual_seed(4)
+    parts = [quantize_int4(torch.randn(64, 256, generator=g) * 0.05, 32),
+             quantize_int4(torch.randn(32, 256, generator=g) * 0.05, 64),
+             quantize_grouped_int8(torch.randn(32, 256, generator=g) * 0.05, v_group)]
+    fused = cat_rows(parts)
+    assert fused.group_size == v_group and fused.codes.shape == (128, 256)
+    assert torch.equal(fused.dequantize(), torch.cat([p.dequantize() for p in parts]))
+    x = rows(5, 256, seed=6)
+    alone = torch.cat([quantized_linear(p, kernels=kernels)(x) for p in parts], dim=1)
+    out = quantized_linear(fused, kernels=kernels)(x)
+    if v_group == 32:
+        assert torch.equal(out, alone)
+    else:
+        assert torch.equal(out[:, 96:], alone[:, 96:])
+        torch.testing.assert_close(out, alone, rtol=1e-5, atol=1e-5)
 
 
 def test_a_matrix_whose_inputs_do_not_split_into_blocks_stays_on_aten(kernels):
@@ -251,12 +284,12 @@ def test_a_damaged_cache_is_rebuilt_with_a_warning(tmp_path):
 # Every tier against the portable one, bit for bit: integer sums are exact, and every fp32 step after
 # them is the same operation in the same order in every tier (kernels.h).
 
-@pytest.mark.parametrize("bits,group", [(4, 32), (4, 64), (4, 128), (8, 0)])
+@pytest.mark.parametrize("bits,group", [(4, 32), (4, 64), (4, 128), (8, 0), (8, 32), (8, 16)])
 @pytest.mark.parametrize("shape", [(200, 640), (64, 128), (16, 1536)])
 def test_every_tier_multiplies_with_the_portable_tiers_bits(kernels, portable, bits, group, shape):
     N, K = shape
     w = torch.randn(N, K, generator=torch.Generator().manual_seed(N + K)) * 0.05
-    weight = quantize_int4(w, group) if bits == 4 else quantize_int8(w)
+    weight = quantized(w, bits, group)
     layer, reference = quantized_linear(weight, kernels=kernels), quantized_linear(weight, kernels=portable)
     for T in (1, 2, 5, 9):
         x = rows(T, K, seed=T) * (1 + 10 * (torch.arange(K) % 7 == 0))  # some large activations

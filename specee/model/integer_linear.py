@@ -36,19 +36,51 @@ def per_tile(values: torch.Tensor) -> torch.Tensor:
 class IntegerLinear(nn.Module):
     """A quantized matrix as unsigned codes [N, K] with, for 4 bits, a bf16 scale and zero per
     feature and group of inputs (w = (code - 8) * scale + zero; `scales_zeros` [N, G, 2]) or, for 8
-    bits, an fp32 scale and offset per feature (w = code * scale + offset; [N, 2]). `quantized`
-    keeps the plain weight for row lookups (the tied head and embedding)."""
+    bits, an fp32 scale and offset per feature (group_size 0: w = code * scale + offset; [N, 2]) or
+    per feature and group of 16 or 32 inputs ([N, G, 2]). Row lookups (the tied head and embedding)
+    read the packed tiles back (`dequantize`)."""
 
-    def __init__(self, codes: torch.Tensor, scales_zeros: torch.Tensor, bits: int, group_size: int, kernels,
-                 bias: torch.Tensor | None = None, quantized=None) -> None:
+    def __init__(self, packed: torch.Tensor, scales_zeros: torch.Tensor, out_features: int, bits: int,
+                 group_size: int, kernels, bias: torch.Tensor | None = None) -> None:
+        """`packed` and `scales_zeros` already in the kernels' tiles (`from_codes` makes them)."""
         super().__init__()
-        self.out_features, self.in_features = codes.shape
-        if self.in_features % BLOCK or group_size % BLOCK:
-            raise ValueError(f"in_features {self.in_features} and the group size {group_size} must be multiples of {BLOCK}")
-        self.bits, self.group_size, self.kernels, self.bias, self.quantized = bits, group_size, kernels, bias, quantized
-        self.packed = pack_codes(codes, bits)
-        self.scales_zeros = per_tile(scales_zeros)  # [tiles, G, 2, 16] or [tiles, 2, 16]
+        self.out_features, self.in_features = out_features, packed.shape[1] // (LANES * bits // 8)
+        if self.in_features % BLOCK or (group_size % BLOCK and not (bits == 8 and group_size == BLOCK // 2)):
+            raise ValueError(f"in_features {self.in_features} must be a multiple of {BLOCK}, and the group size "
+                             f"{group_size} too (or 16 for 8 bits)")
+        self.bits, self.group_size, self.kernels, self.bias = bits, group_size, kernels, bias
+        self.packed = packed  # [tiles, K / 32 * block bytes] uint8
+        self.scales_zeros = scales_zeros  # [tiles, G, 2, 16] or [tiles, 2, 16]
         self.weight_bytes = self.packed.numel() + self.scales_zeros.numel() * self.scales_zeros.element_size()
+
+    @classmethod
+    def from_codes(cls, codes: torch.Tensor, scales_zeros: torch.Tensor, bits: int, group_size: int, kernels,
+                   bias: torch.Tensor | None = None) -> "IntegerLinear":
+        """codes [N, K] and scales_zeros [N, G, 2] or [N, 2] (see the class), packed into tiles."""
+        if codes.shape[1] % BLOCK:
+            raise ValueError(f"in_features {codes.shape[1]} must be a multiple of {BLOCK}")
+        return cls(pack_codes(codes, bits), per_tile(scales_zeros), codes.shape[0], bits, group_size, kernels, bias)
+
+    def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The weights of `rows` (all when None), fp32 [len(rows), K], read back from the packed tiles:
+        the values the kernels multiply by (the plain weight need not be kept for row lookups)."""
+        rows = torch.arange(self.out_features) if rows is None else rows.flatten()
+        tiles, lanes = rows // LANES, rows % LANES
+        blocks = self.in_features // BLOCK
+        if self.bits == 4:
+            packed = self.packed.view(-1, blocks, 4, LANES, 4)[tiles, :, :, lanes]  # [n, blocks, 4 steps, 4]
+            codes = torch.cat((packed & 15, packed >> 4), dim=2)  # steps 0-3 low nibbles, 4-7 high
+        else:
+            codes = self.packed.view(-1, blocks, 8, LANES, 4)[tiles, :, :, lanes]  # [n, blocks, 8 steps, 4]
+        codes = codes.reshape(len(rows), self.in_features).float()
+        scales_zeros = self.scales_zeros[tiles, ..., lanes].float()  # [n, G, 2] or [n, 2]
+        if scales_zeros.dim() == 2:  # 8 bits, one scale per row: w = (code - 128) * s (offset -128 s)
+            return (codes - 128) * scales_zeros[:, :1]
+        scale, zero = scales_zeros[..., 0, None], scales_zeros[..., 1, None]  # [n, G, 1]
+        grouped = codes.view(len(rows), -1, self.group_size)
+        if self.bits == 4:
+            return ((grouped - 8) * scale + zero).flatten(1)
+        return (grouped * scale + zero).flatten(1)
 
     def as_kernel_matrix(self):
         """What the kernels' fused decoder layers take of this matrix (`bindings.cpp`, Matrix)."""

@@ -5,6 +5,9 @@ Formats:
 - int8: per-output-channel symmetric, w = code * scale.
 - int4: group-wise with zero points along the input features, w = (code - 8) * scale + zero; the
   output head and the embedding stay int8.
+- int8 grouped: 8-bit codes with an fp32 scale and offset per group of 16 or 32 inputs, w = code *
+  scale + offset: what a GGUF file's Q5_0, Q5_1, Q5_K, Q6_K and Q8_0 blocks are, exactly
+  (`gguf_blocks.py`); CPU kernels only.
 
 Two ways to run them:
 - With the CPU kernels (`kernels/`, the default): `IntegerLinear` rounds each row's activations to
@@ -69,12 +72,15 @@ class Int4Weight:
 
     @classmethod
     def from_codes(cls, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int) -> "Int4Weight":
-        codes = codes.to(torch.uint8)  # [N, K] in 0..15
-        return cls(codes[:, 0::2] | (codes[:, 1::2] << 4), scales.to(KERNEL_DTYPE), zeros.to(KERNEL_DTYPE), group_size)
+        # Each pair of codes read as one little-endian int16 (low byte first): whole-tensor ops, no
+        # strided ones, which are ten times slower on a large matrix.
+        pairs = codes.to(torch.uint8).contiguous().view(torch.int16)  # [N, K / 2]
+        nibbles = ((pairs & 0x0F) | ((pairs >> 4) & 0xF0)).to(torch.uint8)
+        return cls(nibbles, scales.to(KERNEL_DTYPE), zeros.to(KERNEL_DTYPE), group_size)
 
     def codes(self, rows: torch.Tensor | None = None) -> torch.Tensor:
-        nibbles = self.nibbles if rows is None else self.nibbles[rows]
-        return torch.stack((nibbles & 15, nibbles >> 4), dim=-1).flatten(1)  # [rows, K] uint8
+        nibbles = (self.nibbles if rows is None else self.nibbles[rows]).to(torch.int16)
+        return ((nibbles & 15) | ((nibbles >> 4) << 8)).view(torch.uint8)  # [rows, K] uint8, code 2i first
 
     def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         scales, zeros = (self.scales, self.zeros) if rows is None else (self.scales[rows], self.zeros[rows])
@@ -83,18 +89,55 @@ class Int4Weight:
         return ((codes - 8) * scales.float()[..., None] + zeros.float()[..., None]).flatten(1)  # [rows, K] fp32
 
 
-QuantizedWeight = Int8Weight | Int4Weight
+@dataclass
+class GroupedInt8Weight:
+    """w[n, k] = codes[n, k] * scales[n, k // group_size] + offsets[n, k // group_size]."""
+
+    codes: torch.Tensor  # [N, K] uint8
+    scales: torch.Tensor  # [N, K / group_size] fp32
+    offsets: torch.Tensor  # [N, K / group_size] fp32
+    group_size: int
+
+    def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        codes, scales, offsets = ((self.codes, self.scales, self.offsets) if rows is None
+                                  else (self.codes[rows], self.scales[rows], self.offsets[rows]))
+        g = self.group_size
+        w = codes.float().unflatten(1, (-1, g)) * scales[..., None] + offsets[..., None]  # [rows, K / g, g]
+        return w.flatten(1)
+
+    @classmethod
+    def of(cls, weight: "QuantizedWeight", group_size: int) -> "GroupedInt8Weight":
+        """An int4 or grouped int8 weight as grouped int8 in groups of `group_size` (a divisor of its
+        own), the same values: so matrices of different formats fuse (a GGUF file's Q4_K q and k beside
+        its Q6_K v)."""
+        repeat = weight.group_size // group_size
+        if isinstance(weight, Int4Weight):
+            scales = weight.scales.float()
+            # (code - 8) * s + z = code * s + (z - 8 s), the offset the int4 kernel computes too.
+            return cls(weight.codes(), scales.repeat_interleave(repeat, 1),
+                       (weight.zeros.float() - 8 * scales).repeat_interleave(repeat, 1), group_size)
+        if isinstance(weight, GroupedInt8Weight):
+            return cls(weight.codes, weight.scales.repeat_interleave(repeat, 1),
+                       weight.offsets.repeat_interleave(repeat, 1), group_size)
+        raise ValueError(f"{_describe(weight)} cannot become grouped int8")
+
+
+QuantizedWeight = Int8Weight | Int4Weight | GroupedInt8Weight
 
 
 def cat_rows(parts: list):
     """Stack matrices along output rows (fusing q/k/v or gate/up): tensors or quantized weights
-    of one kind."""
+    of one kind, or int4 and grouped int8 (all become grouped int8 in the smallest group)."""
     first = parts[0]
     if isinstance(first, torch.Tensor):
         return torch.cat(parts)
     if any(type(p) is not type(first) or getattr(p, "group_size", None) != getattr(first, "group_size", None)
            for p in parts):
-        raise ValueError(f"cannot fuse matrices of different formats: {[_describe(p) for p in parts]}")
+        if not all(isinstance(p, (Int4Weight, GroupedInt8Weight)) for p in parts):
+            raise ValueError(f"cannot fuse matrices of different formats: {[_describe(p) for p in parts]}")
+        group_size = min(p.group_size for p in parts)
+        parts = [GroupedInt8Weight.of(p, group_size) for p in parts]
+        first = parts[0]
     return map_rows(first, lambda _, name: torch.cat([getattr(p, name) for p in parts]))
 
 
@@ -104,7 +147,11 @@ def map_rows(weight, fn):
 
 
 def _describe(weight) -> str:
-    return f"int4 (groups of {weight.group_size})" if isinstance(weight, Int4Weight) else type(weight).__name__
+    if isinstance(weight, Int4Weight):
+        return f"int4 (groups of {weight.group_size})"
+    if isinstance(weight, GroupedInt8Weight):
+        return f"int8 (groups of {weight.group_size})"
+    return type(weight).__name__
 
 
 def round_up_to_bf16(x: torch.Tensor) -> torch.Tensor:
@@ -122,6 +169,15 @@ def quantize_int8(weight: torch.Tensor) -> Int8Weight:
         scales = round_up_to_bf16(w.abs().amax(dim=1) / 127).clamp_min(torch.finfo(KERNEL_DTYPE).tiny)
         parts.append(Int8Weight(torch.round(w / scales.float()[:, None]).clamp_(-127, 127).to(torch.int8), scales))
     return parts[0] if len(parts) == 1 else cat_rows(parts)
+
+
+def quantize_grouped_int8(weight: torch.Tensor, group_size: int) -> GroupedInt8Weight:
+    """Min-max per group of `group_size` inputs to codes 0..255 (fp32 scale and offset)."""
+    groups = weight.detach().float().unflatten(1, (-1, group_size))  # [N, K / g, g]
+    low, high = groups.amin(-1), groups.amax(-1)
+    scales = ((high - low) / 255).clamp_min(torch.finfo(torch.float32).tiny)
+    codes = torch.round((groups - low[..., None]) / scales[..., None]).clamp_(0, 255)
+    return GroupedInt8Weight(codes.flatten(1).to(torch.uint8), scales, low, group_size)
 
 
 def quantize_int4(weight: torch.Tensor, group_size: int) -> Int4Weight:
@@ -160,6 +216,9 @@ class Int8Linear(nn.Module):
         self.bias = bias
         self.weight_bytes = weight.codes.numel() + weight.scales.numel() * weight.scales.element_size()
 
+    def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        return self.quantized.dequantize(rows)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.quantized
         return _finish(torch.ops.aten._weight_int8pack_mm(_kernel_input(x, self.in_features), w.codes, w.scales),
@@ -186,6 +245,11 @@ class Int4Linear(nn.Module):
         self.quantized = weight if keep_rows else None
         self.weight_bytes = self.packed.numel() + self.scales_and_zeros.numel() * self.scales_and_zeros.element_size()
 
+    def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        if self.quantized is None:
+            raise ValueError("this int4 linear was made without keep_rows: its rows cannot be read")
+        return self.quantized.dequantize(rows)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(_kernel_input(x, self.in_features), self.packed,
                                                          self.group_size, self.scales_and_zeros)
@@ -193,33 +257,50 @@ class Int4Linear(nn.Module):
 
 
 class QuantizedEmbedding(nn.Module):
-    """Embedding rows dequantized from a quantized matrix (the output head's, when tied)."""
+    """Embedding rows dequantized from a quantized matrix: a quantized weight, or a linear (anything
+    with `dequantize(rows)`). A linear it `owned` is its submodule `matrix` (an untied embedding's own);
+    one it does not own (the tied output head) is not registered, so its tensors are the head's alone."""
 
-    def __init__(self, weight: QuantizedWeight, dtype: torch.dtype) -> None:
+    def __init__(self, source, dtype: torch.dtype, owned: bool = False) -> None:
         super().__init__()
-        self.quantized = weight
+        if owned:
+            self.matrix = source
+        self.dequantize = source.dequantize
         self.dtype = dtype
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.quantized.dequantize(ids.flatten()).to(self.dtype).view(*ids.shape, -1)  # [T, hidden]
+        return self.dequantize(ids.flatten()).to(self.dtype).view(*ids.shape, -1)  # [T, hidden]
 
 
 def quantized_linear(weight: QuantizedWeight, bias: torch.Tensor | None = None, keep_rows: bool = False,
                      kernels=None) -> nn.Module:
     """The linear for `weight`: on the CPU kernels (int8 activations, rows independent) when given,
     else on aten's weight-only kernels (bf16 activations)."""
-    in_features = weight.codes.shape[1] if isinstance(weight, Int8Weight) else weight.nibbles.shape[1] * 2
+    in_features = weight.nibbles.shape[1] * 2 if isinstance(weight, Int4Weight) else weight.codes.shape[1]
+    if isinstance(weight, GroupedInt8Weight) and kernels is None:
+        # No aten kernel takes grouped int8: the matrix runs dense (exact, four times the bytes).
+        return _dense_linear(weight.dequantize(), bias)
     if kernels is not None and in_features % INPUT_BLOCK == 0:
-        quantized = weight if keep_rows else None
-        if isinstance(weight, Int8Weight):
+        if isinstance(weight, GroupedInt8Weight):
+            codes, scales_zeros = weight.codes, torch.stack((weight.scales, weight.offsets), dim=-1)
+        elif isinstance(weight, Int8Weight):
             scales = weight.scales.float()  # w = (code + 128) * s - 128 s
-            return IntegerLinear((weight.codes.to(torch.int16) + 128).to(torch.uint8), torch.stack((scales, -128 * scales), dim=-1),
-                                 8, 0, kernels, bias, quantized)
-        return IntegerLinear(weight.codes(), torch.stack((weight.scales, weight.zeros), dim=-1), 4, weight.group_size,
-                             kernels, bias, quantized)
+            codes, scales_zeros = (weight.codes.to(torch.int16) + 128).to(torch.uint8), torch.stack((scales, -128 * scales), dim=-1)
+        else:
+            codes, scales_zeros = weight.codes(), torch.stack((weight.scales, weight.zeros), dim=-1)
+        bits = 4 if isinstance(weight, Int4Weight) else 8
+        return IntegerLinear.from_codes(codes, scales_zeros, bits, getattr(weight, "group_size", 0), kernels, bias)
     if isinstance(weight, Int8Weight):
         return Int8Linear(weight, bias)
     return Int4Linear(weight, bias, keep_rows)
+
+
+def _dense_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
+    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
+    linear.weight = nn.Parameter(weight, requires_grad=False)
+    if bias is not None:
+        linear.bias = nn.Parameter(bias.float(), requires_grad=False)
+    return linear
 
 
 def int8_linears(module: nn.Module, kernels) -> nn.Module:
@@ -286,21 +367,35 @@ def install_quantized(model: nn.Module, weights: dict[str, QuantizedWeight],
     """Put quantized linears in place of the modules named in `weights` ("layers.0.mlp.down_proj",
     "lm_head", "embed_tokens"), with `biases` by the same names; outputs come in `dtype` (default:
     the model's). With tied embeddings the one matrix is the output head, and the embedding reads
-    its rows. `kernels`: see `quantized_linear`."""
+    its rows. `kernels`: see `quantized_linear`. Empties `weights`: each plain weight is freed once
+    its linear is made (unless aten's int4 linear keeps it for row lookups)."""
     dtype = dtype or model.norm.weight.dtype
     tied = model.config.tie_word_embeddings
-    for module_name, weight in weights.items():
+    head_given = "lm_head" in weights
+    while weights:
+        module_name, weight = weights.popitem()
         if module_name == "embed_tokens":
             if tied:
                 model.lm_head = quantized_linear(weight, keep_rows=True, kernels=kernels)
-            model.embed_tokens = QuantizedEmbedding(weight, dtype)
+            if tied and hasattr(model.lm_head, "dequantize"):
+                model.embed_tokens = QuantizedEmbedding(model.lm_head, dtype)  # the head's own rows
+            elif not tied and kernels is not None and isinstance(matrix := quantized_linear(weight, kernels=kernels),
+                                                               IntegerLinear):
+                model.embed_tokens = QuantizedEmbedding(matrix, dtype, owned=True)  # packed: cached as it is
+            else:  # off the kernels (or a dense tied head): rows from the weight
+                model.embed_tokens = QuantizedEmbedding(weight, dtype)
         else:
             bias = (biases or {}).get(module_name)
             linear = quantized_linear(weight, None if bias is None else bias.to(dtype), keep_rows=module_name == "lm_head",
                                       kernels=kernels)
             model.set_submodule(module_name, linear)
-    if tied and "lm_head" in weights:
-        model.embed_tokens = QuantizedEmbedding(model.lm_head.quantized, dtype)
+    if tied and head_given:
+        model.embed_tokens = QuantizedEmbedding(model.lm_head, dtype)
+    return mark_quantized(model, kernels)
+
+
+def mark_quantized(model: nn.Module, kernels) -> nn.Module:
+    """What a model whose matrices are quantized runs differently."""
     for layer in model.layers:  # aten's kernels round rows alone; so must attention without the CPU kernels
         layer.self_attn.rows_alone = True
     model.extra_row_cost = KERNEL_ROW_COST[kernels.tier] if kernels is not None else ATEN_ROW_COST

@@ -172,12 +172,12 @@ void check_quantize(const std::string& name, const std::vector<float>& x, int64_
   const int64_t B = K / 32;
   auto codes_a = output<int8_t>(T * K), codes_b = output<int8_t>(T * K);
   auto scales_a = output<float>(T * B), scales_b = output<float>(T * B);
-  auto sums_a = output<int32_t>(T * B), sums_b = output<int32_t>(T * B);
+  auto sums_a = output<int32_t>(2 * T * B), sums_b = output<int32_t>(2 * T * B);
   tested->quantize_rows(x.data(), T, K, codes_a.data(), scales_a.data(), sums_a.data());
   portable->quantize_rows(x.data(), T, K, codes_b.data(), scales_b.data(), sums_b.data());
   c.same("codes", codes_a, codes_b, T * K);
   c.same("scales", scales_a, scales_b, T * B);
-  c.same("sums", sums_a, sums_b, T * B);
+  c.same("sums", sums_a, sums_b, 2 * T * B);
   c.finish();
 }
 
@@ -224,11 +224,12 @@ uint16_t bf16_of(float x) {
 }
 
 void check_matmul(Random& rng, int64_t bits, int64_t group, int64_t K, int64_t N, int64_t T) {
-  Case c("matmul_tiles bits=" + std::to_string(bits) + (bits == 4 ? " group=" + std::to_string(group) : "") +
+  Case c("matmul_tiles bits=" + std::to_string(bits) + " group=" + std::to_string(group) +
          " K=" + std::to_string(K) + " N=" + std::to_string(N) + " T=" + std::to_string(T));
   const int64_t B = K / 32, tiles = (N + 15) / 16;
   const int64_t tile_bytes = B * (bits == 4 ? 256 : 512);
-  const int64_t tile_scale_bytes = bits == 4 ? (K / group) * 2 * 16 * 2 : 2 * 16 * 4;
+  // bf16 pairs per group (bits 4), fp32 pairs per group (bits 8, grouped) or per row (bits 8, group 0).
+  const int64_t tile_scale_bytes = bits == 4 ? (K / group) * 2 * 16 * 2 : (group ? K / group : 1) * 2 * 16 * 4;
   std::vector<uint8_t> packed(tiles * tile_bytes);
   for (uint8_t& byte : packed) byte = rng.byte();  // any byte is valid codes
   std::vector<uint8_t> scales_zeros(tiles * tile_scale_bytes);
@@ -254,12 +255,12 @@ void check_matmul(Random& rng, int64_t bits, int64_t group, int64_t K, int64_t N
   std::fill(x.end() - 32, x.end(), 0.0f);
   std::vector<int8_t> codes(T * K);
   std::vector<float> scales(T * B);
-  std::vector<int32_t> sums(T * B);
+  std::vector<int32_t> sums(2 * T * B);
   portable->quantize_rows(x.data(), T, K, codes.data(), scales.data(), sums.data());
 
   auto out_a = output<float>(T * N), out_b = output<float>(T * N);
   MatmulArgs args{packed.data(), tile_bytes, scales_zeros.data(), tile_scale_bytes, bits,
-                  bits == 4 ? group / 32 : 1, N, T, K, codes.data(), scales.data(), sums.data(), out_a.data()};
+                  group, N, T, K, codes.data(), scales.data(), sums.data(), out_a.data()};
   tested->matmul_tiles(args, 0, tiles);
   args.out = out_b.data();
   portable->matmul_tiles(args, 0, tiles);
@@ -275,10 +276,10 @@ void check_matmul(Random& rng, int64_t bits, int64_t group, int64_t K, int64_t N
 }
 
 void check_matmul_all(Random& rng) {
-  const int64_t configs[][2] = {{4, 32}, {4, 64}, {8, 0}};  // bits, group
+  const int64_t configs[][2] = {{4, 32}, {4, 64}, {8, 0}, {8, 32}, {8, 16}};  // bits, group
   for (const auto& config : configs)
     for (int64_t K : {32, 64, 576}) {
-      if (config[0] == 4 && K % config[1] != 0) continue;  // a group must divide K
+      if (config[1] && K % config[1] != 0) continue;  // a group must divide K
       for (int64_t N : {8, 40, 48})  // one partial tile; two whole and a half; three whole
         for (int64_t T = 1; T <= 9; ++T) check_matmul(rng, config[0], config[1], K, N, T);
     }

@@ -7,19 +7,23 @@
 
 namespace specee {
 
-constexpr int KERNEL_API_VERSION = 1;
+constexpr int KERNEL_API_VERSION = 2;
 
 // One integer matmul: x's rows quantized to int8 blocks (codes, scales, sums) times a packed
-// matrix of tiles of 16 output features (see integer_linear.py's pack_codes).
+// matrix of tiles of 16 output features (see integer_linear.py's pack_codes). Three weight formats:
+// - bits 4, group_size 32, 64 or 128: scales_zeros [tiles, K / group, 2, 16] bf16 (s, z), w = (code - 8) s + z;
+// - bits 8, group_size 0: one scale and offset per feature, [tiles, 2, 16] fp32, w = code s + m;
+// - bits 8, group_size 16 or 32: a scale and offset per feature and group, [tiles, K / group, 2, 16]
+//   fp32, w = code s + m (a GGUF file's Q5, Q6_K and Q8_0 blocks, exactly).
 struct MatmulArgs {
   const uint8_t* packed;        // [tiles, tile_bytes]
   int64_t tile_bytes;
-  const uint8_t* scales_zeros;  // bits 4: [tiles, K / group, 2, 16] bf16; bits 8: [tiles, 2, 16] fp32
+  const uint8_t* scales_zeros;
   int64_t tile_scale_bytes;
-  int64_t bits, blocks_per_group, out_features, rows, in_features;
+  int64_t bits, group_size, out_features, rows, in_features;
   const int8_t* codes;          // [rows, K]
   const float* scales;          // [rows, K / 32]
-  const int32_t* sums;          // [rows, K / 32]
+  const int32_t* sums;          // [rows, K / 16]: the sum of the codes of each half block
   float* out;                   // [rows, out_features]
 };
 
@@ -46,7 +50,7 @@ struct AttentionArgs {
 struct KernelTable {
   int api_version;
   const char* tier;
-  // x [T, K] fp32 -> codes [T, K] int8, scales [T, K / 32], sums [T, K / 32] (sum of codes).
+  // x [T, K] fp32 -> codes [T, K] int8, scales [T, K / 32], sums [T, K / 16] (sums of codes).
   void (*quantize_rows)(const float* x, int64_t T, int64_t K, int8_t* codes, float* scales, int32_t* sums);
   // Output tiles begin .. end - 1 of one matmul.
   void (*matmul_tiles)(const MatmulArgs& args, int64_t begin, int64_t end);

@@ -23,6 +23,13 @@ using specee::Segment;
 constexpr int64_t LANES = 16;
 constexpr int64_t BLOCK = 32;
 
+void check_format(int64_t bits, int64_t group_size) {
+  TORCH_CHECK((bits == 4 && group_size > 0 && group_size % BLOCK == 0) ||
+              (bits == 8 && (group_size == 0 || group_size == 16 || group_size == 32)),
+              "bits 4 take groups of a multiple of 32 inputs, bits 8 groups of 16 or 32 or none (0); got bits ", bits,
+              " and group size ", group_size);
+}
+
 void check_rows(const at::Tensor& x, int64_t dims, const char* what) {
   TORCH_CHECK(x.dim() == dims && x.is_contiguous() && x.scalar_type() == at::kFloat, what, " must be ", dims,
               "-D fp32 contiguous");
@@ -81,25 +88,29 @@ class Kernels {
   std::string tier() const { return table_->tier; }
 
   // x [T, K] fp32; packed [N / 16, K / 32 * block bytes] uint8; scales_zeros: bits 4,
-  // [N / 16, K / group_size, 2, 16] bf16; bits 8, [N / 16, 2, 16] fp32. Returns [T, N] fp32.
+  // [N / 16, K / group_size, 2, 16] bf16; bits 8 and group_size 0, [N / 16, 2, 16] fp32; bits 8 and
+  // group_size 16 or 32, [N / 16, K / group_size, 2, 16] fp32 (api.h). Returns [T, N] fp32.
   at::Tensor integer_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales_zeros,
                             int64_t out_features, int64_t bits, int64_t group_size) const {
     check_rows(x, 2, "x");
-    TORCH_CHECK(bits == 4 || bits == 8, "bits must be 4 or 8");
+    check_format(bits, group_size);
     const int64_t T = x.size(0), K = x.size(1);
     TORCH_CHECK(K % BLOCK == 0, "in_features must be a multiple of 32");
     const int64_t B = K / BLOCK, tiles = packed.size(0);
     TORCH_CHECK(packed.is_contiguous() && scales_zeros.is_contiguous() && tiles * LANES >= out_features,
                 "packed weights do not match out_features");
+    const int64_t block_bytes = LANES * BLOCK * bits / 8;
+    TORCH_CHECK(packed.size(1) == B * block_bytes, "x has ", K, " features; the matrix takes ",
+                packed.size(1) / block_bytes * BLOCK);
     auto codes = at::empty({T, K}, x.options().dtype(at::kChar));
     auto scales = at::empty({T, B}, x.options());
-    auto sums = at::empty({T, B}, x.options().dtype(at::kInt));
+    auto sums = at::empty({T, 2 * B}, x.options().dtype(at::kInt));
     table_->quantize_rows(x.data_ptr<float>(), T, K, codes.data_ptr<int8_t>(), scales.data_ptr<float>(),
                           sums.data_ptr<int32_t>());
     auto out = at::empty({T, out_features}, x.options());
     const MatmulArgs args{packed.data_ptr<uint8_t>(), packed.stride(0), static_cast<const uint8_t*>(scales_zeros.data_ptr()),
-                          scales_zeros.stride(0) * scales_zeros.element_size(), bits, bits == 4 ? group_size / BLOCK : 1,
-                          out_features, T, K, codes.data_ptr<int8_t>(), scales.data_ptr<float>(), sums.data_ptr<int32_t>(),
+                          scales_zeros.stride(0) * scales_zeros.element_size(), bits, group_size, out_features, T, K,
+                          codes.data_ptr<int8_t>(), scales.data_ptr<float>(), sums.data_ptr<int32_t>(),
                           out.data_ptr<float>()};
     at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) { table_->matmul_tiles(args, begin, end); });
     return out;
@@ -207,7 +218,7 @@ class Kernels {
     at::Tensor gate_up = at::empty({T, 2 * I}, f), gated = at::empty({T, I}, f);
     const int64_t widest = std::max({D, heads * hd, I});
     at::Tensor codes = at::empty({T, widest}, f.dtype(at::kChar)), scales = at::empty({T, widest / BLOCK}, f);
-    at::Tensor sums = at::empty({T, widest / BLOCK}, f.dtype(at::kInt));
+    at::Tensor sums = at::empty({T, 2 * widest / BLOCK}, f.dtype(at::kInt));
     auto quantized = [&](const at::Tensor& rows) {  // rows as int8 blocks, into codes, scales, sums
       table_->quantize_rows(rows.data_ptr<float>(), T, rows.size(1), codes.data_ptr<int8_t>(), scales.data_ptr<float>(),
                             sums.data_ptr<int32_t>());
@@ -219,8 +230,8 @@ class Kernels {
     };
     auto matmul = [&](const Matrix& m, int64_t K, at::Tensor& out) {
       return MatmulArgs{m.packed.data_ptr<uint8_t>(), m.packed.stride(0), static_cast<const uint8_t*>(m.scales_zeros.data_ptr()),
-                        m.scales_zeros.stride(0) * m.scales_zeros.element_size(), m.bits,
-                        m.bits == 4 ? m.group_size / BLOCK : 1, m.out_features, T, K, codes.data_ptr<int8_t>(),
+                        m.scales_zeros.stride(0) * m.scales_zeros.element_size(), m.bits, m.group_size,
+                        m.out_features, T, K, codes.data_ptr<int8_t>(),
                         scales.data_ptr<float>(), sums.data_ptr<int32_t>(), out.data_ptr<float>()};
     };
     auto add_bias = [](at::Tensor& rows, const Matrix& m) {  // rows + bias, as IntegerLinear adds it
@@ -369,6 +380,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("decoder_layers", &Kernels::decoder_layers, "consecutive decoder layers for one sequence's rows", free_gil)
       .def("matrix", [](const Kernels&, at::Tensor packed, at::Tensor scales_zeros, int64_t out_features, int64_t bits,
                         int64_t group_size, std::optional<at::Tensor> bias) {
+        check_format(bits, group_size);
         return Matrix{packed, scales_zeros, out_features, bits, group_size, bias.value_or(at::Tensor())};
       }, "a quantized matrix as decoder_layers takes it")
       .def("layer_weights", [](const Kernels&, at::Tensor input_norm, double input_eps, Matrix qkv, Matrix o,

@@ -86,32 +86,39 @@ inline void quantize_rows(const float* x, int64_t T, int64_t K, int8_t* codes, f
       float q[BLOCK];
       store(q, max(min(round_nearest(lo * inverse), top), bottom));
       store(q + LANES, max(min(round_nearest(hi * inverse), top), bottom));
-      int32_t sum = 0;
+      int32_t sum[2] = {0, 0};  // per half block
       int8_t* dst = codes + t * K + b * BLOCK;
       for (int64_t i = 0; i < BLOCK; ++i) {
         dst[i] = static_cast<int8_t>(q[i]);
-        sum += dst[i];
+        sum[i / LANES] += dst[i];
       }
       scales[t * B + b] = scale;
-      sums[t * B + b] = sum;
+      sums[2 * (t * B + b)] = sum[0];
+      sums[2 * (t * B + b) + 1] = sum[1];
     }
 }
 
-// The dot products of R rows, in chunks of the rows the tier's `dot` keeps in registers at once.
-template <int R, bool INT4>
+// The dot products of R rows, in chunks of the rows the tier's `dot` keeps in registers at once:
+// over the whole block (STEPS 8) or, for 8-bit codes, over its first half (STEPS 4).
+template <int R, bool INT4, int STEPS = 8>
 inline void dot_rows(const uint8_t* block, const int8_t* q, int64_t K, I16* out) {
   constexpr int N = R < DOT_ROWS<INT4> ? R : DOT_ROWS<INT4>;
-  dot<N, INT4>(block, q, K, out);
-  if constexpr (R > N) dot_rows<R - N, INT4>(block, q + N * K, K, out + N);
+  dot<N, INT4, STEPS>(block, q, K, out);
+  if constexpr (R > N) dot_rows<R - N, INT4, STEPS>(block, q + N * K, K, out + N);
 }
+
+// The weight formats of MatmulArgs.
+enum class Format { INT4, INT8_ROW, INT8_GROUP32, INT8_GROUP16 };
 
 // One tile of 16 output features for R rows.
 // INT4: w = code * s + (z - 8 s) with bf16 s and z per lane and weight group ([G][s x16, z x16]).
-// INT8: w = code * s + m with fp32 s and m per lane for the whole row ([s x16, m x16]), applied last.
-template <int R, bool INT4>
+// INT8_ROW: w = code * s + m with fp32 s and m per lane for the whole row ([s x16, m x16]), applied last.
+// INT8_GROUP32/16: w = code * s + m with fp32 s and m per lane and group of 32 or 16 inputs ([G][s x16, m x16]).
+template <int R, Format FORMAT>
 void tile_rows(const uint8_t* w, const uint8_t* scales_zeros, int64_t blocks, int64_t blocks_per_group,
                const int8_t* codes, const float* scales, const int32_t* sums, int64_t K, float* out, int64_t ldo,
                int64_t valid) {
+  constexpr bool INT4 = FORMAT == Format::INT4;
   const int64_t B = K / BLOCK;
   constexpr int64_t BLOCK_BYTES = INT4 ? INT4_BLOCK_BYTES : INT8_BLOCK_BYTES;
   F16 acc[R];
@@ -122,12 +129,28 @@ void tile_rows(const uint8_t* w, const uint8_t* scales_zeros, int64_t blocks, in
   }
   F16 group_s = splat(0.0f), group_m = splat(0.0f);
   const uint16_t* group_scales = reinterpret_cast<const uint16_t*>(scales_zeros);
+  const float* group_floats = reinterpret_cast<const float*>(scales_zeros);
   for (int64_t b = 0, in_group = 0; b < blocks; ++b) {
     I16 dots[R];
     const uint8_t* block = w + b * BLOCK_BYTES;
     // Ask for the weights PREFETCH_BYTES ahead (this tile's or the next ones'): they stream in from
     // memory while this block is multiplied.
     for (int64_t byte = 0; byte < BLOCK_BYTES; byte += 64) prefetch(block + PREFETCH_BYTES + byte);
+    if constexpr (FORMAT == Format::INT8_GROUP16) {
+      // Each half block has its own scale and offset: two half-block dots, each scaled alone.
+      for (int h = 0; h < 2; ++h) {
+        dot_rows<R, false, 4>(block + h * BLOCK_BYTES / 2, codes + b * BLOCK + h * LANES, K, dots);
+        const F16 s = load(group_floats), m = load(group_floats + LANES);
+        group_floats += 2 * LANES;
+        for (int r = 0; r < R; ++r) {
+          const float row_scale = scales[r * B + b];
+          const float half_sum = row_scale * static_cast<float>(sums[2 * (r * B + b) + h]);
+          acc[r] = madd(splat(row_scale) * s, to_float(dots[r]), acc[r]);
+          acc[r] = madd(m, splat(half_sum), acc[r]);
+        }
+      }
+      continue;
+    }
     dot_rows<R, INT4>(block, codes + b * BLOCK, K, dots);
     if constexpr (INT4) {
       if (in_group == 0) {
@@ -136,24 +159,28 @@ void tile_rows(const uint8_t* w, const uint8_t* scales_zeros, int64_t blocks, in
         group_scales += 2 * LANES;
       }
       in_group = in_group + 1 == blocks_per_group ? 0 : in_group + 1;
+    } else if constexpr (FORMAT == Format::INT8_GROUP32) {
+      group_s = load(group_floats);
+      group_m = load(group_floats + LANES);
+      group_floats += 2 * LANES;
     }
     for (int r = 0; r < R; ++r) {
       const F16 products = to_float(dots[r]);
       const float row_scale = scales[r * B + b];
-      const float row_sum = row_scale * static_cast<float>(sums[r * B + b]);
-      if constexpr (INT4) {
+      const float row_sum = row_scale * static_cast<float>(sums[2 * (r * B + b)] + sums[2 * (r * B + b) + 1]);
+      if constexpr (FORMAT == Format::INT8_ROW) {
+        acc[r] = madd(splat(row_scale), products, acc[r]);
+        acc_sums[r] = acc_sums[r] + row_sum;
+      } else {
         // acc += (a * s) * dot + m * (a * sum of codes): the block's exact dot product, scaled.
         acc[r] = madd(splat(row_scale) * group_s, products, acc[r]);
         acc[r] = madd(group_m, splat(row_sum), acc[r]);
-      } else {
-        acc[r] = madd(splat(row_scale), products, acc[r]);
-        acc_sums[r] = acc_sums[r] + row_sum;
       }
     }
   }
   for (int r = 0; r < R; ++r) {
     F16 result = acc[r];
-    if constexpr (!INT4) {
+    if constexpr (FORMAT == Format::INT8_ROW) {
       const float* sm = reinterpret_cast<const float*>(scales_zeros);
       result = madd(load(sm), result, load(sm + LANES) * splat(acc_sums[r]));
     }
@@ -161,17 +188,17 @@ void tile_rows(const uint8_t* w, const uint8_t* scales_zeros, int64_t blocks, in
   }
 }
 
-template <bool INT4>
+template <Format FORMAT>
 void tile(const MatmulArgs& a, const uint8_t* w, const uint8_t* sz, float* out, int64_t valid) {
-  const int64_t K = a.in_features, B = K / BLOCK;
+  const int64_t K = a.in_features, B = K / BLOCK, blocks_per_group = a.group_size / BLOCK;
   for (int64_t r0 = 0; r0 < a.rows; r0 += MAX_ROWS) {
     const int64_t rows = std::min<int64_t>(MAX_ROWS, a.rows - r0);
     const int8_t* c = a.codes + r0 * K;
     const float* sc = a.scales + r0 * B;
-    const int32_t* su = a.sums + r0 * B;
+    const int32_t* su = a.sums + r0 * 2 * B;
     float* o = out + r0 * a.out_features;
 #define SPECEE_ROWS(R) \
-  case R: tile_rows<R, INT4>(w, sz, B, a.blocks_per_group, c, sc, su, K, o, a.out_features, valid); break;
+  case R: tile_rows<R, FORMAT>(w, sz, B, blocks_per_group, c, sc, su, K, o, a.out_features, valid); break;
     switch (rows) {
       SPECEE_ROWS(1) SPECEE_ROWS(2) SPECEE_ROWS(3) SPECEE_ROWS(4)
       SPECEE_ROWS(5) SPECEE_ROWS(6) SPECEE_ROWS(7) SPECEE_ROWS(8)
@@ -188,8 +215,11 @@ inline void matmul_tiles(const MatmulArgs& a, int64_t begin, int64_t end) {
     const int64_t valid = std::min<int64_t>(LANES, a.out_features - t * LANES);
     const uint8_t* w = a.packed + t * a.tile_bytes;
     const uint8_t* sz = a.scales_zeros + t * a.tile_scale_bytes;
-    if (a.bits == 4) tile<true>(a, w, sz, a.out + t * LANES, valid);
-    else tile<false>(a, w, sz, a.out + t * LANES, valid);
+    float* out = a.out + t * LANES;
+    if (a.bits == 4) tile<Format::INT4>(a, w, sz, out, valid);
+    else if (a.group_size == 0) tile<Format::INT8_ROW>(a, w, sz, out, valid);
+    else if (a.group_size == BLOCK) tile<Format::INT8_GROUP32>(a, w, sz, out, valid);
+    else tile<Format::INT8_GROUP16>(a, w, sz, out, valid);
   }
 }
 

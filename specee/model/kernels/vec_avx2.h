@@ -67,7 +67,8 @@ inline __m256i broadcast4(const int8_t* q) {
 }
 
 // The dot products of R rows of activations (row r at q + r * K) with one block of 32 inputs of
-// 16 features, exact in int32. The block's bytes are step j (inputs 4j .. 4j + 3) for lanes 0-15,
+// 16 features, exact in int32 (8-bit codes: the first STEPS steps only, a half block's 16
+// inputs for STEPS 4). The block's bytes are step j (inputs 4j .. 4j + 3) for lanes 0-15,
 // four codes a lane; 4-bit codes hold steps 0-3 in the low nibbles and 4-7 in the high ones. Each
 // weight vector is loaded once for all the rows; at most four rows at a time keep every
 // accumulator in a register.
@@ -84,12 +85,12 @@ inline void vnni_rows(const __m256i (&w)[4], int j0, int j1, const int8_t* q, in
 template <bool INT4>
 constexpr int DOT_ROWS = 4;
 
-template <int R, bool INT4>
+template <int R, bool INT4, int STEPS = 8>
 inline void dot(const uint8_t* p, const int8_t* q, int64_t K, I16* out) {
   const __m256i nibble = _mm256_set1_epi8(0x0f);
   __m256i acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < (INT4 ? 4 : STEPS / 2); ++i) {
     __m256i w[4];
     if constexpr (INT4) {  // steps i and i + 4
       for (int h = 0; h < 2; ++h) {
@@ -121,12 +122,12 @@ inline void nibble_rows(const __m256i (&w)[4], int j0, int j1, const int8_t* q, 
 template <bool INT4>
 constexpr int DOT_ROWS = INT4 ? 4 : 2;
 
-template <int R, bool INT4>
+template <int R, bool INT4, int STEPS = 8>
 inline void dot(const uint8_t* p, const int8_t* q, int64_t K, I16* out) {
   const __m256i nibble = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1), sixteens = _mm256_set1_epi16(16);
   __m256i low[R][2], high[R][2];
   for (int r = 0; r < R; ++r) low[r][0] = low[r][1] = high[r][0] = high[r][1] = _mm256_setzero_si256();
-  for (int i = 0; i < (INT4 ? 4 : 8); ++i) {
+  for (int i = 0; i < (INT4 ? 4 : STEPS); ++i) {
     __m256i w[4];
     for (int h = 0; h < 2; ++h) {
       const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i * 64 + h * 32));

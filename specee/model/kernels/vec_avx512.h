@@ -52,12 +52,13 @@ inline float reduce_max(F16 a) {
 inline F16 to_float(I16 a) { return {_mm512_cvtepi32_ps(a.v)}; }
 
 // The dot products of R rows of activations (row r at q + r * K) with one block of 32 inputs of
-// 16 features, exact in int32. The block's bytes are step j (inputs 4j .. 4j + 3) for lanes 0-15,
+// 16 features, exact in int32 (8-bit codes: the first STEPS steps only, a half block's 16
+// inputs for STEPS 4). The block's bytes are step j (inputs 4j .. 4j + 3) for lanes 0-15,
 // four codes a lane; 4-bit codes hold steps 0-3 in the low nibbles and 4-7 in the high ones.
 template <bool INT4>
 constexpr int DOT_ROWS = 8;
 
-template <int R, bool INT4>
+template <int R, bool INT4, int STEPS = 8>
 inline void dot(const uint8_t* p, const int8_t* q, int64_t K, I16* out) {
   __m512i weights[8];
   if constexpr (INT4) {
@@ -68,11 +69,11 @@ inline void dot(const uint8_t* p, const int8_t* q, int64_t K, I16* out) {
       weights[i + 4] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), nibble);
     }
   } else {
-    for (int j = 0; j < 8; ++j) weights[j] = _mm512_loadu_si512(p + j * 64);
+    for (int j = 0; j < STEPS; ++j) weights[j] = _mm512_loadu_si512(p + j * 64);
   }
   for (int r = 0; r < R; ++r) {
     __m512i sum = _mm512_setzero_si512();
-    for (int j = 0; j < 8; ++j) {
+    for (int j = 0; j < STEPS; ++j) {
       int32_t word;
       std::memcpy(&word, q + r * K + 4 * j, 4);
       sum = _mm512_dpbusd_epi32(sum, weights[j], _mm512_set1_epi32(word));

@@ -57,7 +57,8 @@ inline float reduce_max(F16 a) {
 }
 
 // The dot products of R rows of activations (row r at q + r * K) with one block of 32 inputs of
-// 16 features, exact in int32. The block's bytes are step j (inputs 4j .. 4j + 3) for lanes 0-15,
+// 16 features, exact in int32 (8-bit codes: the first STEPS steps only, a half block's 16
+// inputs for STEPS 4). The block's bytes are step j (inputs 4j .. 4j + 3) for lanes 0-15,
 // four codes a lane (lanes 4k .. 4k + 3 in bytes 16k .. 16k + 15 of the step); 4-bit codes hold
 // steps 0-3 in the low nibbles and 4-7 in the high ones. 8-bit codes are not valid signed bytes:
 // their low and high nibbles are multiplied apart, code = low + 16 high.
@@ -70,13 +71,13 @@ inline int8x16_t broadcast4(const int8_t* q) {
 template <bool INT4>
 constexpr int DOT_ROWS = 4;
 
-template <int R, bool INT4>
+template <int R, bool INT4, int STEPS = 8>
 inline void dot(const uint8_t* p, const int8_t* q, int64_t K, I16* out) {
   const uint8x16_t nibble = vdupq_n_u8(0x0f);
   int32x4_t low[R][4], high[R][4];
   for (int r = 0; r < R; ++r)
     for (int k = 0; k < 4; ++k) low[r][k] = high[r][k] = vdupq_n_s32(0);
-  for (int i = 0; i < (INT4 ? 4 : 8); ++i)
+  for (int i = 0; i < (INT4 ? 4 : STEPS); ++i)
     for (int k = 0; k < 4; ++k) {
       const uint8x16_t packed = vld1q_u8(p + i * 64 + k * 16);
       const int8x16_t lo = vreinterpretq_s8_u8(vandq_u8(packed, nibble)), hi = vreinterpretq_s8_u8(vshrq_n_u8(packed, 4));

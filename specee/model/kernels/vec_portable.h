@@ -77,12 +77,13 @@ inline F16 to_float(I16 a) {
 }
 
 // The dot products of R rows of activations (row r at q + r * K) with one block of 32 inputs of
-// 16 features, exact in int32. The block's bytes are step j (inputs 4j .. 4j + 3) for lanes 0-15,
+// 16 features, exact in int32 (8-bit codes: the first STEPS steps only, a half block's 16
+// inputs for STEPS 4). The block's bytes are step j (inputs 4j .. 4j + 3) for lanes 0-15,
 // four codes a lane; 4-bit codes hold steps 0-3 in the low nibbles and 4-7 in the high ones.
 template <bool INT4>
 constexpr int DOT_ROWS = 8;
 
-template <int R, bool INT4>
+template <int R, bool INT4, int STEPS = 8>
 inline void dot(const uint8_t* p, const int8_t* q, int64_t K, I16* out) {
   uint8_t codes[8][16][4];  // [step][lane][input]
   if constexpr (INT4) {
@@ -94,12 +95,12 @@ inline void dot(const uint8_t* p, const int8_t* q, int64_t K, I16* out) {
           codes[j + 4][l][b] = byte >> 4;
         }
   } else {
-    std::memcpy(codes, p, sizeof codes);
+    std::memcpy(codes, p, STEPS * sizeof codes[0]);
   }
   for (int r = 0; r < R; ++r) {
     const int8_t* a = q + r * K;
     I16 sum{};
-    for (int j = 0; j < 8; ++j)
+    for (int j = 0; j < STEPS; ++j)
       for (int l = 0; l < 16; ++l)
         for (int b = 0; b < 4; ++b) sum.v[l] += static_cast<int32_t>(codes[j][l][b]) * a[4 * j + b];
     out[r] = sum;
