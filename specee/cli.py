@@ -7,6 +7,7 @@ import json
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 EXIT_BAD_INPUT = 2
@@ -46,12 +47,16 @@ def _add_model_options(p: argparse.ArgumentParser, default_quantization: str = "
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument("--threads", type=_positive_int, help="CPU threads for PyTorch")
     p.add_argument("--quantization", default=default_quantization,
-                   help="weights: auto (int4 on the CPU, none on a GPU), none (dense --dtype), int8 (per channel), int4 "
-                        "(groups of 32; head int8) or gguf (the GGUF file's own Q4_0/Q4_1/Q8_0 blocks); the quantized "
-                        f"formats run on the CPU (default {default_quantization})")
+                   help="weights: auto (on the CPU a GGUF file's own format, else int4; none on a GPU), none (dense "
+                        "--dtype), int8 (per channel), int4 (groups of 32; head int8) or gguf (the GGUF file's own "
+                        "Q4_0/Q4_1/Q4_K blocks as int4, Q5/Q6_K/Q8_0 as grouped int8); the quantized formats run on "
+                        f"the CPU (default {default_quantization})")
     p.add_argument("--no-compile", dest="compile", action="store_false",
                    help="run on PyTorch's own CPU kernels instead of specee's compiled ones (built once per machine "
                         "into the cache folder): slower, and its greedy tokens may differ from the compiled run's")
+    p.add_argument("--ctx-size", type=_positive_int, default=None,
+                   help="the longest prompt plus answer a generation may hold, in tokens (default: the model's "
+                        "context, at most 4096); the KV cache grows up to it, and the memory check counts it full")
     p.add_argument("--cpu-tier", choices=("auto",) + TIER_NAMES, default=None,
                    help="which instruction set specee's kernels use: auto (the best this CPU runs; or $SPECEE_CPU_TIER), "
                         "or a lower tier to run and time it; every tier gives the same bits")
@@ -383,8 +388,20 @@ def _validate_model_options(args) -> None:
 def _load(args):
     from . import load
 
-    return load(args.model, dtype=args.dtype, device=args.device, threads=args.threads, quantization=args.quantization,
-                compile=args.compile, cpu_tier=args.cpu_tier)
+    started = time.perf_counter()
+    engine = load(args.model, dtype=args.dtype, device=args.device, threads=args.threads, quantization=args.quantization,
+                  compile=args.compile, cpu_tier=args.cpu_tier, ctx_size=args.ctx_size)
+    print(_load_line(engine, time.perf_counter() - started), file=sys.stderr)
+    return engine
+
+
+def _load_line(engine, seconds: float) -> str:
+    from .model.memory import kv_cache_bytes
+
+    name = engine.source.name if engine.source is not None else "model"
+    kv = kv_cache_bytes(engine.config, engine.context_length)
+    return (f"specee: {name} loaded in {seconds:.1f} s: {engine.quantization} weights, {engine.model.weight_bytes / 2**30:.2f} "
+            f"GiB read per token; context {engine.context_length} tokens (KV cache up to {kv / 2**30:.2f} GiB)")
 
 
 def _load_off_main_thread(args):

@@ -60,19 +60,23 @@ class Result:
 
 
 def load_engine(model=None, dtype: str = "fp32", device: str = "cpu", threads: int | None = None,
-                quantization: str = "auto", compile: bool = True, cpu_tier: str | None = None) -> "Engine":
+                quantization: str = "auto", compile: bool = True, cpu_tier: str | None = None,
+                ctx_size: int | None = None) -> "Engine":
     parts = load_parts(model, dtype=dtype, device=device, threads=threads, quantization=quantization,
-                       compile=compile, cpu_tier=cpu_tier)
-    return Engine(parts.model, parts.tokenizer, source=parts.source, quantization=parts.quantization)
+                       compile=compile, cpu_tier=cpu_tier, ctx_size=ctx_size)
+    return Engine(parts.model, parts.tokenizer, source=parts.source, quantization=parts.quantization,
+                  context_length=parts.context_length)
 
 
 class Engine:
     def __init__(self, model: Transformer, tokenizer: Tokenizer, source: Path | None = None,
-                 quantization: str = "none") -> None:
+                 quantization: str = "none", context_length: int | None = None) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.source = source  # the GGUF file or model directory it was loaded from
         self.quantization = quantization  # how the matrices are stored: none, int8, int4 or gguf
+        # The longest prompt plus answer a generation may hold (the KV cache grows up to it).
+        self.context_length = context_length or model.config.max_position_embeddings
         self.artifacts = ArtifactStore(model, tokenizer)
 
     @property
@@ -83,10 +87,6 @@ class Engine:
     @property
     def config(self):
         return self.model.config
-
-    @property
-    def context_length(self) -> int:
-        return self.config.max_position_embeddings
 
     def encode(self, prompt: str | Messages, chat: bool = True) -> list[int]:
         return self.tokenizer.encode_prompt(prompt, chat=chat)

@@ -3,6 +3,7 @@ its tokenizer.
 The engine is assembled from these parts; so are draft models."""
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,11 +12,14 @@ import torch
 from .model.cpu_packing import pack_linears
 from .model.kernels import cpu_kernels
 from .model.llama import Transformer
-from .model.loading import build_model, default_model_path, read_weights, resolve_model_dir
+from .model.errors import ModelLoadError
+from .model.memory import check_fits, estimate_memory
+from .model.loading import build_model, default_model_path, is_gguf_file, read_config, read_weights, resolve_model_dir
 from .model.quantize import automatic_quantization, check_quantization, quantize_model
 from .tokenizer import Tokenizer
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DEFAULT_CONTEXT = 4096  # llama.cpp's default context too
 DEVICES = ("cpu", "cuda")
 
 
@@ -25,6 +29,7 @@ class ModelParts:
     tokenizer: Tokenizer
     source: Path  # the GGUF file or model directory they were loaded from
     quantization: str = "none"  # none, int8, int4 or gguf
+    context_length: int = 4096  # the longest prompt plus answer a generation may hold
 
 
 def parse_dtype(name: str) -> torch.dtype:
@@ -46,39 +51,81 @@ def parse_device(name: str) -> torch.device:
 
 
 def load_parts(model=None, dtype: str = "fp32", device: str = "cpu", threads: int | None = None,
-               quantization: str = "auto", compile: bool = True, cpu_tier: str | None = None) -> ModelParts:
-    """`quantization`: auto (int4 on the CPU, none elsewhere: `automatic_quantization`), none,
-    int8, int4 (quantize the loaded weights), or gguf (keep a GGUF file's own quantized tensors);
+               quantization: str = "auto", compile: bool = True, cpu_tier: str | None = None,
+               ctx_size: int | None = None) -> ModelParts:
+    """`quantization`: auto (on the CPU, a GGUF file's own format, else int4: `automatic_quantization`;
+    none elsewhere), none, int8, int4 (quantize the loaded weights), or gguf (keep a GGUF file's own
+    quantized tensors);
     the quantized formats run on the CPU. `compile`: on the CPU, run on the compiled kernels
     (`model/kernels/`, built once per machine) where they can be had, in `cpu_tier` (default: the
-    best this CPU runs, or $SPECEE_CPU_TIER); False: PyTorch's own."""
+    best this CPU runs, or $SPECEE_CPU_TIER); False: PyTorch's own. `ctx_size`: the context a
+    generation may fill (default the model's, at most DEFAULT_CONTEXT); on the CPU, a model whose
+    weights and full KV cache will not fit in the memory available is refused before it loads."""
     torch_dtype, torch_device = parse_dtype(dtype), parse_device(device)
+    if ctx_size is not None and (not isinstance(ctx_size, int) or ctx_size <= 0):
+        raise ValueError(f"ctx_size must be a positive integer, got {ctx_size}")
     check_quantization(quantization, torch_device)
     if threads is not None:
         if threads <= 0:
             raise ValueError(f"threads must be positive, got {threads}")
         torch.set_num_threads(threads)
     source = default_model_path() if model is None else Path(model).expanduser()
-    if quantization == "gguf":
-        from .model.gguf_quantized import read_gguf_weights  # needs the gguf package
-
-        weights = read_gguf_weights(source)  # refuses unsupported blocks before any conversion
-        directory = resolve_model_dir(source)
-    else:
-        directory = resolve_model_dir(source)
-        weights = read_weights(directory)
-    config = weights.config
+    directory = resolve_model_dir(source)  # refuses what is neither a GGUF file nor a model directory
+    gguf = is_gguf_file(source)
+    if quantization == "gguf" and not gguf:
+        raise ModelLoadError(f"--quantization gguf keeps a GGUF file's own quantized tensors, and {source} is a "
+                             "Hugging Face directory: pass the .gguf file, or use --quantization int8 or int4")
+    config = read_config(directory)
     if quantization == "auto":
         quantization = automatic_quantization(config, torch_device)
+        if gguf and quantization != "none":
+            from .model.gguf_weights import file_is_quantized
+
+            quantization = "gguf" if file_is_quantized(source) else quantization  # the file's own blocks
+    context = context_length(config, ctx_size)
+    if torch_device.type == "cpu":
+        check_fits(estimate_memory(source, directory, gguf, quantization, torch_dtype, config, context), context,
+                   source.name)
     if torch_device.type == "cuda":
         # cuDNN's attention plans each new key length anew (4.5 ms of CPU a call in bf16 on an
         # H100), and every decoding step brings a new one; flash and efficient attention do not.
         torch.backends.cuda.enable_cudnn_sdp(False)
     kernels = cpu_kernels(cpu_tier) if compile and torch_device.type == "cpu" else None
-    net = build_model(weights, torch_dtype, torch_device, kernels)
-    if quantization in ("int8", "int4"):
-        quantize_model(net, quantization, kernels=kernels)
+    if gguf:
+        net = _gguf_model(source, directory, config, quantization, torch_dtype, torch_device, kernels)
+    else:
+        net = build_model(read_weights(directory), torch_dtype, torch_device, kernels)
+        if quantization in ("int8", "int4"):
+            quantize_model(net, quantization, kernels=kernels)
     if torch_device.type == "cpu":
         pack_linears(net)  # the dense matrices left, if any
     net.use_kernels(kernels)
-    return ModelParts(net, Tokenizer(directory, config.eos_token_ids), source, quantization)
+    return ModelParts(net, Tokenizer(directory, config.eos_token_ids), source, quantization, context)
+
+
+def context_length(config, ctx_size: int | None) -> int:
+    if ctx_size is None:
+        return min(config.max_position_embeddings, DEFAULT_CONTEXT)
+    if ctx_size > config.max_position_embeddings:
+        raise ValueError(f"ctx_size {ctx_size} is longer than the model's context ({config.max_position_embeddings})")
+    return ctx_size
+
+
+def _gguf_model(source: Path, directory: Path, config, quantization: str, dtype: torch.dtype, device: torch.device,
+                kernels) -> Transformer:
+    """A GGUF file's model, read tensor by tensor into `quantization`; on the CPU kernels, the packed
+    result is cached beside the file's metadata and mapped from there on later loads."""
+    from .model.gguf_weights import read_gguf_weights  # needs the gguf package
+    from .model.packed_cache import DamagedCache, load_packed, packed_cache_path, save_packed
+
+    cache = packed_cache_path(directory, quantization, dtype_name(dtype)) if kernels and quantization != "none" else None
+    if cache is not None and cache.exists():
+        try:
+            return load_packed(cache, config, dtype, kernels)
+        except DamagedCache as e:
+            print(f"specee: warning: the packed-weights cache {cache} is damaged ({e}); rebuilding it", file=sys.stderr)
+            cache.unlink(missing_ok=True)
+    net = build_model(read_gguf_weights(source, quantization), dtype, device, kernels)
+    if cache is not None:
+        save_packed(net, cache)
+    return net

@@ -75,3 +75,18 @@ def default_server():
     running = running_server()
     yield running
     assert running.stop() == 0, running.output()
+
+
+@pytest.fixture
+def model_cache(tmp_path, monkeypatch):
+    """A fresh $SPECEE_CACHE for a test's GGUF metadata and packed weights, sharing the machine's
+    built kernels (a build per test would take a minute each)."""
+    from specee.model.loading import cache_root
+
+    kernels = cache_root() / "kernels"
+    kernels.mkdir(parents=True, exist_ok=True)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "kernels").symlink_to(kernels)
+    monkeypatch.setenv("SPECEE_CACHE", str(cache))
+    return cache

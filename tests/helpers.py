@@ -156,3 +156,89 @@ def cpu_tier_params():
 
     return [pytest.param(tier.name, id=tier.name, marks=pytest.mark.skipif(
         bool(missing_cpu_flags(tier)), reason=f"this CPU lacks {', '.join(missing_cpu_flags(tier))}")) for tier in TIERS]
+
+
+# A tiny Llama GGUF file in any of llama.cpp's block types: K-quants need rows of 256 inputs.
+GGUF_LLAMA = dict(hidden=256, ffn=512, layers=2, heads=4, kv_heads=2)
+# The fp16 fields of each block type (byte offsets in a block), and a value for them that keeps the
+# weights near 0.05 whatever the random codes and sub-scales (d, or d and the minimum).
+GGUF_FIELDS = {"Q4_0": ((0, 0.01),), "Q4_1": ((0, 0.01), (2, -0.08)), "Q5_0": ((0, 0.005),),
+               "Q5_1": ((0, 0.005), (2, -0.08)), "Q8_0": ((0, 0.0005),), "Q4_K": ((0, 0.0003), (2, 0.002)),
+               "Q5_K": ((0, 0.00015), (2, 0.002)), "Q6_K": ((208, 0.00003),), "Q2_K": ((80, 0.002), (82, 0.002))}
+
+
+def gguf_blocks(kind: str, rows: int, columns: int, rng) -> "np.ndarray":
+    """Random valid blocks of `kind`, uint8 [rows, bytes per row]: random codes and sub-scales, fp16
+    fields from GGUF_FIELDS (F32/F16 types: normal values)."""
+    import gguf
+    import numpy as np
+
+    qtype = gguf.GGMLQuantizationType[kind]
+    if kind in ("F32", "F16"):
+        values = rng.normal(0, 0.05, (rows, columns)).astype(np.float32 if kind == "F32" else np.float16)
+        return values.view(np.uint8)
+    block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    data = rng.integers(0, 256, (rows, columns // block_size * type_size), dtype=np.uint8)
+    blocks = data.reshape(rows, -1, type_size)
+    for offset, value in GGUF_FIELDS[kind]:
+        blocks[..., offset:offset + 2] = np.array([value], dtype=np.float16).view(np.uint8)
+    return data
+
+
+def write_llama_gguf(path: Path, kinds: dict[str, str], tokenizer_directory: Path, rope_freqs: bool = False,
+                     seed: int = 0) -> Path:
+    """A tiny random Llama GGUF with the tiny tokenizer: `kinds` maps "default" and any tensor's
+    short name ("attn_v", "ffn_down", "token_embd", "output") to a block type; untied when "output"
+    is given. With `rope_freqs`, Llama 3.1's frequency factors (a vector of head_dim / 2)."""
+    import gguf
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    s = GGUF_LLAMA
+    hd = s["hidden"] // s["heads"]
+    vocab = json.loads((tokenizer_directory / "tokenizer.json").read_text())["model"]
+    tokens = sorted(vocab["vocab"], key=vocab["vocab"].get)
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_context_length(512)
+    writer.add_embedding_length(s["hidden"])
+    writer.add_feed_forward_length(s["ffn"])
+    writer.add_block_count(s["layers"])
+    writer.add_head_count(s["heads"])
+    writer.add_head_count_kv(s["kv_heads"])
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(len(tokens))
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in vocab["merges"]])
+    writer.add_eos_token_id(tokens.index("<|im_end|>"))
+    writer.add_bos_token_id(tokens.index("<|endoftext|>"))
+    writer.add_chat_template(CHATML)
+
+    def matrix(name: str, short: str, rows: int, columns: int):
+        kind = kinds.get(short, kinds["default"])
+        data = gguf_blocks(kind, rows, columns, rng)
+        writer.add_tensor(name, data, raw_dtype=gguf.GGMLQuantizationType[kind])
+
+    def vector(name: str, size: int):
+        writer.add_tensor(name, (1 + rng.normal(0, 0.1, size)).astype(np.float32))
+
+    matrix("token_embd.weight", "token_embd", len(tokens), s["hidden"])
+    if "output" in kinds:
+        matrix("output.weight", "output", len(tokens), s["hidden"])
+    vector("output_norm.weight", s["hidden"])
+    if rope_freqs:
+        writer.add_tensor("rope_freqs.weight", np.linspace(1, 8, hd // 2).astype(np.float32))
+    for i in range(s["layers"]):
+        for short, rows, columns in (("attn_q", s["hidden"], s["hidden"]), ("attn_k", s["kv_heads"] * hd, s["hidden"]),
+                                     ("attn_v", s["kv_heads"] * hd, s["hidden"]), ("attn_output", s["hidden"], s["hidden"]),
+                                     ("ffn_gate", s["ffn"], s["hidden"]), ("ffn_up", s["ffn"], s["hidden"]),
+                                     ("ffn_down", s["hidden"], s["ffn"])):
+            matrix(f"blk.{i}.{short}.weight", short, rows, columns)
+        vector(f"blk.{i}.attn_norm.weight", s["hidden"])
+        vector(f"blk.{i}.ffn_norm.weight", s["hidden"])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

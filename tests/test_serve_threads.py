@@ -27,7 +27,7 @@ SCRIPT = textwrap.dedent("""
         return threads()
 
     before = threads()
-    args = argparse.Namespace(model=None, dtype="fp32", device="cpu", threads=None, quantization="none", cpu_tier=None,
+    args = argparse.Namespace(model=None, dtype="fp32", device="cpu", threads=None, quantization="none", cpu_tier=None, ctx_size=None,
                               compile=True)
     engine = _load_off_main_thread(args)
     assert engine.context_length > 0

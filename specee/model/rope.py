@@ -17,6 +17,12 @@ class RopeAngles(NamedTuple):
 
 
 def inverse_frequencies(config: LlamaConfig) -> torch.Tensor:
+    """On the CPU whatever the default device (a model built on the meta device moves it later)."""
+    with torch.device("cpu"):
+        return _inverse_frequencies(config)
+
+
+def _inverse_frequencies(config: LlamaConfig) -> torch.Tensor:
     dim = config.head_dim
     inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
     scaling = config.rope_scaling or {}
@@ -27,7 +33,12 @@ def inverse_frequencies(config: LlamaConfig) -> torch.Tensor:
         return inv_freq / scaling["factor"]
     if kind == "llama3":
         return _llama3_frequencies(inv_freq, scaling)
-    raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: default, linear, llama3)")
+    if kind == "frequency_factors":  # a GGUF file's rope_freqs: theta_i / factor_i, as llama.cpp's rope
+        factors = torch.tensor(scaling["factors"], dtype=torch.float32)
+        if factors.shape != inv_freq.shape:
+            raise ValueError(f"rope_freqs has {factors.numel()} factors; head_dim {dim} needs {inv_freq.numel()}")
+        return inv_freq / factors
+    raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: default, linear, llama3, frequency_factors)")
 
 
 def _llama3_frequencies(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:

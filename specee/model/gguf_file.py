@@ -1,13 +1,12 @@
-"""Convert a GGUF file (any quantization the `gguf` package can dequantize) to a Hugging Face
-layout directory: config.json, model.safetensors (fp32), tokenizer files with chat template."""
+"""What a GGUF file says besides its weights: the model's config (Hugging Face fields), its tensors'
+Hugging Face names, and its tokenizer, written once as a small Hugging Face layout directory
+(config.json and tokenizer files; the weights are read from the file itself: `gguf_weights.py`)."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
 import numpy as np
-import torch
-from tqdm import tqdm
 
 from .config import LlamaConfig
 from .errors import ModelLoadError
@@ -44,8 +43,7 @@ def hf_name(gguf_name: str) -> str | None:
 
 
 def _field(reader, key: str, default=None):
-    field = reader.fields.get(key)
-    return default if field is None else field.contents()
+    return reader.fields.get(key, default)
 
 
 def read_config(reader) -> LlamaConfig:
@@ -82,8 +80,10 @@ def read_config(reader) -> LlamaConfig:
     if a("rope.scaling.type") == "linear":
         config["rope_scaling"] = {"rope_type": "linear", "factor": a("rope.scaling.factor")}
     if "rope_freqs.weight" in names:
-        raise ModelLoadError("GGUF files with baked rope_freqs (Llama 3.1 style) are not supported yet; "
-                             "use the Hugging Face model directory instead")
+        # Llama 3.x: llama.cpp's converter bakes the RoPE scaling into one divisor per frequency.
+        factors = next(t for t in reader.tensors if t.name == "rope_freqs.weight")
+        config["rope_scaling"] = {"rope_type": "frequency_factors",
+                                  "factors": np.asarray(factors.data).view(np.float32).tolist()}
     return LlamaConfig.from_dict(config)
 
 
@@ -91,19 +91,6 @@ def _unpermute(weight: np.ndarray, heads: int) -> np.ndarray:
     # llama.cpp's converter interleaves the two rotary halves of each head; undo it.
     dim = weight.shape[0] // heads // 2
     return weight.reshape(heads, dim, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
-
-
-def read_tensors(reader, config: LlamaConfig) -> dict[str, torch.Tensor]:
-    from gguf.quants import dequantize
-
-    tensors = {}
-    for t in tqdm(reader.tensors, desc="dequantizing", unit="tensor", leave=False):
-        name = hf_name(t.name)
-        if name is None:
-            continue
-        w = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
-        tensors[name] = torch.from_numpy(np.array(unpermute_rows(w, t.name, config), dtype=np.float32, order="C"))
-    return tensors
 
 
 def unpermute_rows(weight, gguf_name: str, config: LlamaConfig):
@@ -127,11 +114,11 @@ def convert_tokenizer(path: Path, out_dir: Path) -> None:
 
 def open_gguf(path: Path):
     """(reader, config) of a GGUF file, or a ModelLoadError that names the file."""
-    import gguf
+    from .gguf_reader import GGUFFile
 
     try:
-        reader = gguf.GGUFReader(str(path))
-    except Exception as e:  # the reader raises assorted errors on truncated or corrupt files
+        reader = GGUFFile(path)
+    except Exception as e:  # assorted errors on truncated or corrupt files
         raise ModelLoadError(f"{path} is not a readable GGUF file ({type(e).__name__}: {e})") from None
     try:
         return reader, read_config(reader)
@@ -139,14 +126,10 @@ def open_gguf(path: Path):
         raise ModelLoadError(f"{path}: {e}") from None
 
 
-def convert_gguf(path: Path, out_dir: Path) -> None:
-    from safetensors.torch import save_file
-
-    reader, config = open_gguf(path)
+def write_metadata_directory(path: Path, reader, config: LlamaConfig, out_dir: Path) -> None:
+    """config.json and the tokenizer's files of the GGUF file at `path`, in `out_dir`."""
     try:
-        tensors = read_tensors(reader, config)
         convert_tokenizer(path, out_dir)
-    except Exception as e:  # truncated data surfaces only when a tensor or the vocabulary is read
-        raise ModelLoadError(f"cannot convert {path} ({type(e).__name__}: {e})") from None
-    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"source": path.name})
+    except Exception as e:  # a truncated vocabulary surfaces only when it is read
+        raise ModelLoadError(f"cannot read the tokenizer of {path} ({type(e).__name__}: {e})") from None
     (out_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2))

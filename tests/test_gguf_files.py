@@ -1,0 +1,176 @@
+"""GGUF files as users download them, read straight into our formats: every block type llama.cpp's
+Llama files use, a Q4_K_M-like mix (Q4_K beside Q6_K in one fused matrix), Llama 3's rope_freqs,
+and no fp32 copy of the weights anywhere on disk."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import specee
+from helpers import write_llama_gguf
+from specee.model.integer_linear import IntegerLinear
+
+# Block type -> (bits, group size) of the kernel format it is read into by --quantization gguf.
+FORMATS = {"Q4_0": (4, 32), "Q4_1": (4, 32), "Q4_K": (4, 32), "Q5_0": (8, 32), "Q5_1": (8, 32),
+           "Q5_K": (8, 32), "Q6_K": (8, 16), "Q8_0": (8, 32)}
+Q4_K_M = {"default": "Q4_K", "attn_v": "Q6_K", "ffn_down": "Q6_K", "token_embd": "Q6_K"}
+
+
+@pytest.fixture
+def cache(model_cache):
+    return model_cache
+
+
+def gguf_file(tmp_path, tiny_tokenizer, kinds, **options):
+    name = "-".join(f"{k}={v}" for k, v in sorted(kinds.items()))
+    return write_llama_gguf(tmp_path / f"{name}.gguf", kinds, tiny_tokenizer.directory, **options)
+
+
+def dequantized_rows(path, gguf_name, rows):
+    from gguf.quants import dequantize
+
+    from specee.model.gguf_reader import GGUFFile
+
+    tensor = next(t for t in GGUFFile(path).tensors if t.name == gguf_name)
+    return torch.from_numpy(np.array(dequantize(np.asarray(tensor.data)[rows], tensor.tensor_type)))
+
+
+@pytest.mark.parametrize("kind", list(FORMATS))
+def test_each_block_type_is_read_into_its_format_with_the_files_values(tmp_path, tiny_tokenizer, cache, kind):
+    path = gguf_file(tmp_path, tiny_tokenizer, {"default": kind})
+    engine = specee.load(path, threads=1)
+    assert engine.quantization == "gguf"  # auto: the file's own format
+    bits, group = FORMATS[kind]
+    down = engine.model.layers[1].mlp.down_proj
+    assert isinstance(down, IntegerLinear) and (down.bits, down.group_size) == (bits, group)
+    # The tied head keeps its rows for the embedding: the file's values, exactly for the 8-bit
+    # formats; 4-bit formats round d and the zero point to bf16 (relative 2^-9 of each).
+    rows = torch.arange(40)
+    ours = engine.model.embed_tokens.dequantize(rows)
+    expected = dequantized_rows(path, "token_embd.weight", slice(0, 40))
+    if bits == 8:
+        assert torch.equal(ours, expected)
+    else:
+        step = ours.abs().max()
+        assert (ours - expected).abs().max() <= 2**-8 * 16 * step and not torch.equal(ours, torch.zeros_like(ours))
+    result = engine.generate("Hello there", max_tokens=6, ignore_eos=True)
+    assert result.completion_tokens == 6
+    assert not list(cache.glob("*/*.safetensors"))  # no weights copied anywhere
+
+
+def test_a_q4_k_m_mix_runs_as_the_dequantized_model_does(tmp_path, tiny_tokenizer, cache):
+    """q and k (Q4_K) fuse with v (Q6_K) into one grouped-int8 matrix; the result follows the
+    dense model built from gguf-py's dequantization up to the activations' int8 rounding."""
+    path = gguf_file(tmp_path, tiny_tokenizer, Q4_K_M)
+    quantized, dense = specee.load(path, threads=1), specee.load(path, quantization="none", threads=1)
+    qkv = quantized.model.layers[0].self_attn.qkv_proj
+    assert (qkv.bits, qkv.group_size) == (8, 16)
+    ids = torch.tensor(quantized.tokenizer.encode_prompt("Hello there, name three colours"))
+    with torch.no_grad():
+        ours, reference = (e.model.embed(ids) for e in (quantized, dense))
+        assert torch.equal(ours, reference)  # Q6_K embedding rows: exact
+        ours = qkv(reference)
+        theirs = dense.model.layers[0].self_attn.qkv_proj(reference)
+    error = (ours - theirs).abs().max() / theirs.abs().max()
+    assert 0 < error < 0.05  # int8 activations: about 1%; a wrong block layout: about 100%
+    # Speculation is lossless on the file's own blocks too.
+    plain = quantized.generate("the cat sat on the mat and the cat sat", max_tokens=16, ignore_eos=True)
+    lookup = quantized.generate("the cat sat on the mat and the cat sat", max_tokens=16, ignore_eos=True,
+                                spec_method="prompt-lookup")
+    assert lookup.token_ids == plain.token_ids and lookup.text == plain.text
+
+
+def test_f16_matrices_are_quantized_to_the_default_format_as_they_are_read(tmp_path, tiny_tokenizer, cache):
+    path = gguf_file(tmp_path, tiny_tokenizer, {"default": "F16"})
+    engine = specee.load(path, threads=1)
+    assert engine.quantization == "int4"
+    down = engine.model.layers[1].mlp.down_proj
+    assert isinstance(down, IntegerLinear) and (down.bits, down.group_size) == (4, 32)
+    assert engine.model.lm_head.bits == 8  # the head stays int8, as in the int4 format
+
+
+def test_rope_freqs_divide_the_rotary_frequencies(tmp_path, tiny_tokenizer, cache):
+    """Llama 3.x files from llama.cpp's converter carry rope_freqs: theta_i / factor_i, as llama.cpp's rope."""
+    plain = specee.load(gguf_file(tmp_path, tiny_tokenizer, {"default": "Q8_0"}), threads=1)
+    scaled = specee.load(write_llama_gguf(tmp_path / "freqs.gguf", {"default": "Q8_0"}, tiny_tokenizer.directory,
+                                          rope_freqs=True), threads=1)
+    factors = torch.linspace(1, 8, 32)
+    torch.testing.assert_close(scaled.model.inv_freq, plain.model.inv_freq / factors, rtol=1e-6, atol=0)
+    assert scaled.generate("Hello", max_tokens=4, ignore_eos=True).completion_tokens == 4
+
+
+def test_a_block_type_without_a_kernel_is_requantized_to_int4_and_said(tmp_path, tiny_tokenizer, cache, capsys):
+    path = gguf_file(tmp_path, tiny_tokenizer, {"default": "Q4_K", "ffn_down": "Q2_K"})
+    engine = specee.load(path, threads=1)
+    assert "Q2_K blocks have no kernel: those matrices were re-quantized to int4" in capsys.readouterr().err
+    down, up = engine.model.layers[0].mlp.down_proj, engine.model.layers[0].mlp.gate_up_proj
+    assert (down.bits, down.group_size) == (4, 32) and (up.bits, up.group_size) == (4, 32)
+    expected = dequantized_rows(path, "blk.0.ffn_down.weight", slice(None))
+    step = (expected.max() - expected.min()) / 15
+    assert (down.dequantize() - expected).abs().max() <= step  # min-max int4 of the file's values
+
+
+def test_a_second_load_maps_the_packed_weights_cached_by_the_first(tmp_path, tiny_tokenizer, cache, capsys):
+    path = gguf_file(tmp_path, tiny_tokenizer, Q4_K_M)
+    first = specee.load(path, threads=1)
+    assert "caching the packed weights" in capsys.readouterr().err
+    [cached] = cache.rglob("packed-*.pt")
+    second = specee.load(path, threads=1)
+    assert "loading" not in capsys.readouterr().err  # no tensor of the GGUF file decoded again
+    assert str(cached) in Path("/proc/self/maps").read_text()  # the tiles are the file's pages
+    down = second.model.layers[0].mlp.down_proj
+    assert torch.equal(down.packed, first.model.layers[0].mlp.down_proj.packed)
+    assert second.model.source_fingerprint == first.model.source_fingerprint
+    prompt = "the cat sat on the mat and the cat sat"
+    expected = first.generate(prompt, max_tokens=12, ignore_eos=True)
+    for spec_method in (None, "prompt-lookup"):
+        result = second.generate(prompt, max_tokens=12, ignore_eos=True, spec_method=spec_method)
+        assert result.token_ids == expected.token_ids
+    # Another dtype keeps its norms apart: a file of its own.
+    specee.load(path, threads=1, dtype="bf16")
+    assert len(list(cache.rglob("packed-*.pt"))) == 2
+
+
+def test_an_untied_quantized_embedding_is_cached_with_its_own_matrix(tmp_path, tiny_tokenizer, cache):
+    path = gguf_file(tmp_path, tiny_tokenizer, {"default": "Q8_0", "output": "Q6_K", "token_embd": "Q4_K"})
+    first, second = specee.load(path, threads=1), specee.load(path, threads=1)
+    rows = torch.tensor([0, 5, 77])
+    assert isinstance(second.model.embed_tokens.matrix, IntegerLinear)
+    assert torch.equal(second.model.embed_tokens(rows), first.model.embed_tokens(rows))
+    expected = dequantized_rows(path, "token_embd.weight", rows.numpy())
+    step = expected.abs().max()
+    assert (second.model.embed_tokens(rows) - expected).abs().max() <= 2**-8 * 16 * step
+    assert not torch.equal(second.model.lm_head.dequantize(rows), second.model.embed_tokens(rows))
+
+
+def test_a_damaged_cache_is_rebuilt_with_a_warning(tmp_path, tiny_tokenizer, cache, capsys):
+    path = gguf_file(tmp_path, tiny_tokenizer, {"default": "Q4_0"})
+    expected = specee.load(path, threads=1).generate("Hello", max_tokens=6, ignore_eos=True)
+    [cached] = cache.rglob("packed-*.pt")
+    cached.write_bytes(cached.read_bytes()[:1000])
+    capsys.readouterr()
+    result = specee.load(path, threads=1).generate("Hello", max_tokens=6, ignore_eos=True)
+    err = capsys.readouterr().err
+    assert "packed-weights cache" in err and "is damaged" in err and "caching the packed weights" in err
+    assert result.token_ids == expected.token_ids
+    assert cached.stat().st_size > 1000
+
+
+def test_a_smaller_gguf_drafts_for_a_gguf_target_losslessly(tmp_path, tiny_tokenizer, cache):
+    target = specee.load(gguf_file(tmp_path, tiny_tokenizer, Q4_K_M), threads=1)
+    draft = write_llama_gguf(tmp_path / "draft.gguf", {"default": "Q8_0"}, tiny_tokenizer.directory, seed=3)
+    prompt = "the cat sat on the mat and the cat sat"
+    dense = target.generate(prompt, max_tokens=16, ignore_eos=True)
+    for tree in (None, "auto"):
+        drafted = target.generate(prompt, max_tokens=16, ignore_eos=True, spec_method="draft", draft_model=str(draft),
+                                  tree=tree)
+        assert drafted.token_ids == dense.token_ids and drafted.text == dense.text
+        assert drafted.stats.accept_lengths  # the draft model's proposals were verified
+
+
+@pytest.mark.parametrize("method", ["eagle", "kangaroo"])
+def test_the_bundled_drafters_refuse_another_models_weights(tmp_path, tiny_tokenizer, cache, method):
+    engine = specee.load(gguf_file(tmp_path, tiny_tokenizer, Q4_K_M), threads=1)
+    with pytest.raises(ValueError, match="fingerprint|trained for"):
+        engine.generate("Hello", max_tokens=4, spec_method=method)
