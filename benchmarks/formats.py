@@ -13,9 +13,13 @@ from the first). Per format:
 
 A format runs on specee's compiled CPU kernels, in the best CPU tier; "<format>:<tier>" in a tier
 this CPU runs (avx512, avxvnni, avx2, neon, portable), "<format>:eager" on PyTorch's own kernels.
+`--model FILE.gguf` runs every system on that file instead (speed, load time and memory only: the
+random-weight files of `scripts/make_random_gguf.py` have no quality to measure); a child's load
+time is that of a load after the first (the first writes specee's caches, untimed).
 
     PYTHONPATH=. python benchmarks/formats.py --formats none,int8,int4,gguf,int4:eager --rounds 2
     PYTHONPATH=. python benchmarks/formats.py --formats int4:avx2,int4:portable,int4:eager --no-quality
+    PYTHONPATH=. python benchmarks/formats.py --model random-1b-Q4_K_M.gguf --formats gguf --rounds 3
 """
 from __future__ import annotations
 
@@ -70,13 +74,16 @@ def median_s(fn, repeats: int = 3) -> float:
     return statistics.median(times)
 
 
-def measure_ours(system: str, inputs: dict, with_quality: bool) -> dict:
+def measure_ours(system: str, inputs: dict, with_quality: bool, model: str | None) -> dict:
     """`system`: a format, on the compiled kernels (in the tier "<format>:<tier>" names), or
     "<format>:eager" on PyTorch's own."""
     import specee
 
     quantization, _, path = system.partition(":")
-    engine = specee.load(quantization=quantization, compile=path != "eager", cpu_tier=path if path not in ("", "eager") else None)
+    started = time.perf_counter()
+    engine = specee.load(model, quantization=quantization, compile=path != "eager",
+                         cpu_tier=path if path not in ("", "eager") else None)
+    load_s = time.perf_counter() - started
     model, long_prompt = engine.model, inputs["long_prompt"]
     engine.generate(inputs["decode_prompt"], chat=False, max_tokens=8, ignore_eos=True)  # warm-up
 
@@ -89,7 +96,7 @@ def measure_ours(system: str, inputs: dict, with_quality: bool) -> dict:
 
     decode_s = statistics.median(decode().stats.decode_s for _ in range(3))
     result = {"decode_ms": decode_s / (DECODE_TOKENS - 1) * 1e3, "prefill_s": median_s(prefill),
-              "weight_mb": model.weight_bytes / 1e6, "peak_rss_mb": peak_rss_mb()}
+              "weight_mb": model.weight_bytes / 1e6, "peak_rss_mb": peak_rss_mb(), "load_s": load_s}
     if with_quality:
         result["quality"] = quality_of(engine)
     return result
@@ -111,14 +118,17 @@ def quality_of(engine) -> dict:
     return {"nll": nll, "argmax": argmax, "greedy": greedy, "mmlu_correct": sum(mmlu), "mmlu_total": len(mmlu)}
 
 
-def measure_llama_cpp(inputs: dict) -> dict:
+def measure_llama_cpp(inputs: dict, model: str | None) -> dict:
     from llama_cpp import Llama
 
     from specee.model.loading import default_model_path
 
-    path = default_model_path()
+    path = Path(model) if model else default_model_path()
     threads = torch.get_num_threads()
-    llm = Llama(model_path=str(path), n_ctx=2048, n_threads=threads, n_threads_batch=threads, verbose=False)
+    started = time.perf_counter()
+    # specee's default context, so the KV caches (and peak memory) hold the same number of tokens.
+    llm = Llama(model_path=str(path), n_ctx=4096, n_threads=threads, n_threads_batch=threads, verbose=False)
+    load_s = time.perf_counter() - started
 
     def decode() -> float:
         llm.reset()
@@ -135,12 +145,15 @@ def measure_llama_cpp(inputs: dict) -> dict:
     decode()  # warm-up
     decode_s = statistics.median(decode() for _ in range(3))
     return {"decode_ms": decode_s / (DECODE_TOKENS - 1) * 1e3, "prefill_s": median_s(prefill),
-            "weight_mb": path.stat().st_size / 1e6, "peak_rss_mb": peak_rss_mb()}
+            "weight_mb": path.stat().st_size / 1e6, "peak_rss_mb": peak_rss_mb(), "load_s": load_s}
 
 
-def child(system: str, inputs_file: str, with_quality: bool) -> None:
+def child(system: str, inputs_file: str, with_quality: bool, model: str | None) -> None:
     inputs = json.loads(Path(inputs_file).read_text())
-    result = measure_llama_cpp(inputs) if system == "llama.cpp" else measure_ours(system, inputs, with_quality)
+    if system == "llama.cpp":
+        result = measure_llama_cpp(inputs, model)
+    else:
+        result = measure_ours(system, inputs, with_quality, model)
     print(json.dumps(result))
 
 
@@ -156,12 +169,20 @@ def write_inputs(path: Path) -> None:
                                 "decode_prompt": tokenizer.encode_prompt(DECODE_PROMPT)}))
 
 
-def run_child(system: str, inputs: Path, with_quality: bool) -> dict:
+def run_child(system: str, inputs: Path, with_quality: bool, model: str | None) -> dict:
     command = [sys.executable, __file__, "--child", system, "--inputs", str(inputs)] + (["--quality"] if with_quality else [])
+    command += ["--model", model] if model else []
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(f"{system} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run_child_load_only(system: str, model: str) -> None:
+    quantization, _, path = system.partition(":")
+    code = (f"import specee; specee.load({model!r}, quantization={quantization!r}, compile={path != 'eager'}, "
+            f"cpu_tier={path if path not in ('', 'eager') else None!r})")
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
 
 
 def agreement(reference: list[list[int]], other: list[list[int]]) -> tuple[float, int]:
@@ -173,16 +194,17 @@ def agreement(reference: list[list[int]], other: list[list[int]]) -> tuple[float
 def table(results: dict, bandwidth: float) -> str:
     reference = results.get("none", {}).get("quality")
     lines = ["| system | weights MB | decode ms/token | tok/s | vs llama.cpp | weights GB/s (machine "
-             f"{bandwidth:.1f}) | prefill {PREFILL_TOKENS} tokens s | vs llama.cpp | peak RSS MB | ppl | "
-             "top-1 = fp32 | greedy before divergence | greedy identical | MMLU |",
-             "|" + "---|" * 14]
+             f"{bandwidth:.1f}) | prefill {PREFILL_TOKENS} tokens s | vs llama.cpp | peak RSS MB | vs llama.cpp | "
+             "load s | ppl | top-1 = fp32 | greedy before divergence | greedy identical | MMLU |",
+             "|" + "---|" * 16]
     llama = results.get("llama.cpp")
     for system, r in results.items():
         q = r.get("quality")
         row = [system, f"{r['weight_mb']:.1f}", f"{r['decode_ms']:.2f}", f"{1e3 / r['decode_ms']:.1f}",
                f"{llama['decode_ms'] / r['decode_ms']:.2f}x" if llama else "-",
                f"{r['weight_mb'] / r['decode_ms']:.1f}", f"{r['prefill_s']:.2f}",
-               f"{llama['prefill_s'] / r['prefill_s']:.2f}x" if llama else "-", f"{r['peak_rss_mb']:.0f}"]
+               f"{llama['prefill_s'] / r['prefill_s']:.2f}x" if llama else "-", f"{r['peak_rss_mb']:.0f}",
+               f"{r['peak_rss_mb'] / llama['peak_rss_mb']:.2f}x" if llama else "-", f"{r['load_s']:.1f}"]
         if q:
             tokens = sum(len(a) for a in q["argmax"])
             row.append(f"{math.exp(sum(q['nll']) / tokens):.2f}")
@@ -208,22 +230,27 @@ def main() -> None:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--inputs", help=argparse.SUPPRESS)
     parser.add_argument("--quality", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--model", help="a GGUF file to run every system on (speed, load and memory only)")
     args = parser.parse_args()
     if args.child:
-        return child(args.child, args.inputs, args.quality)
+        return child(args.child, args.inputs, args.quality, args.model)
     inputs = Path(tempfile.mkdtemp()) / "inputs.json"
     write_inputs(inputs)
     systems = args.formats.split(",") + ([] if args.no_llama_cpp else ["llama.cpp"])
+    if args.model:
+        args.no_quality = True
+        for system in systems[:-1] if not args.no_llama_cpp else systems:  # first loads write the caches
+            run_child_load_only(system, args.model)
     runs: dict[str, list[dict]] = {s: [] for s in systems}
     for round_index in range(args.rounds):
         for system in systems:
             with_quality = round_index == 0 and system != "llama.cpp" and not args.no_quality
-            runs[system].append(run_child(system, inputs, with_quality=with_quality))
+            runs[system].append(run_child(system, inputs, with_quality, args.model))
             print(f"round {round_index + 1}: {system} {runs[system][-1]['decode_ms']:.2f} ms/token", file=sys.stderr)
     results = {}
     for system, rs in runs.items():
         results[system] = {key: statistics.median(r[key] for r in rs)
-                           for key in ("decode_ms", "prefill_s", "weight_mb", "peak_rss_mb")}
+                           for key in ("decode_ms", "prefill_s", "weight_mb", "peak_rss_mb", "load_s")}
         results[system]["quality"] = rs[0].get("quality")
     bandwidth = read_bandwidth_gb_s()
     print(table(results, bandwidth))

@@ -8,6 +8,7 @@ rewound after each pass) and prints ms per pass and the ratio to T = 1, then one
 
     python benchmarks/multirow_cost.py --formats none,int8,int4,gguf --paths compiled,eager
     python benchmarks/multirow_cost.py --formats int4,int8 --paths avx2,portable
+    python benchmarks/multirow_cost.py --model random-1b-Q4_K_M.gguf --formats gguf --paths compiled
 """
 from __future__ import annotations
 
@@ -45,13 +46,14 @@ def main() -> None:
     parser.add_argument("--tokens", default="1,4,9,16")
     parser.add_argument("--context", type=int, default=200, help="tokens already in the cache")
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--model", help="a GGUF file or model directory (default: the default model)")
     args = parser.parse_args()
     counts = [int(t) for t in args.tokens.split(",")]
     results = {}
     for name in args.formats.split(","):
         for path in args.paths.split(","):
             tier = None if path in ("compiled", "eager") else path
-            model = load_parts(quantization=name, compile=path != "eager", cpu_tier=tier).model
+            model = load_parts(args.model, quantization=name, compile=path != "eager", cpu_tier=tier).model
             ms = {t: pass_ms(model, args.context, t, args.repeats) for t in counts}
             label = f"{name} ({path})"
             results[label] = {"ms": ms, "relative": {t: ms[t] / ms[counts[0]] for t in counts},

@@ -53,9 +53,9 @@ def parse_device(name: str) -> torch.device:
 def load_parts(model=None, dtype: str = "fp32", device: str = "cpu", threads: int | None = None,
                quantization: str = "auto", compile: bool = True, cpu_tier: str | None = None,
                ctx_size: int | None = None) -> ModelParts:
-    """`quantization`: auto (on the CPU, a GGUF file's own format, else int4: `automatic_quantization`;
-    none elsewhere), none, int8, int4 (quantize the loaded weights), or gguf (keep a GGUF file's own
-    quantized tensors);
+    """`quantization`: auto (on the CPU kernels a GGUF file's own blocks, else int4:
+    `automatic_quantization`; none off the CPU), none, int8, int4 (quantize the loaded weights), or
+    gguf (keep a GGUF file's own quantized tensors);
     the quantized formats run on the CPU. `compile`: on the CPU, run on the compiled kernels
     (`model/kernels/`, built once per machine) where they can be had, in `cpu_tier` (default: the
     best this CPU runs, or $SPECEE_CPU_TIER); False: PyTorch's own. `ctx_size`: the context a
@@ -76,12 +76,14 @@ def load_parts(model=None, dtype: str = "fp32", device: str = "cpu", threads: in
         raise ModelLoadError(f"--quantization gguf keeps a GGUF file's own quantized tensors, and {source} is a "
                              "Hugging Face directory: pass the .gguf file, or use --quantization int8 or int4")
     config = read_config(directory)
+    kernels = cpu_kernels(cpu_tier) if compile and torch_device.type == "cpu" else None
     if quantization == "auto":
         quantization = automatic_quantization(config, torch_device)
-        if gguf and quantization != "none":
+        if gguf and quantization != "none" and kernels is not None:
             from .model.gguf_weights import file_is_quantized
 
-            quantization = "gguf" if file_is_quantized(source) else quantization  # the file's own blocks
+            # The file's own blocks: off the kernels grouped int8 would run dense, so int4 stays.
+            quantization = "gguf" if file_is_quantized(source) else quantization
     context = context_length(config, ctx_size)
     if torch_device.type == "cpu":
         check_fits(estimate_memory(source, directory, gguf, quantization, torch_dtype, config, context), context,
@@ -90,7 +92,6 @@ def load_parts(model=None, dtype: str = "fp32", device: str = "cpu", threads: in
         # cuDNN's attention plans each new key length anew (4.5 ms of CPU a call in bf16 on an
         # H100), and every decoding step brings a new one; flash and efficient attention do not.
         torch.backends.cuda.enable_cudnn_sdp(False)
-    kernels = cpu_kernels(cpu_tier) if compile and torch_device.type == "cpu" else None
     if gguf:
         net = _gguf_model(source, directory, config, quantization, torch_dtype, torch_device, kernels)
     else:
@@ -118,7 +119,7 @@ def _gguf_model(source: Path, directory: Path, config, quantization: str, dtype:
     from .model.gguf_weights import read_gguf_weights  # needs the gguf package
     from .model.packed_cache import DamagedCache, load_packed, packed_cache_path, save_packed
 
-    cache = packed_cache_path(directory, quantization, dtype_name(dtype)) if kernels and quantization != "none" else None
+    cache = packed_cache_path(directory, quantization, dtype_name(dtype)) if kernels is not None and quantization != "none" else None
     if cache is not None and cache.exists():
         try:
             return load_packed(cache, config, dtype, kernels)

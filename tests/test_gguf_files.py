@@ -174,3 +174,35 @@ def test_the_bundled_drafters_refuse_another_models_weights(tmp_path, tiny_token
     engine = specee.load(gguf_file(tmp_path, tiny_tokenizer, Q4_K_M), threads=1)
     with pytest.raises(ValueError, match="fingerprint|trained for"):
         engine.generate("Hello", max_tokens=4, spec_method=method)
+
+
+def mapped_rss_kb(path) -> int:
+    """Resident kB of this process's mappings of `path` (/proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if line[0] in "0123456789abcdef" and "-" in line.split()[0]:
+            inside = line.rstrip().endswith(str(path))
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+def test_a_tensor_read_gives_back_its_pages(tmp_path):
+    import gguf
+
+    from specee.model.gguf_reader import GGUFFile
+
+    path = tmp_path / "big.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tensor("blk.0.ffn_down.weight", np.ones((1024, 2048), np.float32))  # 8 MiB
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    reader = GGUFFile(path)
+    [tensor] = reader.tensors
+    assert int(np.asarray(tensor.data).sum(dtype=np.uint64)) > 0  # touches every page
+    assert mapped_rss_kb(path) >= 8 * 1024
+    reader.release(tensor)
+    assert mapped_rss_kb(path) < 64
+    assert np.asarray(tensor.data).view(np.float32)[5, 7] == 1.0  # still readable: back from the page cache

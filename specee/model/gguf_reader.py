@@ -8,6 +8,7 @@ https://github.com/ggml-org/ggml/blob/master/docs/gguf.md
 """
 from __future__ import annotations
 
+import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,7 @@ class Tensor:
     tensor_type: GGMLQuantizationType
     shape: tuple[int, ...]  # GGUF order: the row length first (as gguf-py's ReaderTensor.shape)
     data: np.ndarray  # the raw bytes, uint8 [rows, bytes per row] ([bytes] for a vector), read-only, mapped
+    offset: int  # where those bytes begin in the file
 
 
 class GGUFFile:
@@ -115,4 +117,13 @@ class GGUFFile:
         if begin + rows * row_bytes > len(self.mapping):
             raise ValueError(f"tensor {name} runs past the end of the file (truncated?)")
         data = self.mapping[begin:begin + rows * row_bytes]
-        return Tensor(name, tensor_type, dims, data.reshape(rows, row_bytes) if len(dims) > 1 else data)
+        return Tensor(name, tensor_type, dims, data.reshape(rows, row_bytes) if len(dims) > 1 else data, begin)
+
+    def release(self, tensor: Tensor) -> None:
+        """Drop the pages of a tensor that has been read from this process's memory (they stay in the
+        page cache): a file read tensor by tensor then holds one tensor's pages at a time, not the
+        whole file's."""
+        start = -(-tensor.offset // mmap.PAGESIZE) * mmap.PAGESIZE
+        end = (tensor.offset + tensor.data.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+        if end > start and hasattr(mmap, "MADV_DONTNEED"):
+            self.mapping._mmap.madvise(mmap.MADV_DONTNEED, start, end - start)

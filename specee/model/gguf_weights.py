@@ -48,6 +48,7 @@ def read_gguf_weights(path: Path, quantization: str) -> LoadedWeights:
         name = hf_name(t.name)
         try:
             state[name] = _read_tensor(t, name, quantization, config, requantized)
+            reader.release(t)
         except ModelLoadError:
             raise
         except Exception as e:  # truncated data surfaces only when a tensor is read
