@@ -147,8 +147,8 @@ class Generation:
             raise ValueError("the prompt is empty")
         if len(self.prompt_ids) >= engine.context_length:
             raise ValueError(
-                f"the prompt has {len(self.prompt_ids)} tokens but the model's context is "
-                f"{engine.context_length}: shorten it"
+                f"the prompt has {len(self.prompt_ids)} tokens but the context is {engine.context_length} "
+                "(--ctx-size): shorten it"
             )
         self.max_tokens = min(max_tokens, engine.context_length - len(self.prompt_ids))
         self.stop = [stop] if isinstance(stop, str) else list(stop)

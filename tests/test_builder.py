@@ -117,10 +117,17 @@ def test_bundled_table_loads_for_the_models_own_hugging_face_directory(tmp_path)
     import specee
     from specee.model.loading import default_model_path, resolve_model_dir
 
-    source = resolve_model_dir(default_model_path())
+    from safetensors.torch import save_file
+
+    from specee.model.gguf_weights import read_gguf_weights
+
+    source = resolve_model_dir(default_model_path())  # the GGUF file's config and tokenizer
     for file in source.iterdir():
-        (tmp_path / file.name).symlink_to(file)
+        if file.suffix != ".pt":  # not the packed-weights caches
+            (tmp_path / file.name).symlink_to(file)
     (tmp_path / "config.json").unlink()
+    weights = read_gguf_weights(default_model_path(), "none").state_dict  # fp32, Hugging Face names
+    save_file({name: tensor.contiguous() for name, tensor in weights.items()}, str(tmp_path / "model.safetensors"))
     config = json.loads((source / "config.json").read_text())
     config |= {"transformers_version": "4.99.0", "architectures": ["LlamaForCausalLM"], "torch_dtype": "bfloat16"}
     (tmp_path / "config.json").write_text(json.dumps(config))

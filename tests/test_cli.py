@@ -131,7 +131,7 @@ def test_directory_without_config_is_a_clear_error(capsys, tmp_path):
 @pytest.mark.slow
 def test_prompt_longer_than_the_context_is_a_clear_error(capsys):
     code, _, err = run_main(capsys, "generate", "word " * 9000, "--no-chat")
-    assert code == 2 and "the model's context is 8192" in err
+    assert code == 2 and "the context is 4096 (--ctx-size)" in err  # the default: min(8192, 4096)
 
 
 def test_empty_prompt_is_a_clear_error(capsys, monkeypatch):

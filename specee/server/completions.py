@@ -45,14 +45,14 @@ class Planner:
         strategy = self.strategy_for(requested)
         room = self.engine.context_length - len(prompt_ids)
         if room <= 0:
-            raise BadRequest(f"the prompt has {len(prompt_ids)} tokens but the model's context is "
+            raise BadRequest(f"the prompt has {len(prompt_ids)} tokens but the context is "
                              f"{self.engine.context_length}", param=prompt_param, code="context_length_exceeded")
         max_tokens = request.token_limit
         if max_tokens is None:
             max_tokens = min(self.defaults.generation.get("max_tokens", 256), room)
         elif max_tokens > room:
             raise BadRequest(f"the prompt ({len(prompt_ids)} tokens) plus max_tokens ({max_tokens}) is over the "
-                             f"model's context ({self.engine.context_length})",
+                             f"context ({self.engine.context_length})",
                              param="max_tokens", code="context_length_exceeded")
         options = dict(self.defaults.generation, max_tokens=max_tokens)
         for name in ("temperature", "top_p", "top_k", "seed", "stop"):
