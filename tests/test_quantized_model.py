@@ -44,16 +44,18 @@ def engines():
         name: specee.load(quantization="int4", cpu_tier=name.split(":")[1]) for name in OTHER_TIERS}
 
 
-def test_the_default_format_on_the_cpu_is_int4(default_engine):
+def test_the_default_format_on_the_cpu_is_the_files_own_blocks(default_engine):
     from specee.model.fingerprint import weights_fingerprint
     from specee.model.integer_linear import IntegerLinear
 
     engine = specee.load()
-    assert engine.quantization == "int4"
-    down = engine.model.layers[0].mlp.down_proj
-    assert isinstance(down, IntegerLinear) and down.bits == 4 and down.group_size == 32
+    assert engine.quantization == "gguf"
+    down, head = engine.model.layers[0].mlp.down_proj, engine.model.lm_head
+    assert isinstance(down, IntegerLinear) and (down.bits, down.group_size) == (4, 32)  # Q4_1
+    assert isinstance(head, IntegerLinear) and (head.bits, head.group_size) == (8, 32)  # Q8_0, exactly
     # What was trained for the dense weights (the bundled drafters and predictors) loads on it.
     assert weights_fingerprint(engine.model) == weights_fingerprint(default_engine.model)
+    assert specee.load(compile=False).quantization == "int4"  # off the kernels grouped int8 would run dense
 
 
 def test_drafts_are_sized_for_what_a_row_costs_unless_the_user_sizes_them(engines, default_engine):
@@ -101,7 +103,13 @@ def test_weights_read_per_token_shrink(default_engine, engines):
     fp32 = default_engine.model.weight_bytes
     assert engines["int8"].model.weight_bytes < fp32 / 3.5
     assert engines["int4"].model.weight_bytes < fp32 / 5
-    assert engines["gguf"].model.weight_bytes == engines["int4"].model.weight_bytes  # int4/32 + an int8 head
+    # The same int4 layers (Q4_1's codes); the Q8_0 head as grouped int8, an fp32 scale and offset per 32.
+    gguf, int4 = engines["gguf"].model, engines["int4"].model
+    layers = range(gguf.config.num_hidden_layers)
+    assert gguf.layers_bytes(layers) == int4.layers_bytes(layers)
+    head_weights = gguf.config.vocab_size * gguf.config.hidden_size
+    assert gguf.lm_head.weight_bytes == head_weights * (1 + 8 / 32)
+    assert int4.lm_head.weight_bytes == head_weights + gguf.config.vocab_size * 8
 
 
 def speculative_runs(engine, prompts, max_tokens, configs=SPECULATIVE) -> dict[str, tuple[int, int]]:

@@ -37,6 +37,13 @@ DENSE_TYPES = ("F32", "F16", "BF16")
 INT8_MATRICES = ("lm_head.weight", "model.embed_tokens.weight")
 
 
+class LoadBar(tqdm):
+    """A progress bar without tqdm's monitor thread, which would outlive the load (`specee serve`
+    loads on a thread that must leave nothing behind)."""
+
+    monitor_interval = 0
+
+
 def read_gguf_weights(path: Path, quantization: str) -> LoadedWeights:
     """The file's tensors under Hugging Face names, in `quantization` ("gguf", "int4", "int8" or
     "none")."""
@@ -44,7 +51,7 @@ def read_gguf_weights(path: Path, quantization: str) -> LoadedWeights:
     requantized: set[str] = set()
     state = {}
     tensors = [t for t in reader.tensors if hf_name(t.name) is not None]
-    for t in tqdm(tensors, desc=f"loading {path.name}", unit="tensor", leave=False, file=sys.stderr):
+    for t in LoadBar(tensors, desc=f"loading {path.name}", unit="tensor", leave=False, file=sys.stderr):
         name = hf_name(t.name)
         try:
             state[name] = _read_tensor(t, name, quantization, config, requantized)
