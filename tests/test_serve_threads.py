@@ -32,7 +32,7 @@ SCRIPT = textwrap.dedent("""
     engine = _load_off_main_thread(args)
     assert engine.context_length > 0
     after_serving_load = settled(before)
-    specee.load()  # the same load on the main thread keeps a pool there
+    specee.load(quantization="none")  # the same load on the main thread keeps a pool there
     time.sleep(1)
     print(before, after_serving_load, threads())
 """)
