@@ -206,3 +206,17 @@ def test_a_tensor_read_gives_back_its_pages(tmp_path):
     reader.release(tensor)
     assert mapped_rss_kb(path) < 64
     assert np.asarray(tensor.data).view(np.float32)[5, 7] == 1.0  # still readable: back from the page cache
+
+
+def test_a_cache_that_cannot_be_written_leaves_the_load_whole(tmp_path, tiny_tokenizer, cache, capsys, monkeypatch):
+    import specee.model.packed_cache as packed_cache
+
+    def full_disk(*_):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(packed_cache.torch, "save", full_disk)
+    path = gguf_file(tmp_path, tiny_tokenizer, {"default": "Q4_0"})
+    result = specee.load(path, threads=1).generate("Hello", max_tokens=4, ignore_eos=True)
+    assert result.completion_tokens == 4
+    assert "could not cache the packed weights" in capsys.readouterr().err
+    assert not list(cache.rglob("packed-*.pt")) and not list(cache.rglob("partial-*"))

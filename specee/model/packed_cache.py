@@ -55,13 +55,18 @@ def save_packed(model: Transformer, path: Path) -> None:
     print(f"specee: caching the packed weights ({size / 2**30:.2f} GiB) in {path} (first load only)", file=sys.stderr)
     contents = {"version": PACKED_VERSION, "matrices": matrices, "tensors": tensors, "dense": model.state_dict(),
                 "fingerprint": getattr(model, "source_fingerprint", None)}
-    handle, staging = tempfile.mkstemp(dir=path.parent, prefix="partial-", suffix=".pt")  # torch.save: no leading dot
-    os.close(handle)
+    staging = None
     try:
+        handle, staging = tempfile.mkstemp(dir=path.parent, prefix="partial-", suffix=".pt")  # torch.save: no leading dot
+        os.close(handle)
         torch.save(contents, staging)
         os.replace(staging, path)
+    except (OSError, RuntimeError) as e:  # a full disk or a read-only folder: the model is loaded all the same
+        print(f"specee: warning: could not cache the packed weights ({e}); later loads will decode the file "
+              "again", file=sys.stderr)
     finally:
-        Path(staging).unlink(missing_ok=True)
+        if staging is not None:
+            Path(staging).unlink(missing_ok=True)
 
 
 def load_packed(path: Path, config: LlamaConfig, dtype: torch.dtype, kernels) -> Transformer:
