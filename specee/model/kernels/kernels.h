@@ -6,8 +6,8 @@
 //
 // 1. Integer matmuls (llama.cpp's Q4 x Q8 scheme): each activation row is quantized to int8 in
 //    blocks of 32 with its own scale; weights are unsigned 4- or 8-bit codes with a scale and an
-//    offset. A tile of weights is loaded once for up to MAX_ROWS rows, so a pass over several rows
-//    reads the weights once.
+//    offset. A tile of weights is loaded once for a few rows (PART_ROWS), so a pass over several
+//    rows reads the weights from memory once.
 // 2. Attention: every (row, head) pair walks its visible keys in order, as a one-row call would.
 // 3. The small per-row steps of a layer (RMS norm, SiLU gate), one call each.
 #pragma once
@@ -26,7 +26,6 @@ using namespace specee::simd;
 
 constexpr int64_t LANES = 16;  // output features per tile
 constexpr int64_t BLOCK = 32;  // activation block: one int8 scale per row and block
-constexpr int MAX_ROWS = 8;    // rows sharing one load of a weight tile
 constexpr int64_t INT4_BLOCK_BYTES = 256;  // 16 lanes x 32 codes, two per byte
 constexpr int64_t INT8_BLOCK_BYTES = 512;
 constexpr int64_t PREFETCH_BYTES = 8192;
@@ -98,116 +97,169 @@ inline void quantize_rows(const float* x, int64_t T, int64_t K, int8_t* codes, f
     }
 }
 
-// The dot products of R rows, in chunks of the rows the tier's `dot` keeps in registers at once:
-// over the whole block (STEPS 8) or, for 8-bit codes, over its first half (STEPS 4).
-template <int R, bool INT4, int STEPS = 8>
-inline void dot_rows(const uint8_t* block, const int8_t* q, int64_t K, I16* out) {
-  constexpr int N = R < DOT_ROWS<INT4> ? R : DOT_ROWS<INT4>;
-  dot<N, INT4, STEPS>(block, q, K, out);
-  if constexpr (R > N) dot_rows<R - N, INT4, STEPS>(block, q + N * K, K, out + N);
-}
-
 // The weight formats of MatmulArgs.
 enum class Format { INT4, INT8_ROW, INT8_GROUP32, INT8_GROUP16 };
 
-// One tile of 16 output features for R rows.
+// The matmuls run on the tier's `Part` vector: a tile's 16 lanes at once (Part = F16), or, where
+// F16 spans several registers (AVX2), one part of PART_LANES lanes at a time, so that the
+// accumulators of PART_ROWS rows stay in registers. Each lane's arithmetic is the same either way.
+#ifndef SPECEE_TILE_PARTS
+using Part = F16;
+using PartI = I16;
+constexpr int64_t PART_LANES = LANES;
+template <bool INT4>
+constexpr int PART_ROWS = 8;
+inline Part part_splat(float x) { return splat(x); }
+inline Part part_load(const float* p) { return load(p); }
+inline Part part_load_bf16(const uint16_t* p) { return load_bf16(p); }
+inline void part_store_head(float* p, Part a, int64_t n) { store_head(p, a, n); }
+
+// The dot products of R rows, in chunks of the rows the tier's `dot` keeps in registers at once.
+template <int R, bool INT4, int STEPS = 8>
+inline void part_dot(const uint8_t* block, int64_t part, const int8_t* q, int64_t K, PartI* out) {
+  constexpr int N = R < DOT_ROWS<INT4> ? R : DOT_ROWS<INT4>;
+  dot<N, INT4, STEPS>(block, q, K, out);
+  if constexpr (R > N) part_dot<R - N, INT4, STEPS>(block, part, q + N * K, K, out + N);
+}
+#endif
+
+template <class V>
+inline V part_madd(V a, V b, V c) { return a * b + c; }
+
+// Parts first_part .. first_part + P - 1 of a tile of 16 output features, for R rows. `row_sums`:
+// each row's activation scale times the sum of its codes, per block (per half block for INT8_GROUP16).
 // INT4: w = code * s + (z - 8 s) with bf16 s and z per lane and weight group ([G][s x16, z x16]).
 // INT8_ROW: w = code * s + m with fp32 s and m per lane for the whole row ([s x16, m x16]), applied last.
 // INT8_GROUP32/16: w = code * s + m with fp32 s and m per lane and group of 32 or 16 inputs ([G][s x16, m x16]).
-template <int R, Format FORMAT>
-void tile_rows(const uint8_t* w, const uint8_t* scales_zeros, int64_t blocks, int64_t blocks_per_group,
-               const int8_t* codes, const float* scales, const int32_t* sums, int64_t K, float* out, int64_t ldo,
-               int64_t valid) {
+template <int R, int P, Format FORMAT>
+void tile_rows(const uint8_t* w, const uint8_t* scales_zeros, int64_t first_part, int64_t blocks,
+               int64_t blocks_per_group, const int8_t* codes, const float* scales, const float* row_sums, int64_t K,
+               float* out, int64_t ldo, int64_t valid) {
   constexpr bool INT4 = FORMAT == Format::INT4;
-  const int64_t B = K / BLOCK;
+  const int64_t B = K / BLOCK, lane0 = first_part * PART_LANES;
   constexpr int64_t BLOCK_BYTES = INT4 ? INT4_BLOCK_BYTES : INT8_BLOCK_BYTES;
-  F16 acc[R];
+  Part acc[P][R];
   float acc_sums[R];
   for (int r = 0; r < R; ++r) {
-    acc[r] = splat(0.0f);
+    for (int p = 0; p < P; ++p) acc[p][r] = part_splat(0.0f);
     acc_sums[r] = 0.0f;
   }
-  F16 group_s = splat(0.0f), group_m = splat(0.0f);
-  const uint16_t* group_scales = reinterpret_cast<const uint16_t*>(scales_zeros);
-  const float* group_floats = reinterpret_cast<const float*>(scales_zeros);
+  Part group_s[P], group_m[P];
+  const uint16_t* group_scales = reinterpret_cast<const uint16_t*>(scales_zeros) + lane0;
+  const float* group_floats = reinterpret_cast<const float*>(scales_zeros) + lane0;
   for (int64_t b = 0, in_group = 0; b < blocks; ++b) {
-    I16 dots[R];
+    PartI dots[R];
     const uint8_t* block = w + b * BLOCK_BYTES;
     // Ask for the weights PREFETCH_BYTES ahead (this tile's or the next ones'): they stream in from
     // memory while this block is multiplied.
-    for (int64_t byte = 0; byte < BLOCK_BYTES; byte += 64) prefetch(block + PREFETCH_BYTES + byte);
+    if (first_part == 0)
+      for (int64_t byte = 0; byte < BLOCK_BYTES; byte += 64) prefetch(block + PREFETCH_BYTES + byte);
     if constexpr (FORMAT == Format::INT8_GROUP16) {
       // Each half block has its own scale and offset: two half-block dots, each scaled alone.
       for (int h = 0; h < 2; ++h) {
-        dot_rows<R, false, 4>(block + h * BLOCK_BYTES / 2, codes + b * BLOCK + h * LANES, K, dots);
-        const F16 s = load(group_floats), m = load(group_floats + LANES);
-        group_floats += 2 * LANES;
-        for (int r = 0; r < R; ++r) {
-          const float row_scale = scales[r * B + b];
-          const float half_sum = row_scale * static_cast<float>(sums[2 * (r * B + b) + h]);
-          acc[r] = madd(splat(row_scale) * s, to_float(dots[r]), acc[r]);
-          acc[r] = madd(m, splat(half_sum), acc[r]);
+        for (int p = 0; p < P; ++p) {
+          part_dot<R, false, 4>(block + h * BLOCK_BYTES / 2, first_part + p, codes + b * BLOCK + h * LANES, K, dots);
+          const Part s = part_load(group_floats + p * PART_LANES), m = part_load(group_floats + LANES + p * PART_LANES);
+          for (int r = 0; r < R; ++r) {
+            acc[p][r] = part_madd(part_splat(scales[r * B + b]) * s, to_float(dots[r]), acc[p][r]);
+            acc[p][r] = part_madd(m, part_splat(row_sums[r * 2 * B + 2 * b + h]), acc[p][r]);
+          }
         }
+        group_floats += 2 * LANES;
       }
       continue;
     }
-    dot_rows<R, INT4>(block, codes + b * BLOCK, K, dots);
     if constexpr (INT4) {
       if (in_group == 0) {
-        group_s = load_bf16(group_scales);
-        group_m = load_bf16(group_scales + LANES) - splat(8.0f) * group_s;
+        for (int p = 0; p < P; ++p) {
+          group_s[p] = part_load_bf16(group_scales + p * PART_LANES);
+          group_m[p] = part_load_bf16(group_scales + LANES + p * PART_LANES) - part_splat(8.0f) * group_s[p];
+        }
         group_scales += 2 * LANES;
       }
       in_group = in_group + 1 == blocks_per_group ? 0 : in_group + 1;
     } else if constexpr (FORMAT == Format::INT8_GROUP32) {
-      group_s = load(group_floats);
-      group_m = load(group_floats + LANES);
+      for (int p = 0; p < P; ++p) {
+        group_s[p] = part_load(group_floats + p * PART_LANES);
+        group_m[p] = part_load(group_floats + LANES + p * PART_LANES);
+      }
       group_floats += 2 * LANES;
     }
-    for (int r = 0; r < R; ++r) {
-      const F16 products = to_float(dots[r]);
-      const float row_scale = scales[r * B + b];
-      const float row_sum = row_scale * static_cast<float>(sums[2 * (r * B + b)] + sums[2 * (r * B + b) + 1]);
-      if constexpr (FORMAT == Format::INT8_ROW) {
-        acc[r] = madd(splat(row_scale), products, acc[r]);
-        acc_sums[r] = acc_sums[r] + row_sum;
-      } else {
-        // acc += (a * s) * dot + m * (a * sum of codes): the block's exact dot product, scaled.
-        acc[r] = madd(splat(row_scale) * group_s, products, acc[r]);
-        acc[r] = madd(group_m, splat(row_sum), acc[r]);
+    for (int p = 0; p < P; ++p) {
+      part_dot<R, INT4>(block, first_part + p, codes + b * BLOCK, K, dots);
+      for (int r = 0; r < R; ++r) {
+        const Part products = to_float(dots[r]);
+        const float row_scale = scales[r * B + b], row_sum = row_sums[r * B + b];
+        if constexpr (FORMAT == Format::INT8_ROW) {
+          acc[p][r] = part_madd(part_splat(row_scale), products, acc[p][r]);
+          if (p == 0) acc_sums[r] = acc_sums[r] + row_sum;
+        } else {
+          // acc += (a * s) * dot + m * (a * sum of codes): the block's exact dot product, scaled.
+          acc[p][r] = part_madd(part_splat(row_scale) * group_s[p], products, acc[p][r]);
+          acc[p][r] = part_madd(group_m[p], part_splat(row_sum), acc[p][r]);
+        }
       }
     }
   }
-  for (int r = 0; r < R; ++r) {
-    F16 result = acc[r];
-    if constexpr (FORMAT == Format::INT8_ROW) {
-      const float* sm = reinterpret_cast<const float*>(scales_zeros);
-      result = madd(load(sm), result, load(sm + LANES) * splat(acc_sums[r]));
+  for (int p = 0; p < P; ++p)
+    for (int r = 0; r < R; ++r) {
+      Part result = acc[p][r];
+      const int64_t lane = lane0 + p * PART_LANES;
+      if constexpr (FORMAT == Format::INT8_ROW) {
+        const float* sm = reinterpret_cast<const float*>(scales_zeros) + lane;
+        result = part_madd(part_load(sm), result, part_load(sm + LANES) * part_splat(acc_sums[r]));
+      }
+      if (lane < valid) part_store_head(out + r * ldo + lane, result, valid - lane);
     }
-    store_head(out + r * ldo, result, valid);
+}
+
+// Rows r0 .. r0 + R - 1 of a tile, for R up to ROWS picked at run time: a few rows take the whole
+// tile at once, more rows one part at a time.
+template <Format FORMAT, int ROWS = PART_ROWS<FORMAT == Format::INT4>>
+void rows_of_tile(int64_t R, const uint8_t* w, const uint8_t* sz, int64_t blocks, int64_t blocks_per_group,
+                  const int8_t* codes, const float* scales, const float* row_sums, int64_t K, float* out, int64_t ldo,
+                  int64_t valid) {
+  constexpr int PARTS = LANES / PART_LANES;
+  if (R == ROWS) {
+    if constexpr (ROWS * PARTS <= PART_ROWS<FORMAT == Format::INT4>) {
+      tile_rows<ROWS, PARTS, FORMAT>(w, sz, 0, blocks, blocks_per_group, codes, scales, row_sums, K, out, ldo, valid);
+    } else {
+      for (int64_t part = 0; part * PART_LANES < valid; ++part)
+        tile_rows<ROWS, 1, FORMAT>(w, sz, part, blocks, blocks_per_group, codes, scales, row_sums, K, out, ldo, valid);
+    }
+  } else if constexpr (ROWS > 1) {
+    rows_of_tile<FORMAT, ROWS - 1>(R, w, sz, blocks, blocks_per_group, codes, scales, row_sums, K, out, ldo, valid);
   }
 }
 
 template <Format FORMAT>
-void tile(const MatmulArgs& a, const uint8_t* w, const uint8_t* sz, float* out, int64_t valid) {
+void tile(const MatmulArgs& a, const float* row_sums, int64_t sums_per_row, const uint8_t* w, const uint8_t* sz,
+          float* out, int64_t valid) {
+  constexpr int ROWS = PART_ROWS<FORMAT == Format::INT4>;
   const int64_t K = a.in_features, B = K / BLOCK, blocks_per_group = a.group_size / BLOCK;
-  for (int64_t r0 = 0; r0 < a.rows; r0 += MAX_ROWS) {
-    const int64_t rows = std::min<int64_t>(MAX_ROWS, a.rows - r0);
-    const int8_t* c = a.codes + r0 * K;
-    const float* sc = a.scales + r0 * B;
-    const int32_t* su = a.sums + r0 * 2 * B;
-    float* o = out + r0 * a.out_features;
-#define SPECEE_ROWS(R) \
-  case R: tile_rows<R, FORMAT>(w, sz, B, blocks_per_group, c, sc, su, K, o, a.out_features, valid); break;
-    switch (rows) {
-      SPECEE_ROWS(1) SPECEE_ROWS(2) SPECEE_ROWS(3) SPECEE_ROWS(4)
-      SPECEE_ROWS(5) SPECEE_ROWS(6) SPECEE_ROWS(7) SPECEE_ROWS(8)
-    }
-#undef SPECEE_ROWS
-  }
+  for (int64_t r0 = 0; r0 < a.rows; r0 += ROWS)
+    rows_of_tile<FORMAT>(std::min<int64_t>(ROWS, a.rows - r0), w, sz, B, blocks_per_group, a.codes + r0 * K,
+                         a.scales + r0 * B, row_sums + r0 * sums_per_row, K, out + r0 * a.out_features,
+                         a.out_features, valid);
 }
 
 inline void matmul_tiles(const MatmulArgs& a, int64_t begin, int64_t end) {
+  // Each row's activation scale times its codes' sums, per half block (groups of 16) or block.
+  const int64_t B = a.in_features / BLOCK, T = a.rows;
+  const bool halves = a.bits == 8 && a.group_size == LANES;
+  const int64_t per_row = halves ? 2 * B : B;
+  std::vector<float> row_sums(T * per_row);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t b = 0; b < B; ++b) {
+      const float scale = a.scales[t * B + b];
+      const int32_t* s = a.sums + 2 * (t * B + b);
+      if (halves) {
+        row_sums[t * per_row + 2 * b] = scale * static_cast<float>(s[0]);
+        row_sums[t * per_row + 2 * b + 1] = scale * static_cast<float>(s[1]);
+      } else {
+        row_sums[t * per_row + b] = scale * static_cast<float>(s[0] + s[1]);
+      }
+    }
   // The blocks' own prefetches run PREFETCH_BYTES ahead: ask for the first ones now.
   const uint8_t* first = a.packed + begin * a.tile_bytes;
   for (int64_t byte = 0; byte < std::min(PREFETCH_BYTES, (end - begin) * a.tile_bytes); byte += 64) prefetch(first + byte);
@@ -216,10 +268,10 @@ inline void matmul_tiles(const MatmulArgs& a, int64_t begin, int64_t end) {
     const uint8_t* w = a.packed + t * a.tile_bytes;
     const uint8_t* sz = a.scales_zeros + t * a.tile_scale_bytes;
     float* out = a.out + t * LANES;
-    if (a.bits == 4) tile<Format::INT4>(a, w, sz, out, valid);
-    else if (a.group_size == 0) tile<Format::INT8_ROW>(a, w, sz, out, valid);
-    else if (a.group_size == BLOCK) tile<Format::INT8_GROUP32>(a, w, sz, out, valid);
-    else tile<Format::INT8_GROUP16>(a, w, sz, out, valid);
+    if (a.bits == 4) tile<Format::INT4>(a, row_sums.data(), per_row, w, sz, out, valid);
+    else if (a.group_size == 0) tile<Format::INT8_ROW>(a, row_sums.data(), per_row, w, sz, out, valid);
+    else if (a.group_size == BLOCK) tile<Format::INT8_GROUP32>(a, row_sums.data(), per_row, w, sz, out, valid);
+    else tile<Format::INT8_GROUP16>(a, row_sums.data(), per_row, w, sz, out, valid);
   }
 }
 

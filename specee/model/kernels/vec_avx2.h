@@ -14,9 +14,6 @@ namespace specee::simd {
 struct F16 {
   __m256 lo, hi;
 };
-struct I16 {
-  __m256i lo, hi;
-};
 
 inline F16 splat(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
 inline F16 load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
@@ -58,7 +55,29 @@ inline float reduce_max(F16 a) {
   return _mm_cvtss_f32(_mm_max_ss(two, _mm_shuffle_ps(two, two, 1)));
 }
 
-inline F16 to_float(I16 a) { return {_mm256_cvtepi32_ps(a.lo), _mm256_cvtepi32_ps(a.hi)}; }
+// The matmuls run on one ymm register, 8 lanes: a tile's two halves one after the other, so the
+// accumulators of a few rows stay in the 16 registers (kernels.h, Part).
+#define SPECEE_TILE_PARTS
+struct Part {
+  __m256 v;
+};
+struct PartI {
+  __m256i v;
+};
+constexpr int64_t PART_LANES = 8;
+inline Part part_splat(float x) { return {_mm256_set1_ps(x)}; }
+inline Part part_load(const float* p) { return {_mm256_loadu_ps(p)}; }
+inline Part part_load_bf16(const uint16_t* p) { return {bf16x8(p)}; }
+inline void part_store_head(float* p, Part a, int64_t n) {
+  if (n >= 8) return _mm256_storeu_ps(p, a.v);
+  float lanes[8];
+  _mm256_storeu_ps(lanes, a.v);
+  std::memcpy(p, lanes, n * sizeof(float));
+}
+inline Part operator+(Part a, Part b) { return {_mm256_add_ps(a.v, b.v)}; }
+inline Part operator-(Part a, Part b) { return {_mm256_sub_ps(a.v, b.v)}; }
+inline Part operator*(Part a, Part b) { return {_mm256_mul_ps(a.v, b.v)}; }
+inline Part to_float(PartI a) { return {_mm256_cvtepi32_ps(a.v)}; }
 
 inline __m256i broadcast4(const int8_t* q) {
   int32_t word;
@@ -67,93 +86,69 @@ inline __m256i broadcast4(const int8_t* q) {
 }
 
 // The dot products of R rows of activations (row r at q + r * K) with one block of 32 inputs of
-// 16 features, exact in int32 (8-bit codes: the first STEPS steps only, a half block's 16
-// inputs for STEPS 4). The block's bytes are step j (inputs 4j .. 4j + 3) for lanes 0-15,
-// four codes a lane; 4-bit codes hold steps 0-3 in the low nibbles and 4-7 in the high ones. Each
-// weight vector is loaded once for all the rows; at most four rows at a time keep every
-// accumulator in a register.
+// one part's 8 features, exact in int32 (8-bit codes: the first STEPS steps only, a half block's
+// 16 inputs for STEPS 4). The block's bytes are step j (inputs 4j .. 4j + 3) for lanes 0-15, four
+// codes a lane, the part's lanes at 32 * part; 4-bit codes hold steps 0-3 in the low nibbles and
+// 4-7 in the high ones. Each weight vector is loaded once for all the rows.
 #if defined(__AVXVNNI__)
-template <int R>
-inline void vnni_rows(const __m256i (&w)[4], int j0, int j1, const int8_t* q, int64_t K, __m256i (&acc)[R][2]) {
-  for (int r = 0; r < R; ++r) {
-    const __m256i a0 = broadcast4(q + r * K + 4 * j0), a1 = broadcast4(q + r * K + 4 * j1);
-    acc[r][0] = _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(acc[r][0], w[0], a0), w[2], a1);
-    acc[r][1] = _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(acc[r][1], w[1], a0), w[3], a1);
-  }
-}
-
 template <bool INT4>
-constexpr int DOT_ROWS = 4;
+constexpr int PART_ROWS = 6;
 
 template <int R, bool INT4, int STEPS = 8>
-inline void dot(const uint8_t* p, const int8_t* q, int64_t K, I16* out) {
+inline void part_dot(const uint8_t* p, int64_t part, const int8_t* q, int64_t K, PartI* out) {
   const __m256i nibble = _mm256_set1_epi8(0x0f);
-  __m256i acc[R][2];
-  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
-  for (int i = 0; i < (INT4 ? 4 : STEPS / 2); ++i) {
-    __m256i w[4];
-    if constexpr (INT4) {  // steps i and i + 4
-      for (int h = 0; h < 2; ++h) {
-        const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i * 64 + h * 32));
-        w[h] = _mm256_and_si256(packed, nibble);
-        w[2 + h] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), nibble);
-      }
-      vnni_rows<R>(w, i, i + 4, q, K, acc);
-    } else {  // steps 2i and 2i + 1
-      for (int h = 0; h < 4; ++h) w[h] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i * 128 + h * 32));
-      vnni_rows<R>(w, 2 * i, 2 * i + 1, q, K, acc);
+  __m256i acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
+  p += 32 * part;
+  if constexpr (INT4) {
+    for (int i = 0; i < 4; ++i) {  // steps i and i + 4
+      const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i * 64));
+      const __m256i low = _mm256_and_si256(packed, nibble), high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), nibble);
+      for (int r = 0; r < R; ++r)
+        acc[r] = _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(acc[r], low, broadcast4(q + r * K + 4 * i)), high,
+                                         broadcast4(q + r * K + 4 * (i + 4)));
+    }
+  } else {
+    for (int j = 0; j < STEPS; ++j) {
+      const __m256i codes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + j * 64));
+      for (int r = 0; r < R; ++r) acc[r] = _mm256_dpbusd_avx_epi32(acc[r], codes, broadcast4(q + r * K + 4 * j));
     }
   }
-  for (int r = 0; r < R; ++r) out[r] = {acc[r][0], acc[r][1]};
+  for (int r = 0; r < R; ++r) out[r] = {acc[r]};
 }
 #else
 // Codes below 16 times activations in -127..127: a pair is at most 3,810 and eight steps' pairs
 // 30,480, so the int16 sums cannot saturate. 8-bit codes would: their low and high nibbles are
 // multiplied as two 4-bit codes, code = low + 16 high.
-template <int R>
-inline void nibble_rows(const __m256i (&w)[4], int j0, int j1, const int8_t* q, int64_t K, __m256i (&acc)[R][2]) {
-  for (int r = 0; r < R; ++r) {
-    const __m256i a0 = broadcast4(q + r * K + 4 * j0), a1 = broadcast4(q + r * K + 4 * j1);
-    acc[r][0] = _mm256_add_epi16(acc[r][0], _mm256_add_epi16(_mm256_maddubs_epi16(w[0], a0), _mm256_maddubs_epi16(w[2], a1)));
-    acc[r][1] = _mm256_add_epi16(acc[r][1], _mm256_add_epi16(_mm256_maddubs_epi16(w[1], a0), _mm256_maddubs_epi16(w[3], a1)));
-  }
-}
-
 template <bool INT4>
-constexpr int DOT_ROWS = INT4 ? 4 : 2;
+constexpr int PART_ROWS = INT4 ? 4 : 3;
 
 template <int R, bool INT4, int STEPS = 8>
-inline void dot(const uint8_t* p, const int8_t* q, int64_t K, I16* out) {
-  const __m256i nibble = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1), sixteens = _mm256_set1_epi16(16);
-  __m256i low[R][2], high[R][2];
-  for (int r = 0; r < R; ++r) low[r][0] = low[r][1] = high[r][0] = high[r][1] = _mm256_setzero_si256();
+inline void part_dot(const uint8_t* p, int64_t part, const int8_t* q, int64_t K, PartI* out) {
+  const __m256i nibble = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+  __m256i low[R], high[R];
+  for (int r = 0; r < R; ++r) low[r] = high[r] = _mm256_setzero_si256();
+  p += 32 * part;
+#pragma GCC unroll 1
   for (int i = 0; i < (INT4 ? 4 : STEPS); ++i) {
-    __m256i w[4];
-    for (int h = 0; h < 2; ++h) {
-      const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i * 64 + h * 32));
-      w[h] = _mm256_and_si256(packed, nibble);
-      w[2 + h] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), nibble);
-    }
-    if constexpr (INT4) {  // steps i and i + 4
-      nibble_rows<R>(w, i, i + 4, q, K, low);
-    } else {  // step i, its low and high nibbles
-      const __m256i lows[4] = {w[0], w[1], w[0], w[1]}, highs[4] = {w[2], w[3], w[2], w[3]};
-      for (int r = 0; r < R; ++r) {
+    const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i * 64));
+    const __m256i lows = _mm256_and_si256(packed, nibble), highs = _mm256_and_si256(_mm256_srli_epi16(packed, 4), nibble);
+    for (int r = 0; r < R; ++r) {
+      if constexpr (INT4) {  // steps i (low nibbles) and i + 4 (high)
+        const __m256i a0 = broadcast4(q + r * K + 4 * i), a1 = broadcast4(q + r * K + 4 * (i + 4));
+        low[r] = _mm256_add_epi16(low[r], _mm256_add_epi16(_mm256_maddubs_epi16(lows, a0), _mm256_maddubs_epi16(highs, a1)));
+      } else {  // step i, its low and high nibbles
         const __m256i a = broadcast4(q + r * K + 4 * i);
-        low[r][0] = _mm256_add_epi16(low[r][0], _mm256_maddubs_epi16(lows[0], a));
-        low[r][1] = _mm256_add_epi16(low[r][1], _mm256_maddubs_epi16(lows[1], a));
-        high[r][0] = _mm256_add_epi16(high[r][0], _mm256_maddubs_epi16(highs[0], a));
-        high[r][1] = _mm256_add_epi16(high[r][1], _mm256_maddubs_epi16(highs[1], a));
+        low[r] = _mm256_add_epi16(low[r], _mm256_maddubs_epi16(lows, a));
+        high[r] = _mm256_add_epi16(high[r], _mm256_maddubs_epi16(highs, a));
       }
     }
   }
   for (int r = 0; r < R; ++r) {
-    if constexpr (INT4) {
-      out[r] = {_mm256_madd_epi16(low[r][0], ones), _mm256_madd_epi16(low[r][1], ones)};
-    } else {
-      out[r] = {_mm256_add_epi32(_mm256_madd_epi16(low[r][0], ones), _mm256_madd_epi16(high[r][0], sixteens)),
-                _mm256_add_epi32(_mm256_madd_epi16(low[r][1], ones), _mm256_madd_epi16(high[r][1], sixteens))};
-    }
+    if constexpr (INT4)
+      out[r] = {_mm256_madd_epi16(low[r], ones)};
+    else
+      out[r] = {_mm256_add_epi32(_mm256_madd_epi16(low[r], ones), _mm256_madd_epi16(high[r], _mm256_set1_epi16(16)))};
   }
 }
 #endif
