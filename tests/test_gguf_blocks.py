@@ -23,7 +23,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Type
 from gguf.quants import dequantize
 
 from specee.model import gguf_blocks
-from specee.model.gguf_blocks import CODE_BITS, decode
+from specee.model.gguf_blocks import CODE_BITS, FACTORED, decode
 
 # Byte offsets of each block's fp16 fields (d, then m or dmin), from ggml's block_* structs.
 FP16_FIELDS = {
@@ -101,6 +101,23 @@ def test_supported_types_are_those_tested():
     assert set(CODE_BITS) == set(LAYOUT)
 
 
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_k_quant_scales_factor_exactly(qtype):
+    """Q5_K's and Q6_K's scales and offsets are an fp32 factor per 256 weights times an int8 per
+    group, exactly (what the kernels' superblock scales multiply back); the other types have none."""
+    affine = decode(random_blocks(qtype), qtype)
+    if qtype not in (Type.Q5_K, Type.Q6_K):
+        assert qtype not in FACTORED and affine.factors is None and affine.multipliers is None
+        return
+    assert qtype in FACTORED
+    groups = 256 // affine.group_size
+    assert affine.factors.dtype == np.float32 and affine.factors.shape == (ROWS, COLUMNS // 256, 2)
+    assert affine.multipliers.dtype == np.int8 and affine.multipliers.shape == (ROWS, COLUMNS // affine.group_size, 2)
+    products = np.repeat(affine.factors, groups, axis=1) * affine.multipliers.astype(np.float32)
+    assert np.array_equal(products[..., 0], affine.scales) and np.array_equal(products[..., 1], affine.offsets)
+    assert len(np.unique(affine.multipliers[..., 0])) > 20  # the multipliers vary (a constant one would hide a mix-up)
+
+
 @pytest.mark.parametrize("qtype", [Type.Q4_K, Type.Q5_0, Type.Q6_K], ids=lambda t: t.name)
 def test_read_only_memmap_decoded_in_chunks(qtype, tmp_path, monkeypatch):
     """Chunks of 3 rows over 8: two full chunks and a partial one, from a read-only file mapping."""
@@ -122,6 +139,8 @@ def test_temporaries_stay_within_a_chunk(qtype, tmp_path, monkeypatch):
     mapped = np.memmap(tmp_path / "blocks", dtype=np.uint8, mode="r", shape=data.shape)
     group_size = LAYOUT[qtype][1]
     outputs = rows * columns + 2 * 4 * rows * (columns // group_size)  # codes, scales, offsets
+    if qtype in FACTORED:  # and the scales' factors and multipliers
+        outputs += 2 * 4 * rows * (columns // 256) + 2 * rows * (columns // group_size)
     tracemalloc.start()
     try:
         decode(mapped, qtype)

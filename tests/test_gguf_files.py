@@ -44,6 +44,8 @@ def test_each_block_type_is_read_into_its_format_with_the_files_values(tmp_path,
     bits, group = FORMATS[kind]
     down = engine.model.layers[1].mlp.down_proj
     assert isinstance(down, IntegerLinear) and (down.bits, down.group_size) == (bits, group)
+    # The K-quants' 8-bit forms keep their scales factored: a quarter of the bytes (or less).
+    assert down.superblock_scales == (kind in ("Q5_K", "Q6_K"))
     # The tied head keeps its rows for the embedding: the file's values, exactly for the 8-bit
     # formats; 4-bit formats round d and the zero point to bf16 (relative 2^-9 of each).
     rows = torch.arange(40)
@@ -65,7 +67,8 @@ def test_a_q4_k_m_mix_runs_as_the_dequantized_model_does(tmp_path, tiny_tokenize
     path = gguf_file(tmp_path, tiny_tokenizer, Q4_K_M)
     quantized, dense = specee.load(path, threads=1), specee.load(path, quantization="none", threads=1)
     qkv = quantized.model.layers[0].self_attn.qkv_proj
-    assert (qkv.bits, qkv.group_size) == (8, 16)
+    assert (qkv.bits, qkv.group_size, qkv.superblock_scales) == (8, 16, False)
+    assert quantized.model.layers[0].mlp.down_proj.superblock_scales  # Q6_K alone keeps its factored scales
     ids = torch.tensor(quantized.tokenizer.encode_prompt("Hello there, name three colours"))
     with torch.no_grad():
         ours, reference = (e.model.embed(ids) for e in (quantized, dense))

@@ -17,7 +17,8 @@ import specee.model.kernels as kernels_module
 from helpers import cpu_tier_params
 from specee.model.kernels import (KernelsUnavailable, bindings_directory, cpu_kernels, load_tier, supported_tiers,
                                   tier_library, tier_named)
-from specee.model.quantize import cat_rows, quantize_grouped_int8, quantize_int4, quantize_int8, quantized_linear
+from specee.model.quantize import (SuperblockInt8Weight, cat_rows, quantize_grouped_int8, quantize_int4, quantize_int8,
+                                   quantized_linear)
 from specee.model.rope import apply_rope, rope_angles
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -104,6 +105,50 @@ def test_int4_and_grouped_int8_fuse_into_one_matrix_of_the_same_values(kernels, 
     else:
         assert torch.equal(out[:, 96:], alone[:, 96:])
         torch.testing.assert_close(out, alone, rtol=1e-5, atol=1e-5)
+
+
+def superblock_weight(N: int, K: int, group: int, seed: int) -> SuperblockInt8Weight:
+    """Q6_K-like: 6-bit codes, scale d * sc with an fp16 d per 256 inputs and an int8 sc per group,
+    offset -32 d * sc; the offsets' factor and multipliers drawn apart, so a swap would show."""
+    g = torch.Generator().manual_seed(seed)
+    d = (torch.rand(N, K // 256, generator=g) * 1e-3).half().float()
+    m = (torch.randn(N, K // 256, generator=g) * 1e-2).half().float()
+    multipliers = torch.randint(-128, 128, (N, K // group, 2), generator=g, dtype=torch.int8)
+    return SuperblockInt8Weight(torch.randint(0, 64, (N, K), generator=g, dtype=torch.uint8), torch.stack((d, m), -1),
+                                multipliers, group)
+
+
+@pytest.mark.parametrize("group", [16, 32])
+def test_superblock_scales_multiply_as_their_fp32_products_do(kernels, portable, group):
+    """Scales kept as fp32 factors times int8 multipliers (a GGUF file's Q6_K, Q5_K) give the bits of
+    the same matrix with the products stored as fp32 scales, in every tier, in under half the bytes."""
+    weight = superblock_weight(200, 512, group, seed=group)
+    layer = quantized_linear(weight, kernels=kernels)
+    plain = quantized_linear(weight.grouped(), kernels=kernels)
+    assert layer.superblock_scales and not plain.superblock_scales
+    assert layer.scales_zeros.numel() * 2 < plain.scales_zeros.numel() * plain.scales_zeros.element_size()
+    rows_back = torch.tensor([0, 15, 16, 199, 77])
+    assert torch.equal(layer.dequantize(rows_back), weight.dequantize(rows_back))
+    for T in (1, 2, 4, 5, 9):
+        x = rows(T, 512, seed=T)
+        out = layer(x)
+        assert torch.equal(out, plain(x)), f"{T} rows"
+        assert torch.equal(out, quantized_linear(weight, kernels=portable)(x)), f"{T} rows"
+    assert out.abs().max() > 0
+
+
+def test_superblock_scales_fuse_as_their_own_format_or_as_grouped_int8(kernels):
+    """Q6_K q, k and v stay factored when fused; beside int4 they become fp32-scaled grouped int8."""
+    parts = [superblock_weight(32, 256, 16, seed=s) for s in range(3)]
+    fused = cat_rows(parts)
+    assert isinstance(fused, SuperblockInt8Weight)
+    assert torch.equal(fused.dequantize(), torch.cat([p.dequantize() for p in parts]))
+    mixed = cat_rows([quantize_int4(torch.randn(32, 256, generator=torch.Generator().manual_seed(9)) * 0.05, 32),
+                      parts[0]])
+    assert not isinstance(mixed, SuperblockInt8Weight) and mixed.group_size == 16
+    x = rows(3, 256, seed=7)
+    alone = quantized_linear(parts[0], kernels=kernels)(x)
+    assert torch.equal(quantized_linear(mixed, kernels=kernels)(x)[:, 32:], alone)
 
 
 def test_a_matrix_whose_inputs_do_not_split_into_blocks_stays_on_aten(kernels):

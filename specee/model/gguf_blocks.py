@@ -48,6 +48,11 @@ class AffineCodes:
     offsets: np.ndarray  # float32 [N, K // group_size]
     bits: int  # 4, or 8 for the 5-, 6- and 8-bit codes
     group_size: int
+    # The K-quants' scales and offsets factored as the file keeps them (Q5_K, Q6_K; else None):
+    # scales = factors[n, s, 0] * multipliers[n, g, 0], offsets = factors[n, s, 1] * multipliers[n, g, 1]
+    # for group g of superblock s (256 weights), exact products.
+    factors: np.ndarray | None = None  # float32 [N, K // 256, 2]
+    multipliers: np.ndarray | None = None  # int8 [N, K // group_size, 2]
 
     def dequantize_rows(self, rows) -> np.ndarray:
         """The weights of `rows` (an index, a slice or an index array) as float32 [*rows' shape, K]:
@@ -62,6 +67,8 @@ class AffineCodes:
 # A decoder fills a chunk's outputs from its blocks:
 # (blocks [n, n_blocks, type_size], codes [n, n_blocks, block_size], scales, offsets [n, n_blocks, groups]).
 Decoder = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], None]
+# A K-quant's scale factors: (blocks, factors [n, n_blocks, 2], multipliers [n, n_blocks, groups, 2]).
+Factorer = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
 
 
 @dataclass(frozen=True)
@@ -69,6 +76,7 @@ class _Format:
     bits: int
     group_size: int
     decode_blocks: Decoder
+    factor_blocks: Factorer | None = None
 
 
 def decode(data: np.ndarray, qtype: Type) -> AffineCodes:
@@ -88,13 +96,19 @@ def decode(data: np.ndarray, qtype: Type) -> AffineCodes:
     codes = np.empty((n_rows, n_blocks, block_size), np.uint8)
     scales = np.empty((n_rows, n_blocks, groups), np.float32)
     offsets = np.empty((n_rows, n_blocks, groups), np.float32)
+    factored = fmt.factor_blocks is not None
+    factors = np.empty((n_rows, n_blocks, 2), np.float32) if factored else None
+    multipliers = np.empty((n_rows, n_blocks, groups, 2), np.int8) if factored else None
     for start in range(0, n_rows, ROWS_PER_CHUNK):
         rows = slice(start, min(start + ROWS_PER_CHUNK, n_rows))
         blocks = data[rows].reshape(rows.stop - start, n_blocks, type_size)
         fmt.decode_blocks(blocks, codes[rows], scales[rows], offsets[rows])
+        if factored:
+            fmt.factor_blocks(blocks, factors[rows], multipliers[rows])
     n_groups = n_blocks * groups
     return AffineCodes(codes.reshape(n_rows, n_blocks * block_size), scales.reshape(n_rows, n_groups),
-                       offsets.reshape(n_rows, n_groups), fmt.bits, fmt.group_size)
+                       offsets.reshape(n_rows, n_groups), fmt.bits, fmt.group_size, factors,
+                       None if multipliers is None else multipliers.reshape(n_rows, n_groups, 2))
 
 
 def _type_name(qtype) -> str:
@@ -191,6 +205,14 @@ def _k_scales_offsets(blocks, scales, offsets) -> None:
     np.negative(offsets, out=offsets)
 
 
+def _k_factors(blocks, factors, multipliers) -> None:
+    """Q5_K: scale d * sc and offset (-dmin) * mn, as superblock factors and sub-block multipliers."""
+    factors[..., 0] = _fp16(blocks[..., 0:2])
+    np.negative(_fp16(blocks[..., 2:4]), out=factors[..., 1])
+    sub_scales, sub_mins = _k_scales_mins(blocks[..., 4:16])  # 6 bits: valid int8
+    multipliers[..., 0], multipliers[..., 1] = sub_scales, sub_mins
+
+
 def _q4_k(blocks, codes, scales, offsets):
     # Super-block: fp16 d, fp16 dmin, 12 bytes of scales and mins, 128 bytes of codes in 4 chunks of
     # 32: chunk j holds sub-block 2j in its low nibbles and 2j + 1 in its high ones.
@@ -235,16 +257,26 @@ def _q6_k(blocks, codes, scales, offsets):
     np.multiply(scales, -32, out=offsets)
 
 
+def _q6_k_factors(blocks, factors, multipliers) -> None:
+    """Q6_K: scale d * sc and offset (-32 d) * sc."""
+    d = _fp16(blocks[..., 208:210])
+    factors[..., 0], factors[..., 1] = d, -32 * d
+    sub_scales = blocks[..., 192:208].view(np.int8)
+    multipliers[..., 0], multipliers[..., 1] = sub_scales, sub_scales
+
+
 _FORMATS: dict[Type, _Format] = {
     Type.Q4_0: _Format(4, 32, _q4_0),
     Type.Q4_1: _Format(4, 32, _q4_1),
     Type.Q4_K: _Format(4, 32, _q4_k),
     Type.Q5_0: _Format(8, 32, _q5_0),
     Type.Q5_1: _Format(8, 32, _q5_1),
-    Type.Q5_K: _Format(8, 32, _q5_k),
-    Type.Q6_K: _Format(8, 16, _q6_k),
+    Type.Q5_K: _Format(8, 32, _q5_k, _k_factors),
+    Type.Q6_K: _Format(8, 16, _q6_k, _q6_k_factors),
     Type.Q8_0: _Format(8, 32, _q8_0),
 }
 # The types `decode` reads, and the width of their codes (4: two codes a byte; 8: one).
 CODE_BITS: dict[Type, int] = {qtype: fmt.bits for qtype, fmt in _FORMATS.items()}
 GROUP_SIZES: dict[Type, int] = {qtype: fmt.group_size for qtype, fmt in _FORMATS.items()}
+# The types whose scales come factored (AffineCodes.factors).
+FACTORED: frozenset[Type] = frozenset(qtype for qtype, fmt in _FORMATS.items() if fmt.factor_blocks is not None)

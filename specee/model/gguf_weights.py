@@ -30,7 +30,8 @@ from .errors import ModelLoadError
 from .fingerprint import EMBEDDING_ROWS, fingerprint
 from .gguf_file import hf_name, open_gguf, unpermute_rows
 from .loading import LoadedWeights
-from .quantize import DEFAULT_INT4_GROUP_SIZE, GroupedInt8Weight, Int4Weight, map_rows, quantize_int4, quantize_int8
+from .quantize import (DEFAULT_INT4_GROUP_SIZE, GroupedInt8Weight, Int4Weight, SuperblockInt8Weight, map_rows,
+                       quantize_int4, quantize_int8)
 
 DENSE_TYPES = ("F32", "F16", "BF16")
 # The output head and the embedding stay int8 when a format is quantized here, as quantize_model keeps them.
@@ -93,6 +94,9 @@ def _unpermuted(weight, gguf_name: str, config):
 
 def _from_affine(affine: "gguf_blocks.AffineCodes"):
     codes, scales, offsets = (torch.from_numpy(a) for a in (affine.codes, affine.scales, affine.offsets))
+    if affine.factors is not None:
+        return SuperblockInt8Weight(codes, torch.from_numpy(affine.factors), torch.from_numpy(affine.multipliers),
+                                    affine.group_size)
     if affine.bits == 4:
         # code * s + m = (code - 8) * s + (m + 8 s): int4's zero point is m + 8 s.
         return Int4Weight.from_codes(codes, scales, offsets + 8 * scales, affine.group_size)

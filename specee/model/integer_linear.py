@@ -12,6 +12,7 @@ from torch import nn
 
 LANES = 16  # output features per kernel tile
 BLOCK = 32  # inputs per activation block
+SUPERBLOCK = 256  # inputs per pair of scale factors (superblock scales)
 
 
 def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
@@ -37,8 +38,9 @@ class IntegerLinear(nn.Module):
     """A quantized matrix as unsigned codes [N, K] with, for 4 bits, a bf16 scale and zero per
     feature and group of inputs (w = (code - 8) * scale + zero; `scales_zeros` [N, G, 2]) or, for 8
     bits, an fp32 scale and offset per feature (group_size 0: w = code * scale + offset; [N, 2]) or
-    per feature and group of 16 or 32 inputs ([N, G, 2]). Row lookups (the tied head and embedding)
-    read the packed tiles back (`dequantize`)."""
+    per feature and group of 16 or 32 inputs ([N, G, 2], or as superblock factors and int8
+    multipliers: `from_superblocks`). Row lookups (the tied head and embedding) read the packed
+    tiles back (`dequantize`)."""
 
     def __init__(self, packed: torch.Tensor, scales_zeros: torch.Tensor, out_features: int, bits: int,
                  group_size: int, kernels, bias: torch.Tensor | None = None) -> None:
@@ -48,9 +50,11 @@ class IntegerLinear(nn.Module):
         if self.in_features % BLOCK or (group_size % BLOCK and not (bits == 8 and group_size == BLOCK // 2)):
             raise ValueError(f"in_features {self.in_features} must be a multiple of {BLOCK}, and the group size "
                              f"{group_size} too (or 16 for 8 bits)")
+        if scales_zeros.dtype == torch.uint8 and (bits != 8 or not group_size or self.in_features % SUPERBLOCK):
+            raise ValueError("superblock scales are for grouped 8-bit codes over a multiple of 256 inputs")
         self.bits, self.group_size, self.kernels, self.bias = bits, group_size, kernels, bias
         self.packed = packed  # [tiles, K / 32 * block bytes] uint8
-        self.scales_zeros = scales_zeros  # [tiles, G, 2, 16] or [tiles, 2, 16]
+        self.scales_zeros = scales_zeros  # [tiles, G, 2, 16], [tiles, 2, 16] or superblock records, uint8
         self.weight_bytes = self.packed.numel() + self.scales_zeros.numel() * self.scales_zeros.element_size()
 
     @classmethod
@@ -60,6 +64,38 @@ class IntegerLinear(nn.Module):
         if codes.shape[1] % BLOCK:
             raise ValueError(f"in_features {codes.shape[1]} must be a multiple of {BLOCK}")
         return cls(pack_codes(codes, bits), per_tile(scales_zeros), codes.shape[0], bits, group_size, kernels, bias)
+
+    @classmethod
+    def from_superblocks(cls, codes: torch.Tensor, factors: torch.Tensor, multipliers: torch.Tensor, group_size: int,
+                         kernels, bias: torch.Tensor | None = None) -> "IntegerLinear":
+        """8-bit codes [N, K] whose scale and offset are factors [N, K / 256, 2] fp32 times multipliers
+        [N, K / group_size, 2] int8 (quantize.py's SuperblockInt8Weight): per tile and superblock of
+        256 inputs, the factors [2, 16] fp32 then each group's multipliers [2, 16] int8, as bytes."""
+        if codes.shape[1] % SUPERBLOCK:
+            raise ValueError(f"in_features {codes.shape[1]} must be a multiple of {SUPERBLOCK}")
+        tile_factors = per_tile(factors.float())  # [tiles, S, 2, 16]
+        tile_multipliers = per_tile(multipliers.to(torch.int8))  # [tiles, G, 2, 16]
+        tiles, superblocks = tile_factors.shape[:2]
+        records = torch.cat((tile_factors.reshape(tiles, superblocks, -1).view(torch.uint8),
+                             tile_multipliers.reshape(tiles, superblocks, -1).view(torch.uint8)), dim=-1)
+        return cls(pack_codes(codes, 8), records.reshape(tiles, -1), codes.shape[0], 8, group_size, kernels, bias)
+
+    @property
+    def superblock_scales(self) -> bool:
+        """Scales stored as superblock factors and int8 multipliers (`from_superblocks`)."""
+        return self.scales_zeros.dtype == torch.uint8
+
+    def _superblock_scales_offsets(self, tiles: torch.Tensor, lanes: torch.Tensor) -> torch.Tensor:
+        """The fp32 scales and offsets [n, G, 2] of the features at (tiles, lanes), from superblock records."""
+        groups = SUPERBLOCK // self.group_size
+        records = self.scales_zeros.view(self.scales_zeros.shape[0], -1, 2 * LANES * 4 + groups * 2 * LANES)[tiles]
+        n, superblocks = records.shape[:2]
+        factors = records[..., : 2 * LANES * 4].contiguous().view(torch.float32).view(n, superblocks, 2, LANES)
+        multipliers = records[..., 2 * LANES * 4:].contiguous().view(torch.int8).view(n, superblocks, groups, 2, LANES)
+        lane = lanes.view(n, 1, 1)
+        factors = factors.gather(3, lane.expand(n, superblocks, 2).unsqueeze(-1)).squeeze(-1)  # [n, S, 2]
+        multipliers = multipliers.gather(4, lane.view(n, 1, 1, 1).expand(n, superblocks, groups, 2).unsqueeze(-1))
+        return (factors[:, :, None] * multipliers.squeeze(-1).float()).flatten(1, 2)  # [n, G, 2]
 
     def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """The weights of `rows` (all when None), fp32 [len(rows), K], read back from the packed tiles:
@@ -73,7 +109,8 @@ class IntegerLinear(nn.Module):
         else:
             codes = self.packed.view(-1, blocks, 8, LANES, 4)[tiles, :, :, lanes]  # [n, blocks, 8 steps, 4]
         codes = codes.reshape(len(rows), self.in_features).float()
-        scales_zeros = self.scales_zeros[tiles, ..., lanes].float()  # [n, G, 2] or [n, 2]
+        scales_zeros = (self._superblock_scales_offsets(tiles, lanes) if self.superblock_scales
+                        else self.scales_zeros[tiles, ..., lanes].float())  # [n, G, 2] or [n, 2]
         if scales_zeros.dim() == 2:  # 8 bits, one scale per row: w = (code - 128) * s (offset -128 s)
             return (codes - 128) * scales_zeros[:, :1]
         scale, zero = scales_zeros[..., 0, None], scales_zeros[..., 1, None]  # [n, G, 1]

@@ -16,9 +16,11 @@ from .errors import ModelLoadError
 
 RUNTIME_BYTES = 400 * 2**20  # PyTorch, the kernels, the tokenizer and a pass's activations
 # Bytes per weight in each format the matrices run in: int4 codes with a bf16 scale and zero point
-# per 32; int8 codes with an fp32 scale and offset per group of 16 or 32 (or per row).
+# per 32; int8 codes with an fp32 scale and offset per group of 16 or 32 (or per row), or with an
+# int8 pair per group under an fp32 pair per 256 (superblock scales: Q5_K, Q6_K).
 INT4_BYTES = 0.5 + 4 / 32
 GROUPED_INT8_BYTES = {16: 1 + 8 / 16, 32: 1 + 8 / 32}
+SUPERBLOCK_INT8_BYTES = {16: 1 + 2 / 16 + 8 / 256, 32: 1 + 2 / 32 + 8 / 256}
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,7 @@ def kv_cache_bytes(config: LlamaConfig, context: int) -> int:
 
 
 # Matrices fused into one at load (`loading.fuse_hf_state_dict`): parts of different formats all
-# become int8 in the smallest group (`quantize.cat_rows`).
+# become int8 with fp32 scales in the smallest group (`quantize.cat_rows`).
 FUSED = {"attn_q": "qkv", "attn_k": "qkv", "attn_v": "qkv", "ffn_gate": "gate_up", "ffn_up": "gate_up"}
 
 
@@ -63,7 +65,8 @@ def gguf_weight_bytes(path: Path, quantization: str, dtype: torch.dtype) -> tupl
             continue
         if quantization == "gguf" and t.tensor_type in gguf_blocks.CODE_BITS:
             bits, group = gguf_blocks.CODE_BITS[t.tensor_type], gguf_blocks.GROUP_SIZES[t.tensor_type]
-            per_weight = INT4_BYTES if bits == 4 else GROUPED_INT8_BYTES[group]
+            per_weight = (INT4_BYTES if bits == 4 else SUPERBLOCK_INT8_BYTES[group]
+                          if t.tensor_type in gguf_blocks.FACTORED else GROUPED_INT8_BYTES[group])
         else:  # quantized as it is read: int4 (int8 for the head and embedding, or asked for)
             group = 32 if quantization == "int4" and name not in INT8_MATRICES else 0
             per_weight = INT4_BYTES if group else 1

@@ -7,7 +7,9 @@ Formats:
   output head and the embedding stay int8.
 - int8 grouped: 8-bit codes with an fp32 scale and offset per group of 16 or 32 inputs, w = code *
   scale + offset: what a GGUF file's Q5_0, Q5_1, Q5_K, Q6_K and Q8_0 blocks are, exactly
-  (`gguf_blocks.py`); CPU kernels only.
+  (`gguf_blocks.py`); CPU kernels only. Q6_K and Q5_K keep their scales' own structure (an fp32
+  factor per 256 inputs times an int8 per group: `SuperblockInt8Weight`), the same values in a
+  quarter of the scale bytes.
 
 Two ways to run them:
 - With the CPU kernels (`kernels/`, the default): `IntegerLinear` rounds each row's activations to
@@ -116,13 +118,46 @@ class GroupedInt8Weight:
             # (code - 8) * s + z = code * s + (z - 8 s), the offset the int4 kernel computes too.
             return cls(weight.codes(), scales.repeat_interleave(repeat, 1),
                        (weight.zeros.float() - 8 * scales).repeat_interleave(repeat, 1), group_size)
+        if isinstance(weight, SuperblockInt8Weight):
+            weight = weight.grouped()
         if isinstance(weight, GroupedInt8Weight):
             return cls(weight.codes, weight.scales.repeat_interleave(repeat, 1),
                        weight.offsets.repeat_interleave(repeat, 1), group_size)
         raise ValueError(f"{_describe(weight)} cannot become grouped int8")
 
 
-QuantizedWeight = Int8Weight | Int4Weight | GroupedInt8Weight
+SUPERBLOCK = 256  # inputs under one pair of scale factors (SuperblockInt8Weight)
+
+
+@dataclass
+class SuperblockInt8Weight:
+    """Grouped int8 whose scale and offset factor into an fp32 pair per superblock of 256 inputs
+    times an int8 pair per group: scale = factors[n, s, 0] * multipliers[n, g, 0] and offset =
+    factors[n, s, 1] * multipliers[n, g, 1] for group g of superblock s. The products are exact (a
+    GGUF file's Q6_K and Q5_K scales: an fp16 times an integer of at most 8 bits), so this is
+    GroupedInt8Weight's values in 1.25 bits a weight of scales where that takes 4 (groups of 16)."""
+
+    codes: torch.Tensor  # [N, K] uint8
+    factors: torch.Tensor  # [N, K / 256, 2] fp32
+    multipliers: torch.Tensor  # [N, K / group_size, 2] int8
+    group_size: int
+
+    def scales_offsets(self, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The fp32 scales and offsets [rows, K / group_size] of `rows` (all when None)."""
+        factors, multipliers = (self.factors, self.multipliers) if rows is None else (self.factors[rows], self.multipliers[rows])
+        factors = factors.repeat_interleave(SUPERBLOCK // self.group_size, dim=1)  # [rows, G, 2]
+        products = factors * multipliers.float()
+        return products[..., 0], products[..., 1]
+
+    def grouped(self) -> GroupedInt8Weight:
+        return GroupedInt8Weight(self.codes, *self.scales_offsets(), self.group_size)
+
+    def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        codes = self.codes if rows is None else self.codes[rows]
+        return GroupedInt8Weight(codes, *self.scales_offsets(rows), self.group_size).dequantize()
+
+
+QuantizedWeight = Int8Weight | Int4Weight | GroupedInt8Weight | SuperblockInt8Weight
 
 
 def cat_rows(parts: list):
@@ -133,7 +168,7 @@ def cat_rows(parts: list):
         return torch.cat(parts)
     if any(type(p) is not type(first) or getattr(p, "group_size", None) != getattr(first, "group_size", None)
            for p in parts):
-        if not all(isinstance(p, (Int4Weight, GroupedInt8Weight)) for p in parts):
+        if not all(isinstance(p, (Int4Weight, GroupedInt8Weight, SuperblockInt8Weight)) for p in parts):
             raise ValueError(f"cannot fuse matrices of different formats: {[_describe(p) for p in parts]}")
         group_size = min(p.group_size for p in parts)
         parts = [GroupedInt8Weight.of(p, group_size) for p in parts]
@@ -149,7 +184,7 @@ def map_rows(weight, fn):
 def _describe(weight) -> str:
     if isinstance(weight, Int4Weight):
         return f"int4 (groups of {weight.group_size})"
-    if isinstance(weight, GroupedInt8Weight):
+    if isinstance(weight, (GroupedInt8Weight, SuperblockInt8Weight)):
         return f"int8 (groups of {weight.group_size})"
     return type(weight).__name__
 
@@ -277,9 +312,14 @@ def quantized_linear(weight: QuantizedWeight, bias: torch.Tensor | None = None, 
     """The linear for `weight`: on the CPU kernels (int8 activations, rows independent) when given,
     else on aten's weight-only kernels (bf16 activations)."""
     in_features = weight.nibbles.shape[1] * 2 if isinstance(weight, Int4Weight) else weight.codes.shape[1]
-    if isinstance(weight, GroupedInt8Weight) and kernels is None:
+    if isinstance(weight, (GroupedInt8Weight, SuperblockInt8Weight)) and kernels is None:
         # No aten kernel takes grouped int8: the matrix runs dense (exact, four times the bytes).
         return _dense_linear(weight.dequantize(), bias)
+    if isinstance(weight, SuperblockInt8Weight) and kernels is not None and in_features % SUPERBLOCK == 0:
+        return IntegerLinear.from_superblocks(weight.codes, weight.factors, weight.multipliers, weight.group_size,
+                                              kernels, bias)
+    if isinstance(weight, SuperblockInt8Weight):
+        weight = weight.grouped()
     if kernels is not None and in_features % INPUT_BLOCK == 0:
         if isinstance(weight, GroupedInt8Weight):
             codes, scales_zeros = weight.codes, torch.stack((weight.scales, weight.offsets), dim=-1)

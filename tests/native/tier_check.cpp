@@ -223,13 +223,18 @@ uint16_t bf16_of(float x) {
   return static_cast<uint16_t>(bits >> 16);
 }
 
-void check_matmul(Random& rng, int64_t bits, int64_t group, int64_t K, int64_t N, int64_t T) {
+void check_matmul(Random& rng, int64_t bits, int64_t group, int64_t superblocks, int64_t K, int64_t N, int64_t T) {
   Case c("matmul_tiles bits=" + std::to_string(bits) + " group=" + std::to_string(group) +
-         " K=" + std::to_string(K) + " N=" + std::to_string(N) + " T=" + std::to_string(T));
+         (superblocks ? " superblock scales" : "") + " K=" + std::to_string(K) + " N=" + std::to_string(N) +
+         " T=" + std::to_string(T));
   const int64_t B = K / 32, tiles = (N + 15) / 16;
   const int64_t tile_bytes = B * (bits == 4 ? 256 : 512);
-  // bf16 pairs per group (bits 4), fp32 pairs per group (bits 8, grouped) or per row (bits 8, group 0).
-  const int64_t tile_scale_bytes = bits == 4 ? (K / group) * 2 * 16 * 2 : (group ? K / group : 1) * 2 * 16 * 4;
+  // bf16 pairs per group (bits 4), fp32 pairs per group (bits 8, grouped) or per row (bits 8, group 0);
+  // superblocks: per 256 inputs an fp32 pair x16, then an int8 pair x16 per group.
+  const int64_t groups_per_superblock = superblocks ? 256 / group : 0;
+  const int64_t tile_scale_bytes = superblocks ? (K / 256) * (2 * 16 * 4 + groups_per_superblock * 2 * 16)
+                                   : bits == 4 ? (K / group) * 2 * 16 * 2
+                                               : (group ? K / group : 1) * 2 * 16 * 4;
   std::vector<uint8_t> packed(tiles * tile_bytes);
   for (uint8_t& byte : packed) byte = rng.byte();  // any byte is valid codes
   std::vector<uint8_t> scales_zeros(tiles * tile_scale_bytes);
@@ -239,6 +244,16 @@ void check_matmul(Random& rng, int64_t bits, int64_t group, int64_t K, int64_t N
       sz[i] = bf16_of((i / 16) % 2 == 0 ? std::ldexp(1.0f + rng.unit(), -4 - static_cast<int>(rng.below(8)))
                                          : rng.normal(0.1f));
     std::memcpy(scales_zeros.data(), sz.data(), scales_zeros.size());
+  } else if (superblocks) {
+    const int64_t record = 2 * 16 * 4 + groups_per_superblock * 2 * 16;
+    for (int64_t r = 0; r < tiles * K / 256; ++r) {  // [D x16 | M x16] fp32, then [sc x16 | mc x16] int8 per group
+      uint8_t* at = scales_zeros.data() + r * record;
+      for (int64_t i = 0; i < 32; ++i) {
+        const float f = i < 16 ? std::ldexp(1.0f + rng.unit(), -12 - static_cast<int>(rng.below(4))) : rng.normal(0.01f);
+        std::memcpy(at + 4 * i, &f, 4);
+      }
+      for (int64_t i = 128; i < record; ++i) at[i] = rng.byte();  // any int8 multiplier
+    }
   } else {
     std::vector<float> sm(scales_zeros.size() / 4);
     for (int64_t i = 0; i < static_cast<int64_t>(sm.size()); ++i)  // [tile, s x16 | m x16]
@@ -260,7 +275,7 @@ void check_matmul(Random& rng, int64_t bits, int64_t group, int64_t K, int64_t N
 
   auto out_a = output<float>(T * N), out_b = output<float>(T * N);
   MatmulArgs args{packed.data(), tile_bytes, scales_zeros.data(), tile_scale_bytes, bits,
-                  group, N, T, K, codes.data(), scales.data(), sums.data(), out_a.data()};
+                  group, superblocks, N, T, K, codes.data(), scales.data(), sums.data(), out_a.data()};
   tested->matmul_tiles(args, 0, tiles);
   args.out = out_b.data();
   portable->matmul_tiles(args, 0, tiles);
@@ -276,12 +291,12 @@ void check_matmul(Random& rng, int64_t bits, int64_t group, int64_t K, int64_t N
 }
 
 void check_matmul_all(Random& rng) {
-  const int64_t configs[][2] = {{4, 32}, {4, 64}, {8, 0}, {8, 32}, {8, 16}};  // bits, group
-  for (const auto& config : configs)
-    for (int64_t K : {32, 64, 576}) {
+  const int64_t configs[][3] = {{4, 32, 0}, {4, 64, 0}, {8, 0, 0}, {8, 32, 0}, {8, 16, 0}, {8, 32, 1}, {8, 16, 1}};
+  for (const auto& config : configs)  // bits, group, superblock scales
+    for (int64_t K : config[2] ? std::vector<int64_t>{256, 512} : std::vector<int64_t>{32, 64, 576}) {
       if (config[1] && K % config[1] != 0) continue;  // a group must divide K
       for (int64_t N : {8, 40, 48})  // one partial tile; two whole and a half; three whole
-        for (int64_t T = 1; T <= 9; ++T) check_matmul(rng, config[0], config[1], K, N, T);
+        for (int64_t T = 1; T <= 9; ++T) check_matmul(rng, config[0], config[1], config[2], K, N, T);
     }
 }
 

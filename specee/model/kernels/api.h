@@ -7,20 +7,23 @@
 
 namespace specee {
 
-constexpr int KERNEL_API_VERSION = 2;
+constexpr int KERNEL_API_VERSION = 3;
 
 // One integer matmul: x's rows quantized to int8 blocks (codes, scales, sums) times a packed
 // matrix of tiles of 16 output features (see integer_linear.py's pack_codes). Three weight formats:
 // - bits 4, group_size 32, 64 or 128: scales_zeros [tiles, K / group, 2, 16] bf16 (s, z), w = (code - 8) s + z;
 // - bits 8, group_size 0: one scale and offset per feature, [tiles, 2, 16] fp32, w = code s + m;
 // - bits 8, group_size 16 or 32: a scale and offset per feature and group, [tiles, K / group, 2, 16]
-//   fp32, w = code s + m (a GGUF file's Q5, Q6_K and Q8_0 blocks, exactly).
+//   fp32, w = code s + m (a GGUF file's Q5, Q6_K and Q8_0 blocks, exactly); or, with
+//   superblock_scales, the same s and m as fp32 factors per 256 inputs times int8 multipliers per
+//   group, [tiles, K / 256, 2 x 16 fp32 (D, M), K / 256 / group x 2 x 16 int8 (sc, mc)], s = D sc
+//   and m = M mc (Q6_K and Q5_K in a quarter of the scale bytes).
 struct MatmulArgs {
   const uint8_t* packed;        // [tiles, tile_bytes]
   int64_t tile_bytes;
   const uint8_t* scales_zeros;
   int64_t tile_scale_bytes;
-  int64_t bits, group_size, out_features, rows, in_features;
+  int64_t bits, group_size, superblock_scales, out_features, rows, in_features;
   const int8_t* codes;          // [rows, K]
   const float* scales;          // [rows, K / 32]
   const int32_t* sums;          // [rows, K / 16]: the sum of the codes of each half block

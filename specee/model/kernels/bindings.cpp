@@ -22,12 +22,25 @@ using specee::Segment;
 
 constexpr int64_t LANES = 16;
 constexpr int64_t BLOCK = 32;
+constexpr int64_t SUPERBLOCK = 256;
 
 void check_format(int64_t bits, int64_t group_size) {
   TORCH_CHECK((bits == 4 && group_size > 0 && group_size % BLOCK == 0) ||
               (bits == 8 && (group_size == 0 || group_size == 16 || group_size == 32)),
               "bits 4 take groups of a multiple of 32 inputs, bits 8 groups of 16 or 32 or none (0); got bits ", bits,
               " and group size ", group_size);
+}
+
+// Grouped 8-bit scales stored as bytes are superblock scales (api.h); the bytes a tile needs for K inputs.
+bool superblock_scales(const at::Tensor& scales_zeros) { return scales_zeros.scalar_type() == at::kByte; }
+
+void check_superblock_scales(const at::Tensor& scales_zeros, int64_t bits, int64_t group_size, int64_t K) {
+  if (!superblock_scales(scales_zeros)) return;
+  TORCH_CHECK(bits == 8 && group_size > 0, "superblock scales (uint8) are for grouped 8-bit codes");
+  TORCH_CHECK(K % SUPERBLOCK == 0, "superblock scales take a multiple of 256 inputs; got ", K);
+  const int64_t record = 2 * LANES * 4 + SUPERBLOCK / group_size * 2 * LANES;
+  TORCH_CHECK(scales_zeros.is_contiguous() && scales_zeros.numel() / scales_zeros.size(0) == K / SUPERBLOCK * record,
+              "superblock scales do not match ", K, " inputs");
 }
 
 void check_rows(const at::Tensor& x, int64_t dims, const char* what) {
@@ -89,7 +102,8 @@ class Kernels {
 
   // x [T, K] fp32; packed [N / 16, K / 32 * block bytes] uint8; scales_zeros: bits 4,
   // [N / 16, K / group_size, 2, 16] bf16; bits 8 and group_size 0, [N / 16, 2, 16] fp32; bits 8 and
-  // group_size 16 or 32, [N / 16, K / group_size, 2, 16] fp32 (api.h). Returns [T, N] fp32.
+  // group_size 16 or 32, [N / 16, K / group_size, 2, 16] fp32 or superblock scales, uint8 (api.h).
+  // Returns [T, N] fp32.
   at::Tensor integer_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales_zeros,
                             int64_t out_features, int64_t bits, int64_t group_size) const {
     check_rows(x, 2, "x");
@@ -108,8 +122,10 @@ class Kernels {
     table_->quantize_rows(x.data_ptr<float>(), T, K, codes.data_ptr<int8_t>(), scales.data_ptr<float>(),
                           sums.data_ptr<int32_t>());
     auto out = at::empty({T, out_features}, x.options());
+    check_superblock_scales(scales_zeros, bits, group_size, K);
     const MatmulArgs args{packed.data_ptr<uint8_t>(), packed.stride(0), static_cast<const uint8_t*>(scales_zeros.data_ptr()),
-                          scales_zeros.stride(0) * scales_zeros.element_size(), bits, group_size, out_features, T, K,
+                          scales_zeros.stride(0) * scales_zeros.element_size(), bits, group_size,
+                          superblock_scales(scales_zeros), out_features, T, K,
                           codes.data_ptr<int8_t>(), scales.data_ptr<float>(), sums.data_ptr<int32_t>(),
                           out.data_ptr<float>()};
     at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) { table_->matmul_tiles(args, begin, end); });
@@ -231,7 +247,7 @@ class Kernels {
     auto matmul = [&](const Matrix& m, int64_t K, at::Tensor& out) {
       return MatmulArgs{m.packed.data_ptr<uint8_t>(), m.packed.stride(0), static_cast<const uint8_t*>(m.scales_zeros.data_ptr()),
                         m.scales_zeros.stride(0) * m.scales_zeros.element_size(), m.bits, m.group_size,
-                        m.out_features, T, K, codes.data_ptr<int8_t>(),
+                        superblock_scales(m.scales_zeros), m.out_features, T, K, codes.data_ptr<int8_t>(),
                         scales.data_ptr<float>(), sums.data_ptr<int32_t>(), out.data_ptr<float>()};
     };
     auto add_bias = [](at::Tensor& rows, const Matrix& m) {  // rows + bias, as IntegerLinear adds it
@@ -381,6 +397,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("matrix", [](const Kernels&, at::Tensor packed, at::Tensor scales_zeros, int64_t out_features, int64_t bits,
                         int64_t group_size, std::optional<at::Tensor> bias) {
         check_format(bits, group_size);
+        check_superblock_scales(scales_zeros, bits, group_size, packed.size(1) / (LANES * bits / 8));
         return Matrix{packed, scales_zeros, out_features, bits, group_size, bias.value_or(at::Tensor())};
       }, "a quantized matrix as decoder_layers takes it")
       .def("layer_weights", [](const Kernels&, at::Tensor input_norm, double input_eps, Matrix qkv, Matrix o,

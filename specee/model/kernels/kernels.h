@@ -28,6 +28,8 @@ constexpr int64_t LANES = 16;  // output features per tile
 constexpr int64_t BLOCK = 32;  // activation block: one int8 scale per row and block
 constexpr int64_t INT4_BLOCK_BYTES = 256;  // 16 lanes x 32 codes, two per byte
 constexpr int64_t INT8_BLOCK_BYTES = 512;
+constexpr int64_t SUPERBLOCK = 256;  // inputs under one pair of scale factors (SUPER formats)
+constexpr int64_t superblock_bytes(int64_t groups) { return 2 * LANES * sizeof(float) + groups * 2 * LANES; }
 constexpr int64_t PREFETCH_BYTES = 8192;
 
 // a * b + c, rounded twice: every tier has it, the portable one without fused hardware.
@@ -97,8 +99,9 @@ inline void quantize_rows(const float* x, int64_t T, int64_t K, int8_t* codes, f
     }
 }
 
-// The weight formats of MatmulArgs.
-enum class Format { INT4, INT8_ROW, INT8_GROUP32, INT8_GROUP16 };
+// The weight formats of MatmulArgs: 8-bit grouped codes with fp32 scales and offsets per group, or
+// (SUPER) the same values stored as fp32 factors per superblock times int8 multipliers per group.
+enum class Format { INT4, INT8_ROW, INT8_GROUP32, INT8_GROUP16, INT8_SUPER32, INT8_SUPER16 };
 
 // The matmuls run on the tier's `Part` vector: a tile's 16 lanes at once (Part = F16), or, where
 // F16 spans several registers (AVX2), one part of PART_LANES lanes at a time, so that the
@@ -112,6 +115,7 @@ constexpr int PART_ROWS = 8;
 inline Part part_splat(float x) { return splat(x); }
 inline Part part_load(const float* p) { return load(p); }
 inline Part part_load_bf16(const uint16_t* p) { return load_bf16(p); }
+inline Part part_load_i8(const int8_t* p) { return load_i8(p); }
 inline void part_store_head(float* p, Part a, int64_t n) { store_head(p, a, n); }
 
 // The dot products of R rows, in chunks of the rows the tier's `dot` keeps in registers at once.
@@ -126,11 +130,33 @@ inline void part_dot(const uint8_t* block, int64_t part, const int8_t* q, int64_
 template <class V>
 inline V part_madd(V a, V b, V c) { return a * b + c; }
 
+// The scale and offset of group g at lanes lane .. lane + PART_LANES - 1 of a tile, for the 8-bit
+// grouped formats: fp32 ([G][s x16, m x16]), or SUPER: per superblock of 256 inputs fp32 factors
+// [D x16, M x16], then per group int8 multipliers [sc x16, mc x16]; s = D sc and m = M mc, exact
+// products (a GGUF file's Q6_K and Q5_K scales: an fp16 times a small integer).
+template <Format FORMAT>
+inline void grouped_scale_offset(const uint8_t* scales_zeros, int64_t group, int64_t lane, Part& s, Part& m) {
+  if constexpr (FORMAT == Format::INT8_SUPER16 || FORMAT == Format::INT8_SUPER32) {
+    constexpr int64_t GROUPS = SUPERBLOCK / (FORMAT == Format::INT8_SUPER16 ? LANES : BLOCK);
+    const uint8_t* record = scales_zeros + (group / GROUPS) * superblock_bytes(GROUPS);
+    const float* factors = reinterpret_cast<const float*>(record) + lane;
+    const int8_t* multipliers =
+        reinterpret_cast<const int8_t*>(record + 2 * LANES * sizeof(float)) + (group % GROUPS) * 2 * LANES + lane;
+    s = part_load(factors) * part_load_i8(multipliers);
+    m = part_load(factors + LANES) * part_load_i8(multipliers + LANES);
+  } else {
+    const float* floats = reinterpret_cast<const float*>(scales_zeros) + group * 2 * LANES + lane;
+    s = part_load(floats);
+    m = part_load(floats + LANES);
+  }
+}
+
 // Parts first_part .. first_part + P - 1 of a tile of 16 output features, for R rows. `row_sums`:
 // each row's activation scale times the sum of its codes, per block (per half block for INT8_GROUP16).
 // INT4: w = code * s + (z - 8 s) with bf16 s and z per lane and weight group ([G][s x16, z x16]).
 // INT8_ROW: w = code * s + m with fp32 s and m per lane for the whole row ([s x16, m x16]), applied last.
-// INT8_GROUP32/16: w = code * s + m with fp32 s and m per lane and group of 32 or 16 inputs ([G][s x16, m x16]).
+// INT8_GROUP32/16, INT8_SUPER32/16: w = code * s + m with s and m per lane and group of 32 or 16
+// inputs (grouped_scale_offset).
 template <int R, int P, Format FORMAT>
 void tile_rows(const uint8_t* w, const uint8_t* scales_zeros, int64_t first_part, int64_t blocks,
                int64_t blocks_per_group, const int8_t* codes, const float* scales, const float* row_sums, int64_t K,
@@ -144,9 +170,9 @@ void tile_rows(const uint8_t* w, const uint8_t* scales_zeros, int64_t first_part
     for (int p = 0; p < P; ++p) acc[p][r] = part_splat(0.0f);
     acc_sums[r] = 0.0f;
   }
+  constexpr bool HALVES = FORMAT == Format::INT8_GROUP16 || FORMAT == Format::INT8_SUPER16;
   Part group_s[P], group_m[P];
-  const uint16_t* group_scales = reinterpret_cast<const uint16_t*>(scales_zeros) + lane0;
-  const float* group_floats = reinterpret_cast<const float*>(scales_zeros) + lane0;
+  const uint16_t* int4_scales = reinterpret_cast<const uint16_t*>(scales_zeros) + lane0;
   for (int64_t b = 0, in_group = 0; b < blocks; ++b) {
     PartI dots[R];
     const uint8_t* block = w + b * BLOCK_BYTES;
@@ -154,36 +180,32 @@ void tile_rows(const uint8_t* w, const uint8_t* scales_zeros, int64_t first_part
     // memory while this block is multiplied.
     if (first_part == 0)
       for (int64_t byte = 0; byte < BLOCK_BYTES; byte += 64) prefetch(block + PREFETCH_BYTES + byte);
-    if constexpr (FORMAT == Format::INT8_GROUP16) {
+    if constexpr (HALVES) {
       // Each half block has its own scale and offset: two half-block dots, each scaled alone.
       for (int h = 0; h < 2; ++h) {
         for (int p = 0; p < P; ++p) {
           part_dot<R, false, 4>(block + h * BLOCK_BYTES / 2, first_part + p, codes + b * BLOCK + h * LANES, K, dots);
-          const Part s = part_load(group_floats + p * PART_LANES), m = part_load(group_floats + LANES + p * PART_LANES);
+          Part s, m;
+          grouped_scale_offset<FORMAT>(scales_zeros, 2 * b + h, lane0 + p * PART_LANES, s, m);
           for (int r = 0; r < R; ++r) {
             acc[p][r] = part_madd(part_splat(scales[r * B + b]) * s, to_float(dots[r]), acc[p][r]);
             acc[p][r] = part_madd(m, part_splat(row_sums[r * 2 * B + 2 * b + h]), acc[p][r]);
           }
         }
-        group_floats += 2 * LANES;
       }
       continue;
     }
     if constexpr (INT4) {
       if (in_group == 0) {
         for (int p = 0; p < P; ++p) {
-          group_s[p] = part_load_bf16(group_scales + p * PART_LANES);
-          group_m[p] = part_load_bf16(group_scales + LANES + p * PART_LANES) - part_splat(8.0f) * group_s[p];
+          group_s[p] = part_load_bf16(int4_scales + p * PART_LANES);
+          group_m[p] = part_load_bf16(int4_scales + LANES + p * PART_LANES) - part_splat(8.0f) * group_s[p];
         }
-        group_scales += 2 * LANES;
+        int4_scales += 2 * LANES;
       }
       in_group = in_group + 1 == blocks_per_group ? 0 : in_group + 1;
-    } else if constexpr (FORMAT == Format::INT8_GROUP32) {
-      for (int p = 0; p < P; ++p) {
-        group_s[p] = part_load(group_floats + p * PART_LANES);
-        group_m[p] = part_load(group_floats + LANES + p * PART_LANES);
-      }
-      group_floats += 2 * LANES;
+    } else if constexpr (FORMAT != Format::INT8_ROW) {
+      for (int p = 0; p < P; ++p) grouped_scale_offset<FORMAT>(scales_zeros, b, lane0 + p * PART_LANES, group_s[p], group_m[p]);
     }
     for (int p = 0; p < P; ++p) {
       part_dot<R, INT4>(block, first_part + p, codes + b * BLOCK, K, dots);
@@ -270,6 +292,8 @@ inline void matmul_tiles(const MatmulArgs& a, int64_t begin, int64_t end) {
     float* out = a.out + t * LANES;
     if (a.bits == 4) tile<Format::INT4>(a, row_sums.data(), per_row, w, sz, out, valid);
     else if (a.group_size == 0) tile<Format::INT8_ROW>(a, row_sums.data(), per_row, w, sz, out, valid);
+    else if (a.superblock_scales && a.group_size == BLOCK) tile<Format::INT8_SUPER32>(a, row_sums.data(), per_row, w, sz, out, valid);
+    else if (a.superblock_scales) tile<Format::INT8_SUPER16>(a, row_sums.data(), per_row, w, sz, out, valid);
     else if (a.group_size == BLOCK) tile<Format::INT8_GROUP32>(a, row_sums.data(), per_row, w, sz, out, valid);
     else tile<Format::INT8_GROUP16>(a, row_sums.data(), per_row, w, sz, out, valid);
   }

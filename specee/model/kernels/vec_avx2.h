@@ -68,6 +68,9 @@ constexpr int64_t PART_LANES = 8;
 inline Part part_splat(float x) { return {_mm256_set1_ps(x)}; }
 inline Part part_load(const float* p) { return {_mm256_loadu_ps(p)}; }
 inline Part part_load_bf16(const uint16_t* p) { return {bf16x8(p)}; }
+inline Part part_load_i8(const int8_t* p) {
+  return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))))};
+}
 inline void part_store_head(float* p, Part a, int64_t n) {
   if (n >= 8) return _mm256_storeu_ps(p, a.v);
   float lanes[8];

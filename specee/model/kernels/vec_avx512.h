@@ -33,6 +33,9 @@ inline F16 pow2i(F16 n) {
 inline F16 load_bf16(const uint16_t* p) {
   return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16))};
 }
+inline F16 load_i8(const int8_t* p) {
+  return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))))};
+}
 
 // The halving tree: lane i + lane i + 8, then + 4, + 2, + 1 (written out: the compiler's
 // _mm512_reduce_add_ps promises no order).

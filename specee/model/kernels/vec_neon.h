@@ -39,6 +39,12 @@ inline F16 pow2i(F16 n) {
   SPECEE_QUADS(vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n.v[i]), vdupq_n_s32(127)), 23)));
 }
 inline F16 load_bf16(const uint16_t* p) { SPECEE_QUADS(vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p + 4 * i), 16))); }
+inline F16 load_i8(const int8_t* p) {
+  const int8x16_t bytes = vld1q_s8(p);
+  const int16x8_t low = vmovl_s8(vget_low_s8(bytes)), high = vmovl_s8(vget_high_s8(bytes));
+  const int16x4_t quads[4] = {vget_low_s16(low), vget_high_s16(low), vget_low_s16(high), vget_high_s16(high)};
+  SPECEE_QUADS(vcvtq_f32_s32(vmovl_s16(quads[i])));
+}
 inline F16 to_float(I16 a) { SPECEE_QUADS(vcvtq_f32_s32(a.v[i])); }
 #undef SPECEE_QUADS
 

@@ -56,6 +56,11 @@ inline F16 load_bf16(const uint16_t* p) {
   }
   return r;
 }
+inline F16 load_i8(const int8_t* p) {
+  F16 r;
+  for (int i = 0; i < 16; ++i) r.v[i] = static_cast<float>(p[i]);
+  return r;
+}
 #undef SPECEE_LANEWISE
 
 // The halving tree every tier uses: lane i + lane i + 8, then + 4, + 2, + 1.
