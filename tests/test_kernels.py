@@ -137,6 +137,13 @@ def test_superblock_scales_multiply_as_their_fp32_products_do(kernels, portable,
     assert out.abs().max() > 0
 
 
+def test_superblock_scales_refuse_codes_of_more_than_six_bits(kernels):
+    weight = superblock_weight(16, 256, 16, seed=1)
+    weight.codes[3, 7] = 64
+    with pytest.raises(ValueError, match="below 64"):
+        quantized_linear(weight, kernels=kernels)
+
+
 def test_superblock_scales_fuse_as_their_own_format_or_as_grouped_int8(kernels):
     """Q6_K q, k and v stay factored when fused; beside int4 they become fp32-scaled grouped int8."""
     parts = [superblock_weight(32, 256, 16, seed=s) for s in range(3)]

@@ -68,11 +68,13 @@ class IntegerLinear(nn.Module):
     @classmethod
     def from_superblocks(cls, codes: torch.Tensor, factors: torch.Tensor, multipliers: torch.Tensor, group_size: int,
                          kernels, bias: torch.Tensor | None = None) -> "IntegerLinear":
-        """8-bit codes [N, K] whose scale and offset are factors [N, K / 256, 2] fp32 times multipliers
+        """Codes [N, K] below 64 whose scale and offset are factors [N, K / 256, 2] fp32 times multipliers
         [N, K / group_size, 2] int8 (quantize.py's SuperblockInt8Weight): per tile and superblock of
         256 inputs, the factors [2, 16] fp32 then each group's multipliers [2, 16] int8, as bytes."""
         if codes.shape[1] % SUPERBLOCK:
             raise ValueError(f"in_features {codes.shape[1]} must be a multiple of {SUPERBLOCK}")
+        if codes.numel() and int(codes.max()) >= 64:  # the kernels multiply these codes unsplit
+            raise ValueError(f"superblock scales take codes below 64; got {int(codes.max())}")
         tile_factors = per_tile(factors.float())  # [tiles, S, 2, 16]
         tile_multipliers = per_tile(multipliers.to(torch.int8))  # [tiles, G, 2, 16]
         tiles, superblocks = tile_factors.shape[:2]

@@ -137,7 +137,7 @@ class SuperblockInt8Weight:
     GGUF file's Q6_K and Q5_K scales: an fp16 times an integer of at most 8 bits), so this is
     GroupedInt8Weight's values in 1.25 bits a weight of scales where that takes 4 (groups of 16)."""
 
-    codes: torch.Tensor  # [N, K] uint8
+    codes: torch.Tensor  # [N, K] uint8 below 64 (Q6_K's 6 bits, Q5_K's 5)
     factors: torch.Tensor  # [N, K / 256, 2] fp32
     multipliers: torch.Tensor  # [N, K / group_size, 2] int8
     group_size: int

@@ -17,7 +17,7 @@ constexpr int KERNEL_API_VERSION = 3;
 //   fp32, w = code s + m (a GGUF file's Q5, Q6_K and Q8_0 blocks, exactly); or, with
 //   superblock_scales, the same s and m as fp32 factors per 256 inputs times int8 multipliers per
 //   group, [tiles, K / 256, 2 x 16 fp32 (D, M), K / 256 / group x 2 x 16 int8 (sc, mc)], s = D sc
-//   and m = M mc (Q6_K and Q5_K in a quarter of the scale bytes).
+//   and m = M mc, and codes below 64 (Q6_K and Q5_K: a quarter of the scale bytes, unsplit codes).
 struct MatmulArgs {
   const uint8_t* packed;        // [tiles, tile_bytes]
   int64_t tile_bytes;

@@ -100,7 +100,8 @@ inline void quantize_rows(const float* x, int64_t T, int64_t K, int8_t* codes, f
 }
 
 // The weight formats of MatmulArgs: 8-bit grouped codes with fp32 scales and offsets per group, or
-// (SUPER) the same values stored as fp32 factors per superblock times int8 multipliers per group.
+// (SUPER) the same values stored as fp32 factors per superblock times int8 multipliers per group,
+// with codes below 64.
 enum class Format { INT4, INT8_ROW, INT8_GROUP32, INT8_GROUP16, INT8_SUPER32, INT8_SUPER16 };
 
 // The matmuls run on the tier's `Part` vector: a tile's 16 lanes at once (Part = F16), or, where
@@ -119,7 +120,8 @@ inline Part part_load_i8(const int8_t* p) { return load_i8(p); }
 inline void part_store_head(float* p, Part a, int64_t n) { store_head(p, a, n); }
 
 // The dot products of R rows, in chunks of the rows the tier's `dot` keeps in registers at once.
-template <int R, bool INT4, int STEPS = 8>
+// NARROW: 8-bit codes known to be below 64, which a tier may multiply without splitting them.
+template <int R, bool INT4, int STEPS = 8, bool NARROW = false>
 inline void part_dot(const uint8_t* block, int64_t part, const int8_t* q, int64_t K, PartI* out) {
   constexpr int N = R < DOT_ROWS<INT4> ? R : DOT_ROWS<INT4>;
   dot<N, INT4, STEPS>(block, q, K, out);
@@ -171,6 +173,7 @@ void tile_rows(const uint8_t* w, const uint8_t* scales_zeros, int64_t first_part
     acc_sums[r] = 0.0f;
   }
   constexpr bool HALVES = FORMAT == Format::INT8_GROUP16 || FORMAT == Format::INT8_SUPER16;
+  constexpr bool NARROW = FORMAT == Format::INT8_SUPER16 || FORMAT == Format::INT8_SUPER32;  // 6-bit codes
   Part group_s[P], group_m[P];
   const uint16_t* int4_scales = reinterpret_cast<const uint16_t*>(scales_zeros) + lane0;
   for (int64_t b = 0, in_group = 0; b < blocks; ++b) {
@@ -184,7 +187,8 @@ void tile_rows(const uint8_t* w, const uint8_t* scales_zeros, int64_t first_part
       // Each half block has its own scale and offset: two half-block dots, each scaled alone.
       for (int h = 0; h < 2; ++h) {
         for (int p = 0; p < P; ++p) {
-          part_dot<R, false, 4>(block + h * BLOCK_BYTES / 2, first_part + p, codes + b * BLOCK + h * LANES, K, dots);
+          part_dot<R, false, 4, NARROW>(block + h * BLOCK_BYTES / 2, first_part + p, codes + b * BLOCK + h * LANES, K,
+                                        dots);
           Part s, m;
           grouped_scale_offset<FORMAT>(scales_zeros, 2 * b + h, lane0 + p * PART_LANES, s, m);
           for (int r = 0; r < R; ++r) {
@@ -208,7 +212,7 @@ void tile_rows(const uint8_t* w, const uint8_t* scales_zeros, int64_t first_part
       for (int p = 0; p < P; ++p) grouped_scale_offset<FORMAT>(scales_zeros, b, lane0 + p * PART_LANES, group_s[p], group_m[p]);
     }
     for (int p = 0; p < P; ++p) {
-      part_dot<R, INT4>(block, first_part + p, codes + b * BLOCK, K, dots);
+      part_dot<R, INT4, 8, NARROW>(block, first_part + p, codes + b * BLOCK, K, dots);
       for (int r = 0; r < R; ++r) {
         const Part products = to_float(dots[r]);
         const float row_scale = scales[r * B + b], row_sum = row_sums[r * B + b];

@@ -97,7 +97,7 @@ inline __m256i broadcast4(const int8_t* q) {
 template <bool INT4>
 constexpr int PART_ROWS = 6;
 
-template <int R, bool INT4, int STEPS = 8>
+template <int R, bool INT4, int STEPS = 8, bool NARROW = false>
 inline void part_dot(const uint8_t* p, int64_t part, const int8_t* q, int64_t K, PartI* out) {
   const __m256i nibble = _mm256_set1_epi8(0x0f);
   __m256i acc[R];
@@ -126,9 +126,28 @@ inline void part_dot(const uint8_t* p, int64_t part, const int8_t* q, int64_t K,
 template <bool INT4>
 constexpr int PART_ROWS = INT4 ? 4 : 3;
 
-template <int R, bool INT4, int STEPS = 8>
+template <int R, bool INT4, int STEPS = 8, bool NARROW = false>
 inline void part_dot(const uint8_t* p, int64_t part, const int8_t* q, int64_t K, PartI* out) {
   const __m256i nibble = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+  if constexpr (NARROW && !INT4) {
+    // Codes below 64: a pair of products is at most 16,002, two steps' pairs 32,004, so each code
+    // multiplies whole and two steps sum in int16 before widening.
+    __m256i acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
+    p += 32 * part;
+#pragma GCC unroll 1
+    for (int j = 0; j < STEPS; j += 2) {
+      const __m256i even = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + j * 64));
+      const __m256i odd = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + (j + 1) * 64));
+      for (int r = 0; r < R; ++r) {
+        const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(even, broadcast4(q + r * K + 4 * j)),
+                                               _mm256_maddubs_epi16(odd, broadcast4(q + r * K + 4 * (j + 1))));
+        acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(pairs, ones));
+      }
+    }
+    for (int r = 0; r < R; ++r) out[r] = {acc[r]};
+    return;
+  }
   __m256i low[R], high[R];
   for (int r = 0; r < R; ++r) low[r] = high[r] = _mm256_setzero_si256();
   p += 32 * part;
