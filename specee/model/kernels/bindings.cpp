@@ -291,7 +291,11 @@ class Kernels {
           table_->rotate_rows(qkv.data_ptr<float>(), T, heads, kv_heads, hd, cos.data_ptr<float>(), sin.data_ptr<float>(),
                               q.data_ptr<float>(), k, v, capacity, start);
         }
-        share(T * heads, [&](int64_t b, int64_t e) { table_->attend(attention, b, e); });
+        if (T >= 4 * n) {  // row t sees t more keys than row 0: rows dealt in turn keep the threads even
+          for (int64_t t = id; t < T; t += n) table_->attend(attention, t * heads, (t + 1) * heads);
+        } else {
+          share(T * heads, [&](int64_t b, int64_t e) { table_->attend(attention, b, e); });
+        }
 #pragma omp barrier
 #pragma omp single
         quantized(attended);
