@@ -13,7 +13,7 @@ from .model.cpu_packing import pack_linears
 from .model.kernels import cpu_kernels
 from .model.llama import Transformer
 from .model.errors import ModelLoadError
-from .model.memory import check_fits, estimate_memory
+from .model.memory import blocks_given_back, check_fits, estimate_memory
 from .model.loading import build_model, default_model_path, is_gguf_file, read_config, read_weights, resolve_model_dir
 from .model.quantize import automatic_quantization, check_quantization, quantize_model
 from .tokenizer import Tokenizer
@@ -126,7 +126,8 @@ def _gguf_model(source: Path, directory: Path, config, quantization: str, dtype:
         except DamagedCache as e:
             print(f"specee: warning: the packed-weights cache {cache} is damaged ({e}); rebuilding it", file=sys.stderr)
             cache.unlink(missing_ok=True)
-    net = build_model(read_gguf_weights(source, quantization), dtype, device, kernels)
-    if cache is not None:
-        save_packed(net, cache)
+    with blocks_given_back():
+        net = build_model(read_gguf_weights(source, quantization), dtype, device, kernels)
+        if cache is not None:
+            save_packed(net, cache)
     return net
