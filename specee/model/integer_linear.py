@@ -94,10 +94,9 @@ class IntegerLinear(nn.Module):
         n, superblocks = records.shape[:2]
         factors = records[..., : 2 * LANES * 4].contiguous().view(torch.float32).view(n, superblocks, 2, LANES)
         multipliers = records[..., 2 * LANES * 4:].contiguous().view(torch.int8).view(n, superblocks, groups, 2, LANES)
-        lane = lanes.view(n, 1, 1)
-        factors = factors.gather(3, lane.expand(n, superblocks, 2).unsqueeze(-1)).squeeze(-1)  # [n, S, 2]
-        multipliers = multipliers.gather(4, lane.view(n, 1, 1, 1).expand(n, superblocks, groups, 2).unsqueeze(-1))
-        return (factors[:, :, None] * multipliers.squeeze(-1).float()).flatten(1, 2)  # [n, G, 2]
+        each = torch.arange(n)
+        factors, multipliers = factors[each, ..., lanes], multipliers[each, ..., lanes]  # [n, S, 2], [n, S, groups, 2]
+        return (factors[:, :, None] * multipliers.float()).flatten(1, 2)  # [n, G, 2]
 
     def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """The weights of `rows` (all when None), fp32 [len(rows), K], read back from the packed tiles:

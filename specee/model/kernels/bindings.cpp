@@ -31,7 +31,7 @@ void check_format(int64_t bits, int64_t group_size) {
               " and group size ", group_size);
 }
 
-// Grouped 8-bit scales stored as bytes are superblock scales (api.h); the bytes a tile needs for K inputs.
+// Grouped 8-bit scales stored as bytes are superblock scales (api.h).
 bool superblock_scales(const at::Tensor& scales_zeros) { return scales_zeros.scalar_type() == at::kByte; }
 
 void check_superblock_scales(const at::Tensor& scales_zeros, int64_t bits, int64_t group_size, int64_t K) {
