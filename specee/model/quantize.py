@@ -8,8 +8,8 @@ Formats:
 - int8 grouped: 8-bit codes with an fp32 scale and offset per group of 16 or 32 inputs, w = code *
   scale + offset: what a GGUF file's Q5_0, Q5_1, Q5_K, Q6_K and Q8_0 blocks are, exactly
   (`gguf_blocks.py`); CPU kernels only. Q6_K and Q5_K keep their scales' own structure (an fp32
-  factor per 256 inputs times an int8 per group: `SuperblockInt8Weight`), the same values in a
-  quarter of the scale bytes.
+  factor per 256 inputs times an int8 per group: `SuperblockInt8Weight`), the same values in under a
+  third of the scale bytes.
 
 Two ways to run them:
 - With the CPU kernels (`kernels/`, the default): `IntegerLinear` rounds each row's activations to
@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .cpu_packing import PackedLinear
-from .integer_linear import BLOCK as INPUT_BLOCK, IntegerLinear
+from .integer_linear import BLOCK as INPUT_BLOCK, SUPERBLOCK, IntegerLinear
 from .fingerprint import weights_fingerprint
 
 QUANTIZATIONS = ("auto", "none", "int8", "int4", "gguf")
@@ -124,9 +124,6 @@ class GroupedInt8Weight:
             return cls(weight.codes, weight.scales.repeat_interleave(repeat, 1),
                        weight.offsets.repeat_interleave(repeat, 1), group_size)
         raise ValueError(f"{_describe(weight)} cannot become grouped int8")
-
-
-SUPERBLOCK = 256  # inputs under one pair of scale factors (SuperblockInt8Weight)
 
 
 @dataclass
