@@ -110,6 +110,14 @@ def build_parser() -> argparse.ArgumentParser:
                             f"not stall the others (default {DEFAULT_PREFILL_CHUNK})")
     serve.add_argument("--request-timeout", type=float, default=300.0,
                        help="seconds a request may take, queueing included (default 300)")
+    serve.add_argument("--body-timeout", type=float, default=30.0,
+                       help="seconds a request's body may take to arrive; slower ones get 408 (default 30)")
+    serve.add_argument("--keep-alive-timeout", type=float, default=5.0,
+                       help="seconds an idle connection is kept open, and the most a request's headers may take "
+                            "to arrive (uvicorn's --timeout-keep-alive; default 5)")
+    serve.add_argument("--shutdown-grace", type=float, default=30.0,
+                       help="after SIGTERM, seconds running requests may take to finish; streams still running "
+                            "at the end get an error event and [DONE] (default 30)")
     bench = sub.add_parser("bench", help="speed and quality of every mode, side by side with baselines")
     _add_model_options(bench)
     bench.add_argument("--suite", default="quick", help="quick (a few minutes) or full (every category and dataset, about an hour on 2 cores; default quick)")
@@ -482,13 +490,17 @@ def cmd_serve(args) -> int:
     if any(importlib.util.find_spec(name) is None for name in ("fastapi", "uvicorn", "prometheus_client")):
         raise UsageError("specee serve needs its extra: pip install 'specee[serve]'")
     _validate_sampling(args)
-    if not args.request_timeout > 0:
-        raise UsageError(f"--request-timeout must be > 0, got {args.request_timeout}")
+    for flag in ("request_timeout", "body_timeout", "keep_alive_timeout", "shutdown_grace"):
+        if not getattr(args, flag) > 0:
+            raise UsageError(f"--{flag.replace('_', '-')} must be > 0, got {getattr(args, flag)}")
     if args.port > 65535:
         raise UsageError(f"--port must be at most 65535, got {args.port}")
+    if args.api_key is not None and not args.api_key.strip():
+        raise UsageError("the API key is empty (--api-key or SPECEE_API_KEY): give a key, or unset it to serve "
+                         "without one")
     import ipaddress
 
-    from .server.app import ServerConfig, serve
+    from .server.app import ServerConfig, bind, serve
     from .server.completions import Defaults
 
     try:
@@ -498,15 +510,21 @@ def cmd_serve(args) -> int:
     if not loopback and not args.api_key:
         print(f"specee: warning: serving on {args.host} without --api-key: anyone who can reach it may use it",
               file=sys.stderr)
-    engine = _load_off_main_thread(args)
-    source = engine.source
-    config = ServerConfig(
-        model_id=source.stem if source and source.is_file() else (source.name if source else "specee"),
-        defaults=Defaults(_sampling_kwargs(args), args.config),
-        api_key=args.api_key, max_queue=args.max_queue, request_timeout=args.request_timeout,
-        max_batch=args.max_batch, prefill_chunk=args.prefill_chunk,
-    )
-    serve(engine, config, args.host, args.port)
+    try:
+        listening = bind(args.host, args.port)  # a busy port fails now, not after the model loads
+    except OSError as e:
+        raise UsageError(str(e)) from None
+    with listening:
+        engine = _load_off_main_thread(args)
+        source = engine.source
+        config = ServerConfig(
+            model_id=source.stem if source and source.is_file() else (source.name if source else "specee"),
+            defaults=Defaults(_sampling_kwargs(args), args.config),
+            api_key=args.api_key, max_queue=args.max_queue, request_timeout=args.request_timeout,
+            max_batch=args.max_batch, prefill_chunk=args.prefill_chunk, body_timeout=args.body_timeout,
+            keep_alive=args.keep_alive_timeout, shutdown_grace=args.shutdown_grace,
+        )
+        serve(engine, config, listening)
     return 0
 
 

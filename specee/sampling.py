@@ -42,6 +42,7 @@ def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
         sorted_probs = sorted_scores.softmax(-1)
         # Drop a token when the tokens ranked above it already cover top_p (the first always stays).
         drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= params.top_p
+        drop_sorted[..., 0] = False  # also where top_p rounds to 0 in fp32
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         scores = scores.masked_fill(drop, float("-inf"))
     return scores.softmax(-1)

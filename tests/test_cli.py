@@ -2,6 +2,7 @@
 import io
 import json
 import shutil
+import socket
 import subprocess
 import sys
 
@@ -267,13 +268,28 @@ def test_serve_warns_when_it_binds_beyond_loopback_without_a_key(capsys, monkeyp
     import specee.cli as cli
     import specee.server.app as server_app
 
-    calls = []
+    calls, bound = [], []
     source = tmp_path / "fake-model.gguf"
     source.write_bytes(b"GGUF")
     monkeypatch.setattr(cli, "_load", lambda args: type("FakeEngine", (), {"source": source})())
-    monkeypatch.setattr(server_app, "serve", lambda engine, config, host, port: calls.append((config, host, port)))
+    monkeypatch.setattr(server_app, "bind", lambda host, port: bound.append((host, port)) or socket.socket())
+    monkeypatch.setattr(server_app, "serve", lambda engine, config, listening: calls.append(config))
     code, _, err = run_main(capsys, "serve", "--host", host, "--port", "9999", "--temperature", "0.5")
     assert code == 0 and ("without --api-key" in err) == warned
-    config, bound_host, port = calls[0]
-    assert (bound_host, port) == (host, 9999) and config.defaults.generation["temperature"] == 0.5
-    assert config.model_id == "fake-model"
+    assert bound == [(host, 9999)] and calls[0].defaults.generation["temperature"] == 0.5
+    assert calls[0].model_id == "fake-model"
+
+
+def test_serve_refuses_an_empty_key_and_a_busy_port_before_loading(capsys, monkeypatch):
+    """Both exit 2 at once: loading the default model is refused in this tier, so a load would fail."""
+    monkeypatch.setenv("SPECEE_API_KEY", "")
+    code, _, err = run_main(capsys, "serve")
+    assert code == 2 and "API key is empty" in err
+    code, _, err = run_main(capsys, "serve", "--api-key", "  ")
+    assert code == 2 and "API key is empty" in err
+    monkeypatch.delenv("SPECEE_API_KEY")
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        code, _, err = run_main(capsys, "serve", "--port", str(port))
+    assert code == 2 and f"cannot listen on 127.0.0.1:{port}" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1

@@ -145,7 +145,17 @@ BAD_BODIES = [
     (json.dumps({**GOOD, "n": 2}).encode(), 400, "n", None),
     (json.dumps({**GOOD, "stop": ["a", "b", "c", "d", "e"]}).encode(), 400, "stop", None),
     (json.dumps({**GOOD, "stream": "yes"}).encode(), 400, "stream", None),
-    (json.dumps({**GOOD, "logit_bias": {"1": 5}}).encode(), 400, "logit_bias", None),
+    (json.dumps({**GOOD, "logit_bias": {"1": 5}}).encode(), 400, "logit_bias", "unsupported_value"),
+    (json.dumps({**GOOD, "presence_penalty": 0.5}).encode(), 400, "presence_penalty", "unsupported_value"),
+    (json.dumps({**GOOD, "logprobs": True}).encode(), 400, "logprobs", "unsupported_value"),
+    (json.dumps({**GOOD, "response_format": {"type": "json_object"}}).encode(), 400, "response_format",
+     "unsupported_value"),
+    (json.dumps({**GOOD, "tools": [{"type": "function", "function": {"name": "f"}}]}).encode(), 400, "tools",
+     "unsupported_value"),
+    (json.dumps({**GOOD, "store": True}).encode(), 400, "store", "unsupported_value"),
+    (json.dumps({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}).encode(),
+     400, "messages.0.content", None),
+    (json.dumps({"messages": [{"role": "user", "content": [{"type": "text"}]}]}).encode(), 400, "messages.0.content", None),
     (json.dumps({**GOOD, "max_tokens": 9000}).encode(), 400, "max_tokens", "context_length_exceeded"),
     (json.dumps({"messages": [{"role": "user", "content": "word " * 9000}]}).encode(), 400, "messages",
      "context_length_exceeded"),
@@ -178,6 +188,36 @@ def test_bad_input_gets_a_4xx_in_the_openai_error_shape(default_server, body, st
     assert error["param"] == param
     if code is not None:
         assert error["code"] == code
+
+
+# What OpenAI clients and agent frameworks send with every request, asking for nothing.
+NEUTRAL_FIELDS = {"presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}, "logprobs": False,
+                  "response_format": {"type": "text"}, "tools": [], "tool_choice": "auto", "parallel_tool_calls": True,
+                  "store": False, "metadata": {}, "service_tier": "auto", "user": "agent-7", "n": 1}
+
+
+def test_content_parts_and_neutral_fields_are_answered_as_plain_text(default_server, client, model_id):
+    plain = httpx.post(default_server.url + CHAT, json={"messages": [{"role": "system", "content": "Be brief."},
+                                                                     {"role": "user", "content": "Name a river.\nIn Europe."}],
+                                                        "max_tokens": 12}, timeout=60)
+    parts = client.chat.completions.create(model=model_id, max_tokens=12, messages=[
+        {"role": "developer", "content": [{"type": "text", "text": "Be brief."}]},
+        {"role": "user", "content": [{"type": "text", "text": "Name a river."}, {"type": "text", "text": "In Europe."}]},
+    ], **{name: value for name, value in NEUTRAL_FIELDS.items() if name not in ("metadata", "service_tier")},
+        extra_body={"metadata": {}, "service_tier": "auto"})
+    assert plain.status_code == 200
+    assert parts.choices[0].message.content == plain.json()["choices"][0]["message"]["content"] != ""
+    completion = httpx.post(default_server.url + "/v1/completions", json={
+        "prompt": "The river", "max_tokens": 4, "echo": False, "best_of": 1, "logprobs": 0, "suffix": None,
+        "presence_penalty": 0, "frequency_penalty": 0}, timeout=60)
+    assert completion.status_code == 200 and completion.json()["usage"]["completion_tokens"] == 4
+
+
+def test_a_top_p_that_rounds_to_zero_keeps_the_likeliest_token(client, model_id):
+    """1e-46 is above 0 as a double but 0 in fp32, where the filter runs: the first token stays."""
+    greedy = chat(client, model_id, max_tokens=8).choices[0].message.content
+    tiny = chat(client, model_id, max_tokens=8, temperature=1.0, top_p=1e-46, seed=3).choices[0].message.content
+    assert tiny == greedy
 
 
 def test_bad_completion_prompt_and_unknown_route(default_server):

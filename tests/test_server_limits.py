@@ -1,6 +1,7 @@
 """`specee serve` under pressure: API keys, a full queue, the time limit, clients that go away
 and SIGTERM. The server ignores EOS, so every request runs to its max_tokens: a long request is
 long for sure."""
+import socket
 import threading
 import time
 
@@ -15,6 +16,8 @@ pytestmark = pytest.mark.slow  # a real server with the default model
 KEY = "test-key-7f3a"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 TIME_LIMIT_S = 10
+BODY_TIMEOUT_S = KEEP_ALIVE_S = 3
+GRACE_S = 8
 LONG = {"messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 4000}
 CHAT = "/v1/chat/completions"
 
@@ -23,7 +26,8 @@ CHAT = "/v1/chat/completions"
 def server():
     # One slot, so a second request waits in the queue (batching has tests of its own).
     running = running_server("--ignore-eos", "--max-batch", "1", "--max-queue", "1", "--api-key", KEY,
-                            "--request-timeout", str(TIME_LIMIT_S))
+                            "--request-timeout", str(TIME_LIMIT_S), "--body-timeout", str(BODY_TIMEOUT_S),
+                            "--keep-alive-timeout", str(KEEP_ALIVE_S), "--shutdown-grace", str(GRACE_S))
     yield running
     running.stop()  # the SIGTERM test has usually stopped it already
 
@@ -117,20 +121,61 @@ def test_a_stream_past_the_time_limit_ends_with_an_error_event(server):
     assert received >= 1  # it streamed, then the limit ended it
 
 
-def test_sigterm_finishes_the_running_request_and_exits_cleanly(server):
-    lines = []
+def raw_request(server, data: bytes) -> socket.socket:
+    connection = socket.create_connection(("127.0.0.1", server.port))
+    connection.sendall(data)
+    connection.settimeout(30)
+    return connection
 
-    def stream():
-        with httpx.stream("POST", server.url + CHAT, json={**LONG, "max_tokens": 16, "stream": True}, headers=AUTH,
-                          timeout=60) as response:
-            lines.extend(line for line in response.iter_lines() if line)
 
-    reader = threading.Thread(target=stream)
-    reader.start()
-    assert wait_for(lambda: health(server)["running"] == 1)
-    assert server.stop() == 0, server.output()
-    reader.join()
-    assert lines[-1] == "data: [DONE]" and '"finish_reason": "length"' in lines[-2]
+PARTIAL_BODY = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: 200\r\n\r\n{\"messa")
+
+
+def test_a_client_that_hangs_up_mid_body_is_one_log_line(server):
+    before = server.output()
+    raw_request(server, PARTIAL_BODY).close()
+    assert wait_for(lambda: "hung up before sending the whole request" in server.output()[len(before):])
     assert "Traceback" not in server.output()
+
+
+def test_stalled_bodies_and_silent_connections_are_not_held(server):
+    with raw_request(server, PARTIAL_BODY) as stalled:
+        start = time.monotonic()
+        answer = stalled.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 408") and b"body_timeout" in answer
+        assert BODY_TIMEOUT_S - 0.5 < time.monotonic() - start < BODY_TIMEOUT_S + 5
+    for sent in (b"", b"GET /health HTTP/1.1\r\nHo"):  # nothing at all, part of the headers
+        with raw_request(server, sent) as silent:
+            start = time.monotonic()
+            assert silent.recv(4096) == b""  # closed by the server
+            assert KEEP_ALIVE_S - 0.5 < time.monotonic() - start < KEEP_ALIVE_S + 5
+
+
+def test_sigterm_finishes_or_ends_every_stream_and_exits_cleanly(server):
+    """The running request finishes; the queued one, too long for the grace period, ends with an
+    error event and [DONE] before the period is over; then the process exits 0."""
+    streams = {"short": [], "long": []}
+
+    def stream(name, max_tokens):
+        with httpx.stream("POST", server.url + CHAT, json={**LONG, "max_tokens": max_tokens, "stream": True},
+                          headers=AUTH, timeout=60) as response:
+            streams[name].extend(line for line in response.iter_lines() if line)
+
+    readers = [threading.Thread(target=stream, args=("short", 16))]
+    readers[0].start()
+    assert wait_for(lambda: health(server)["running"] == 1)
+    readers.append(threading.Thread(target=stream, args=("long", 4000)))
+    readers[1].start()
+    assert wait_for(lambda: health(server)["queued"] == 1)
+    start = time.monotonic()
+    assert server.stop() == 0, server.output()
+    assert time.monotonic() - start < GRACE_S + 5
+    for reader in readers:
+        reader.join()
+    short, long = streams["short"], streams["long"]
+    assert short[-1] == "data: [DONE]" and '"finish_reason": "length"' in short[-2]
+    assert long[-1] == "data: [DONE]" and '"code": "shutting_down"' in long[-2] and len(long) > 3
+    assert "Traceback" not in server.output() and "Cancel" not in server.output()
     with pytest.raises(httpx.ConnectError):
         httpx.get(server.url + "/health")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
+import socket
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -15,6 +17,7 @@ from fastapi import Depends, FastAPI, Request
 from prometheus_client import CONTENT_TYPE_LATEST
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from ..batch import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK, Batch
 from ..engine import Engine, Event, Result
@@ -27,8 +30,14 @@ MAX_BODY_BYTES = 1 << 20  # a full 8k-token context is ~40 KB of text; anything 
 RETRY_AFTER_S = 1
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
 PAGE = Path(__file__).with_name("page.html")
-# After SIGTERM, how long running requests may take to finish before they are cancelled.
+# After SIGTERM, how long running requests may take to finish (--shutdown-grace); those still
+# running SHUTDOWN_MARGIN_S before the end get an error event and [DONE] instead.
 GRACEFUL_SHUTDOWN_S = 30
+SHUTDOWN_MARGIN_S = 1.0
+BODY_TIMEOUT_S = 30  # a request's whole body must arrive in this long (--body-timeout)
+KEEP_ALIVE_S = 5  # uvicorn's default: an idle connection, new or between requests, is closed after it
+
+log = logging.getLogger("uvicorn.error")  # uvicorn's configured logger: its lines and ours in one stream
 # Why a generation ended early -> (HTTP status, error type, code).
 FAILURES = {
     "timeout": (504, "timeout_error", "request_timeout"),
@@ -47,6 +56,9 @@ class ServerConfig:
     request_timeout: float = 300.0
     max_batch: int = DEFAULT_MAX_BATCH
     prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK
+    body_timeout: float = BODY_TIMEOUT_S
+    keep_alive: float = KEEP_ALIVE_S
+    shutdown_grace: float = GRACEFUL_SHUTDOWN_S
 
 
 class Inbox:
@@ -95,15 +107,25 @@ class CountRequests:
         await self.app(scope, receive, counting_send)
 
 
-async def read_json(request: Request) -> object:
+class ClientGone(Exception):
+    """The client hung up before its request was read: nobody to answer, one log line."""
+
+
+async def read_json(request: Request, timeout: float) -> object:
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise BadRequest(f"the body is over {MAX_BODY_BYTES} bytes", code="body_too_large", status=413)
     raw = bytearray()
-    async for part in request.stream():
-        raw += part
-        if len(raw) > MAX_BODY_BYTES:
-            raise BadRequest(f"the body is over {MAX_BODY_BYTES} bytes", code="body_too_large", status=413)
+    try:
+        async with asyncio.timeout(timeout):
+            async for part in request.stream():
+                raw += part
+                if len(raw) > MAX_BODY_BYTES:
+                    raise BadRequest(f"the body is over {MAX_BODY_BYTES} bytes", code="body_too_large", status=413)
+    except TimeoutError:
+        raise BadRequest(f"the body did not arrive within {timeout:g} s", code="body_timeout", status=408) from None
+    except ClientDisconnect:
+        raise ClientGone() from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -138,6 +160,7 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
         scheduler.stop()
 
     app = FastAPI(title="specee", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.scheduler = scheduler  # serve() drains it on SIGTERM
 
     async def require_key(request: Request) -> None:
         if config.api_key is None:
@@ -153,6 +176,12 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
         if e.status == 503:
             headers = {"Retry-After": str(RETRY_AFTER_S)}
         return JSONResponse(e.body(), status_code=e.status, headers=headers)
+
+    @app.exception_handler(ClientGone)
+    async def client_gone(request: Request, e: ClientGone) -> Response:
+        client = f"{request.client.host}:{request.client.port}" if request.client else "a client"
+        log.info("%s hung up before sending the whole request to %s", client, request.url.path)
+        return Response(status_code=499)  # nobody reads it
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, e: HTTPException) -> JSONResponse:
@@ -183,11 +212,11 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
 
     @app.post("/v1/chat/completions", dependencies=[Depends(require_key)])
     async def chat_completions(request: Request):
-        return await complete(request, parse(ChatRequest, await read_json(request)))
+        return await complete(request, parse(ChatRequest, await read_json(request, config.body_timeout)))
 
     @app.post("/v1/completions", dependencies=[Depends(require_key)])
     async def completions(request: Request):
-        return await complete(request, parse(CompletionRequest, await read_json(request)))
+        return await complete(request, parse(CompletionRequest, await read_json(request, config.body_timeout)))
 
     async def complete(request: Request, body: ChatRequest | CompletionRequest):
         if body.model is not None and body.model != config.model_id:
@@ -248,15 +277,68 @@ def sse(payload: dict) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
-def serve(engine: Engine, config: ServerConfig, host: str, port: int) -> None:
-    """Run until SIGTERM or Ctrl-C: then stop accepting, let running requests finish (cancelled
-    after GRACEFUL_SHUTDOWN_S), stop the scheduler and return."""
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before the model loads so a busy port fails at once."""
+    listening = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+    try:
+        listening.bind((host, port))
+        listening.listen(2048)
+    except OSError as e:
+        listening.close()
+        raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    return listening
+
+
+def serve(engine: Engine, config: ServerConfig, listening: socket.socket) -> None:
+    """Run until SIGTERM or Ctrl-C: then stop accepting, let running requests finish for
+    `config.shutdown_grace` seconds (ending what still runs with an error event just before),
+    stop the scheduler and return."""
     import signal
 
     import uvicorn
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    app = create_app(engine, config)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            if not self.should_exit:
+                margin = min(SHUTDOWN_MARGIN_S, config.shutdown_grace / 4)
+                app.state.scheduler.drain(time.monotonic() + config.shutdown_grace - margin)
+            super().handle_exit(sig, frame)
+
+    class Protocol(H11Protocol):
+        """uvicorn times out idle connections only once a response is complete: a new connection
+        that sends nothing, or part of a request's headers, would be held forever. Here the whole
+        headers must arrive within the keep-alive timeout (the body has config.body_timeout)."""
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self.headers_timer = None
+            self._await_headers()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            self._await_headers()
+
+        def _waiting_for_headers(self) -> bool:
+            return self.cycle is None or self.cycle.response_complete
+
+        def _await_headers(self) -> None:
+            if self.headers_timer is None and self._waiting_for_headers():
+                self.headers_timer = self.loop.call_later(self.timeout_keep_alive, self._headers_overdue)
+
+        def _headers_overdue(self) -> None:
+            self.headers_timer = None
+            if self._waiting_for_headers() and not self.transport.is_closing():
+                self.transport.close()
 
     # uvicorn re-raises the SIGTERM it handled once it has shut down gracefully; stopping a
     # server that way is normal, so the process then ends with exit code 0.
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
-    uvicorn.run(create_app(engine, config), host=host, port=port, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-                log_level="info")
+    uvicorn_config = uvicorn.Config(app, http=Protocol, timeout_graceful_shutdown=config.shutdown_grace,
+                                    timeout_keep_alive=config.keep_alive, log_level="info")
+    host, port = listening.getsockname()[:2]
+    log.info("specee serving on http://%s:%d", host, port)
+    Server(uvicorn_config).run(sockets=[listening])

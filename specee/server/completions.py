@@ -71,7 +71,7 @@ def prompt_of(engine: Engine, request: ChatRequest | CompletionRequest) -> tuple
     """(prompt token ids, the parameter they came from)."""
     try:
         if isinstance(request, ChatRequest):
-            messages = [m.model_dump(exclude_none=True) for m in request.messages]
+            messages = [m.for_template() for m in request.messages]
             return engine.encode(messages, chat=True), "messages"
         return engine.encode(request.prompt, chat=False), "prompt"
     except (ValueError, UnicodeError) as e:  # a template that refuses the messages, lone surrogates

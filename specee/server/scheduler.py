@@ -72,6 +72,8 @@ class Scheduler:
         self._on_end = on_end  # once per job, before its Ended is delivered (metrics)
         self._on_pass = on_pass  # after each shared pass: its rows, and the tokens the round committed
         self._stopping = threading.Event()
+        self._draining = threading.Event()
+        self._drain_deadline = float("inf")
         self._thread = threading.Thread(target=self._work, name="specee-scheduler", daemon=True)
         self._jobs: dict[Member, Job] = {}
         self.running = 0
@@ -93,8 +95,15 @@ class Scheduler:
         self._stopping.set()
         self._thread.join(timeout)
 
+    def drain(self, deadline: float) -> None:
+        """Shutting down: refuse new jobs; what runs or waits may finish until `deadline`
+        (time.monotonic()), then ends as "shutdown", so every stream closes properly before the
+        server's grace period is over. Safe from a signal handler."""
+        self._drain_deadline = deadline
+        self._draining.set()
+
     def submit(self, job: Job) -> None:
-        if self._stopping.is_set():
+        if self._stopping.is_set() or self._draining.is_set():
             raise QueueFull("the server is shutting down")
         try:
             self._queue.put_nowait(job)
@@ -103,6 +112,8 @@ class Scheduler:
 
     def _work(self) -> None:
         while not self._stopping.is_set():
+            if self._draining.is_set() and time.monotonic() > self._drain_deadline:
+                break
             self._admit()
             self._drop_abandoned()
             tokens = 0
@@ -112,12 +123,15 @@ class Scheduler:
             self.running = len(self._jobs)
             if rows:
                 self._on_pass(rows, tokens)
-        shutdown = Ended("shutdown", message="the server is shutting down")
+        self._end_everything(Ended("shutdown", message="the server is shutting down"))
+        self._stopping.wait()
+
+    def _end_everything(self, ended: Ended) -> None:
         for member in list(self._jobs):
-            self._end(member, shutdown)
+            self._end(member, ended)
         while (job := self._take(wait=False)) is not None:
-            self._on_end(job, shutdown)
-            job.deliver(shutdown)
+            self._on_end(job, ended)
+            job.deliver(ended)
         self.running = 0
 
     def _admit(self) -> None:

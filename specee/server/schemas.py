@@ -2,9 +2,9 @@
 value or an unknown field is a 400 naming the parameter, never a silent default."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..decoding.config import request_schema
 from ..drafters.registry import find_method
@@ -28,6 +28,29 @@ class StreamOptions(Strict):
     include_usage: bool = False
 
 
+# Standard fields this server cannot honour yet, each with the value that asks for nothing (the
+# default an OpenAI client may send anyway): that value is accepted, any other is a 400 saying so.
+NEUTRAL = {
+    "presence_penalty": (None, 0),
+    "frequency_penalty": (None, 0),
+    "logit_bias": (None, {}),
+    "logprobs": (None, False),  # chat's; completions' is a count (COMPLETION_NEUTRAL)
+    "top_logprobs": (None, 0),
+    "response_format": (None, {"type": "text"}),
+    "tools": (None, []),
+    "tool_choice": (None, "none", "auto"),
+    "parallel_tool_calls": (None, True, False),
+    "store": (None, False),
+    "metadata": (None, {}),
+    "service_tier": (None, "auto", "default"),
+    "modalities": (None, ["text"]),
+    "echo": (None, False),
+    "best_of": (None, 1),
+    "suffix": (None, ""),
+}
+COMPLETION_NEUTRAL = NEUTRAL | {"logprobs": (None, 0)}
+
+
 class Sampling(Strict):
     """What chat and completion requests share."""
 
@@ -44,6 +67,25 @@ class Sampling(Strict):
     stream_options: StreamOptions | None = None
     user: str | None = None
     specee: SpecOptions | None = None
+    # NEUTRAL's fields, typed loosely here and checked by value in _neutral.
+    presence_penalty: Any = None
+    frequency_penalty: Any = None
+    logit_bias: Any = None
+    logprobs: Any = None
+    store: Any = None
+    metadata: Any = None
+    service_tier: Any = None
+
+    neutral: ClassVar[dict[str, tuple]] = NEUTRAL
+
+    @model_validator(mode="after")
+    def _neutral(self):
+        for name, values in self.neutral.items():
+            value = getattr(self, name, None)
+            if not any(same(value, neutral) for neutral in values):
+                raise ParameterError(name, f"{value!r} is not supported by this server yet; leave it out or "
+                                           f"send {values[1]!r}")
+        return self
 
     @field_validator("stop")
     @classmethod
@@ -62,18 +104,69 @@ class Sampling(Strict):
         return self.stream_options is not None and self.stream_options.include_usage
 
 
+class ParameterError(ValueError):
+    """A value a validator refuses, with the request parameter to name in the 400."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def same(value, neutral) -> bool:
+    """Equal as JSON values: False is not 0, and 0 is 0.0."""
+    if isinstance(value, bool) or isinstance(neutral, bool) or value is None or neutral is None:
+        return value is neutral
+    return type(value) in (int, float) and type(neutral) in (int, float) and value == neutral or \
+        type(value) is type(neutral) and value == neutral
+
+
+class TextPart(Strict):
+    type: Literal["text"]
+    text: str
+
+
+# Parts a multimodal model reads; this engine's models read text only.
+OTHER_MODALITIES = {"image_url": "images", "input_audio": "audio", "file": "files", "video_url": "video"}
+
+
 class Message(Strict):
-    role: Literal["system", "user", "assistant"]
-    content: str
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
     name: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, content):
+        for part in content if isinstance(content, list) else ():
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind in OTHER_MODALITIES:
+                raise ValueError(f"this model reads text only, not {OTHER_MODALITIES[kind]} (a {kind!r} part)")
+        return content
+
+    def for_template(self) -> dict:
+        """The message as the chat template reads it: text parts joined by newlines (as vLLM
+        joins them), a developer message as the system message it replaces."""
+        content = self.content if isinstance(self.content, str) else "\n".join(part.text for part in self.content)
+        message = {"role": "system" if self.role == "developer" else self.role, "content": content}
+        return message | ({"name": self.name} if self.name is not None else {})
 
 
 class ChatRequest(Sampling):
     messages: list[Message] = Field(min_length=1)
+    top_logprobs: Any = None
+    response_format: Any = None
+    tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: Any = None
+    modalities: Any = None
 
 
 class CompletionRequest(Sampling):
+    neutral: ClassVar[dict[str, tuple]] = COMPLETION_NEUTRAL
     prompt: str = Field(min_length=1)
+    echo: Any = None
+    best_of: Any = None
+    suffix: Any = None
 
 
 class BadRequest(Exception):
@@ -100,6 +193,9 @@ def parse(model: type[BaseModel], body: object) -> BaseModel:
         return model.model_validate(body)
     except ValidationError as e:
         first = e.errors()[0]
+        if isinstance(first.get("ctx", {}).get("error"), ParameterError):
+            error = first["ctx"]["error"]
+            raise BadRequest(f"{error.param}: {error}", param=error.param, code="unsupported_value") from None
         # Union members add their type name to the location; keep only the request's own keys.
         path = [str(p) for p in first["loc"] if not (isinstance(p, str) and p in ("str", "list[str]"))]
         param = ".".join(path) or None
