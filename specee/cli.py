@@ -71,6 +71,10 @@ def _add_sampling_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=_non_negative_int, default=0, help="sample among the k most likely tokens (0 = off)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1]")
     p.add_argument("--seed", type=int, help="random seed for sampling")
+    p.add_argument("--presence-penalty", type=float, default=0.0,
+                   help="subtract this from the logit of every token already generated, in -2..2 (default 0)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="subtract this times its count so far from each generated token's logit, in -2..2 (default 0)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-sequence (benchmarks)")
     add_flags(p, tuple(METHODS))
@@ -354,7 +358,8 @@ def cmd_bench_serve(args) -> int:
 
 def _sampling_kwargs(args) -> dict:
     return dict(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos)
+                seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos, presence_penalty=args.presence_penalty,
+                frequency_penalty=args.frequency_penalty)
 
 
 def _validate_sampling(args) -> None:
@@ -372,9 +377,15 @@ def _validate_sampling(args) -> None:
     if args.config.greedy_only and args.temperature > 0:
         raise UsageError("--exit inside speculative verification runs greedy only: use --temperature 0")
     try:
-        SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+        params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty)
     except ValueError as e:
-        raise UsageError(str(e).replace("top_p", "--top-p").replace("top_k", "--top-k")) from None
+        message = str(e)
+        for name in ("top_p", "top_k", "presence_penalty", "frequency_penalty"):
+            message = message.replace(name, "--" + name.replace("_", "-"))
+        raise UsageError(message) from None
+    if params.adjusts and args.config.exit.kind != "none":
+        raise UsageError("early exits do not apply --presence-penalty or --frequency-penalty")
     _validate_model_options(args)
 
 

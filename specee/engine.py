@@ -11,19 +11,20 @@ import torch
 
 from .artifact_store import ArtifactStore
 from .decoding.autoregressive import Autoregressive
-from .decoding.base import DecodeState, Strategy
+from .decoding.base import DecodeState, Step, Strategy
 from .decoding.builder import build_speculative
 from .decoding.config import MAX_DRAFT_NODES, SpecConfig
 from .exits.builder import build_early_exit
 from .loader import load_parts
 from .model.cache import KVCache
 from .model.llama import Passes, PassRows, Transformer
-from .sampling import Sampler, SamplingParams
+from .sampling import MAX_TOP_LOGPROBS, Sampler, SamplingParams
 from .stats import GenerationStats
 from .text_stream import TextStream
 from .tokenizer import Messages, Tokenizer
 
-GENERATION_OPTIONS = {"max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "ignore_eos", "chat", "strategy"}
+GENERATION_OPTIONS = {"max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "ignore_eos", "chat", "strategy",
+                      "presence_penalty", "frequency_penalty", "logit_bias", "logprobs"}
 # Cache slots beyond prompt + max_tokens, so a verification pass may write draft tokens past the end.
 CACHE_SLACK = MAX_DRAFT_NODES + 1
 # Output slots a generation's cache starts with; it grows (doubling) when a long answer needs more.
@@ -42,6 +43,17 @@ class Event:
     # Early exit: the layers run by the pass that made these tokens when it stopped early; None
     # when it ran them all.
     exit_layer: int | None = None
+    logprobs: list[TokenLogprob] | None = None  # per token, when the request asked for them
+
+
+@dataclass
+class TokenLogprob:
+    """A token's log-probability under the model (its logits before temperature, penalties and
+    filters, as vLLM reports by default), and the `top` likeliest tokens of that distribution."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]
 
 
 @dataclass
@@ -52,6 +64,7 @@ class Result:
     completion_tokens: int
     finish_reason: str
     stats: GenerationStats = field(repr=False)
+    logprobs: list[TokenLogprob] | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict:
         names = ("text", "token_ids", "prompt_tokens", "completion_tokens", "finish_reason")
@@ -99,7 +112,8 @@ class Engine:
 
     def stream(self, prompt: str | Messages | list[int], config: SpecConfig | str | None = None,
                **options) -> "Generation":
-        """Options: max_tokens, temperature, top_k, top_p, seed, stop, ignore_eos, chat, and either a
+        """Options: max_tokens, temperature, top_k, top_p, seed, stop, ignore_eos, chat, presence_penalty,
+        frequency_penalty, logit_bias ({token id: bias}), and either a
         ready `strategy` or a decoding configuration: a SpecConfig, or its keywords (spec_method,
         tree, ..., exit, exit_kv, ...; decoding/config.py declares them all)."""
         spec = {k: v for k in list(options) if k not in GENERATION_OPTIONS and (v := options.pop(k)) is not None}
@@ -134,11 +148,20 @@ class Generation:
     def __init__(self, engine: Engine, prompt: str | Messages | list[int], max_tokens: int = 256,
                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
                  stop: list[str] | tuple[str, ...] | str = (), ignore_eos: bool = False, chat: bool = True,
-                 strategy: Strategy | None = None) -> None:
+                 strategy: Strategy | None = None, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
+                 logit_bias: dict[int, float] | None = None, logprobs: int | None = None) -> None:
         if not isinstance(max_tokens, int) or max_tokens <= 0:
             raise ValueError(f"max_tokens must be a positive integer, got {max_tokens}")
+        if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"logprobs (the alternatives per token) must be in 0..{MAX_TOP_LOGPROBS}, got {logprobs}")
+        self.logprobs = logprobs  # None: none; k: each token's, and the k likeliest tokens'
         self.engine = engine
-        self.params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        vocab = engine.model.config.vocab_size
+        if any(not 0 <= token < vocab for token in logit_bias or {}):
+            raise ValueError(f"logit_bias names a token outside the vocabulary (ids 0..{vocab - 1})")
+        self.params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                                     presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                                     logit_bias=tuple(sorted((logit_bias or {}).items())))
         if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
             self.prompt_ids = list(prompt)
         else:
@@ -156,6 +179,11 @@ class Generation:
         self.strategy = strategy or Autoregressive()
         if getattr(self.strategy, "greedy_only", False) and temperature > 0:
             raise ValueError(f"{self.strategy.name} runs greedy only: use temperature 0")
+        if not getattr(self.strategy, "full_logits", True):
+            if self.params.adjusts:
+                raise ValueError(f"{self.strategy.name} does not apply presence or frequency penalties or a logit bias")
+            if logprobs is not None:
+                raise ValueError(f"{self.strategy.name} chooses among a few candidates: it has no log-probabilities")
         self.result: Result | None = None
 
     def __iter__(self) -> Iterator[Event]:
@@ -170,7 +198,8 @@ class Generation:
         stats = GenerationStats(prompt_tokens=len(self.prompt_ids))
         text = TextStream(engine.tokenizer, self.stop)
         output: list[int] = []
-        finish, new, delta, drafted, exit_layer = "length", [], "", 0, None
+        logprobs: list[TokenLogprob] | None = [] if self.logprobs is not None else None
+        finish, new, delta, drafted, exit_layer, new_logprobs = "length", [], "", 0, None, None
         # Inference mode is entered per step, never held across a yield: interleaved generations
         # would otherwise unwind each other's mode.
         with torch.inference_mode():
@@ -178,7 +207,8 @@ class Generation:
             start = time.perf_counter()
             logits, hidden, shallow = self._prefill(cache, passes, prefill_chunk, stats)
         stats.prefill_s = time.perf_counter() - start
-        state = DecodeState(model, cache, list(self.prompt_ids), logits, Sampler(self.params, model.device), stats,
+        sampler = Sampler(self.params, model.device, len(self.prompt_ids))
+        state = DecodeState(model, cache, list(self.prompt_ids), logits, sampler, stats,
                             hidden, shallow, passes)
         steps = self.strategy.decode(state)
         start = time.perf_counter()
@@ -187,21 +217,24 @@ class Generation:
                 with torch.inference_mode():
                     step = next(steps, None)
                 if step is None:  # a strategy that ends by itself ends the generation
-                    new, delta, drafted = [], "", 0
+                    new, delta, drafted, new_logprobs = [], "", 0, None if logprobs is None else []
                     break
                 new, delta, finish = self._commit(step.tokens, output, text)
                 drafted, exit_layer = min(len(new), step.drafted), step.exit_layer  # cut short: fewer drafts
+                if logprobs is not None:
+                    new_logprobs = token_logprobs(step, len(new), self.logprobs)
+                    logprobs += new_logprobs
                 if finish != "continue":
                     break
                 stats.decode_s = time.perf_counter() - start
-                yield Event(new, delta, drafted=drafted, exit_layer=exit_layer)
+                yield Event(new, delta, drafted=drafted, exit_layer=exit_layer, logprobs=new_logprobs)
                 start = time.perf_counter() - stats.decode_s  # time spent by the consumer is not decoding
         finally:
             steps.close()
             stats.decode_s = time.perf_counter() - start
         stats.generated_tokens = len(output)
-        yield Event(new, delta + text.finish(), finish, drafted, exit_layer)
-        self.result = Result(text.text, output, len(self.prompt_ids), len(output), finish, stats)
+        yield Event(new, delta + text.finish(), finish, drafted, exit_layer, new_logprobs)
+        self.result = Result(text.text, output, len(self.prompt_ids), len(output), finish, stats, logprobs)
 
     def _prefill(self, cache: KVCache, passes: Passes, chunk: int | None, stats: GenerationStats):
         """Run the prompt: (logits after its last token [1, vocab], the last layer's states of every
@@ -238,3 +271,15 @@ class Generation:
             if len(output) >= self.max_tokens:
                 return kept, delta, "length"
         return kept, delta, "continue"
+
+
+def token_logprobs(step: Step, count: int, top: int) -> list[TokenLogprob]:
+    """The first `count` tokens of a step, each with its log-probability in the row of the pass
+    that chose it and the `top` likeliest tokens of that row."""
+    rows = (step.rows or list(range(len(step.tokens))))[:count]
+    with torch.inference_mode():
+        logprobs = torch.log_softmax(step.logits[rows].float(), dim=-1)
+        chosen = logprobs[torch.arange(count), torch.tensor(step.tokens[:count])].tolist()
+        best = logprobs.topk(top, dim=-1) if top else None
+    return [TokenLogprob(token, value, list(zip(best.indices[i].tolist(), best.values[i].tolist())) if best else [])
+            for i, (token, value) in enumerate(zip(step.tokens[:count], chosen))]

@@ -6,12 +6,22 @@ from dataclasses import dataclass
 import torch
 
 
+MAX_PENALTY = 2.0  # OpenAI's range for presence and frequency penalties: -2..2
+MAX_LOGIT_BIAS = 100.0  # and for a logit bias: -100..100
+MAX_TOP_LOGPROBS = 20  # OpenAI's most alternatives per token
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     temperature: float = 0.0  # 0 = greedy
     top_k: int = 0  # 0 = no top-k filter
     top_p: float = 1.0
     seed: int | None = None
+    # OpenAI's: logit[t] -= frequency_penalty * count[t] + presence_penalty * (count[t] > 0), counting
+    # the tokens generated so far (not the prompt's, as vLLM counts), and logit[t] += logit_bias[t].
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0:
@@ -20,10 +30,22 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -MAX_PENALTY <= getattr(self, name) <= MAX_PENALTY:
+                raise ValueError(f"{name} must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}], got {getattr(self, name)}")
+        for token, bias in self.logit_bias:
+            if token < 0 or not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+                raise ValueError(f"logit_bias takes token ids >= 0 and biases in [-{MAX_LOGIT_BIAS:g}, "
+                                 f"{MAX_LOGIT_BIAS:g}], got {token}: {bias}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def adjusts(self) -> bool:
+        """Whether the logits depend on more than the model: penalties or a bias."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias)
 
 
 def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -49,10 +71,13 @@ def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
 
 
 class Sampler:
-    """Turns logits into tokens for one request: argmax when greedy, else seeded sampling."""
+    """Turns logits into tokens for one request: argmax when greedy, else seeded sampling. The
+    target's logits first go through `adjusted` (the request's penalties and bias), with the
+    tokens before each row: `prompt_length` of them are the prompt's."""
 
-    def __init__(self, params: SamplingParams, device: torch.device | str = "cpu") -> None:
+    def __init__(self, params: SamplingParams, device: torch.device | str = "cpu", prompt_length: int = 0) -> None:
         self.params = params
+        self.prompt_length = prompt_length
         self.generator = torch.Generator(device=device)
         if params.seed is not None:
             self.generator.manual_seed(params.seed)
@@ -62,6 +87,27 @@ class Sampler:
     @property
     def greedy(self) -> bool:
         return self.params.greedy
+
+    def adjusted(self, logits: torch.Tensor, tokens: list[int], paths: list[list[int]] | None = None) -> torch.Tensor:
+        """The logits [N, V] of rows that follow `tokens` (prompt and output so far), row i after
+        `paths[i]` more tokens (its draft path; default none), with the request's penalties and
+        bias applied. Unchanged when the request has neither."""
+        params = self.params
+        if not params.adjusts:
+            return logits
+        rows, vocab = logits.shape
+        adjusted = logits.float().clone()
+        if params.presence_penalty or params.frequency_penalty:
+            output = torch.tensor(tokens[self.prompt_length:], dtype=torch.long)
+            counts = torch.bincount(output, minlength=vocab)[:vocab].float().expand(rows, vocab).clone()
+            for row, path in enumerate(paths or ()):
+                if path:
+                    counts[row].index_add_(0, torch.tensor(path), torch.ones(len(path)))
+            counts = counts.to(adjusted.device)
+            adjusted -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).float()
+        for token, bias in params.logit_bias:
+            adjusted[:, token] += bias
+        return adjusted
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         return processed_probs(logits, self.params)

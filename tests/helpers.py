@@ -132,7 +132,8 @@ def decode(model, strategy, prompt, steps=30, params=None):
     with torch.inference_mode():
         cache = model.new_cache(len(prompt) + steps + 80)
         logits, hidden, shallow = model.prefill(prompt, cache, getattr(strategy, "shallow_layers", None))
-        state = DecodeState(model, cache, list(prompt), logits, Sampler(params or SamplingParams()), GenerationStats(),
+        state = DecodeState(model, cache, list(prompt), logits, Sampler(params or SamplingParams(), prompt_length=len(prompt)),
+                            GenerationStats(),
                             hidden, shallow)
         out = []
         for step in strategy.decode(state):

@@ -145,9 +145,14 @@ BAD_BODIES = [
     (json.dumps({**GOOD, "n": 2}).encode(), 400, "n", None),
     (json.dumps({**GOOD, "stop": ["a", "b", "c", "d", "e"]}).encode(), 400, "stop", None),
     (json.dumps({**GOOD, "stream": "yes"}).encode(), 400, "stream", None),
-    (json.dumps({**GOOD, "logit_bias": {"1": 5}}).encode(), 400, "logit_bias", "unsupported_value"),
-    (json.dumps({**GOOD, "presence_penalty": 0.5}).encode(), 400, "presence_penalty", "unsupported_value"),
-    (json.dumps({**GOOD, "logprobs": True}).encode(), 400, "logprobs", "unsupported_value"),
+    (json.dumps({**GOOD, "logit_bias": {"99999999": 5}}).encode(), 400, "logit_bias", "invalid_value"),
+    (json.dumps({**GOOD, "logit_bias": {"the": 5}}).encode(), 400, "logit_bias", "invalid_value"),
+    (json.dumps({**GOOD, "presence_penalty": 2.5}).encode(), 400, "presence_penalty", None),
+    (json.dumps({**GOOD, "frequency_penalty": 1, "specee": {"exit": "specee"}}).encode(), 400, "frequency_penalty",
+     None),
+    (json.dumps({**GOOD, "top_logprobs": 2}).encode(), 400, "top_logprobs", "invalid_value"),
+    (json.dumps({**GOOD, "logprobs": True, "top_logprobs": 21}).encode(), 400, "top_logprobs", None),
+    (json.dumps({**GOOD, "logprobs": True, "specee": {"exit": "specee"}}).encode(), 400, "logprobs", None),
     (json.dumps({**GOOD, "response_format": {"type": "json_object"}}).encode(), 400, "response_format",
      "unsupported_value"),
     (json.dumps({**GOOD, "tools": [{"type": "function", "function": {"name": "f"}}]}).encode(), 400, "tools",
@@ -191,7 +196,7 @@ def test_bad_input_gets_a_4xx_in_the_openai_error_shape(default_server, body, st
 
 
 # What OpenAI clients and agent frameworks send with every request, asking for nothing.
-NEUTRAL_FIELDS = {"presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}, "logprobs": False,
+NEUTRAL_FIELDS = {"presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}, "logprobs": False, "top_logprobs": 0,
                   "response_format": {"type": "text"}, "tools": [], "tool_choice": "auto", "parallel_tool_calls": True,
                   "store": False, "metadata": {}, "service_tier": "auto", "user": "agent-7", "n": 1}
 
@@ -211,6 +216,43 @@ def test_content_parts_and_neutral_fields_are_answered_as_plain_text(default_ser
         "prompt": "The river", "max_tokens": 4, "echo": False, "best_of": 1, "logprobs": 0, "suffix": None,
         "presence_penalty": 0, "frequency_penalty": 0}, timeout=60)
     assert completion.status_code == 200 and completion.json()["usage"]["completion_tokens"] == 4
+
+
+def test_penalties_and_logit_bias_apply_and_speculation_keeps_them(client, model_id):
+    prompt = "List the days of the week, then list them again."
+    plain = chat(client, model_id, content=prompt, max_tokens=48).choices[0].message.content
+    penalized = chat(client, model_id, content=prompt, max_tokens=48, presence_penalty=1.5, frequency_penalty=1.0)
+    text = penalized.choices[0].message.content
+    assert text != plain
+    hybrid = chat(client, model_id, content=prompt, max_tokens=48, presence_penalty=1.5, frequency_penalty=1.0,
+                  extra_body={"specee": {"spec_method": "hybrid", "tree": "auto"}})
+    assert hybrid.choices[0].message.content == text  # greedy: token-identical with the same penalties
+    forced = chat(client, model_id, max_tokens=5, logit_bias={"74": 100})  # SmolLM2's "Z"
+    assert forced.choices[0].message.content == "ZZZZZ"
+
+
+def test_logprobs_are_the_dense_passes_exactly_whole_streamed_and_speculative(client, model_id):
+    """The kernels give a row the same bits in any pass, so a speculative pass's accepted rows
+    report exactly the log-probabilities dense decoding's one-row passes do."""
+    content = "Repeat exactly: the quick brown fox jumps over the lazy dog."
+    dense = chat(client, model_id, content=content, max_tokens=16, logprobs=True, top_logprobs=3)
+    hybrid = chat(client, model_id, content=content, max_tokens=16, logprobs=True, top_logprobs=3,
+                  extra_body={"specee": {"spec_method": "hybrid", "tree": "auto"}})
+    entries = dense.choices[0].logprobs.content
+    # One entry per generated token, the end-of-sequence token included (as usage counts it).
+    assert len(entries) == dense.usage.completion_tokens and "".join(e.token for e in entries) in (
+        dense.choices[0].message.content, dense.choices[0].message.content + "<|im_end|>")
+    assert all(len(e.top_logprobs) == 3 and e.top_logprobs[0].logprob >= e.logprob for e in entries)
+    assert hybrid.model_extra["specee"]["stats"]["draft_tokens_accepted"] > 0
+    assert hybrid.choices[0].logprobs.model_dump() == dense.choices[0].logprobs.model_dump()
+    streamed = [entry for chunk in chat(client, model_id, content=content, max_tokens=16, logprobs=True,
+                                        top_logprobs=3, stream=True) if chunk.choices
+                for entry in chunk.choices[0].logprobs.content]
+    assert [e.model_dump() for e in streamed] == [e.model_dump() for e in entries]
+    completion = client.completions.create(model=model_id, prompt="The capital of France is", max_tokens=4, logprobs=2)
+    logprobs = completion.choices[0].logprobs
+    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.top_logprobs) == 4
+    assert logprobs.text_offset == [sum(len(t) for t in logprobs.tokens[:i]) for i in range(4)]
 
 
 def test_a_top_p_that_rounds_to_zero_keeps_the_likeliest_token(client, model_id):

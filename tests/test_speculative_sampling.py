@@ -6,6 +6,7 @@ Each case draws 2000 seeded samples and runs Pearson's chi-square test on the jo
 distribution of the two tokens; a correct implementation fails a case with probability 1e-4
 (seeds are fixed, so a run is repeatable), i.e. below 1e-3 for the whole file.
 """
+import dataclasses
 import math
 
 import pytest
@@ -40,6 +41,7 @@ def exact_joint(model, params) -> torch.Tensor:
     """P(t2, t3 | prompt, root) under plain sampling: [VOCAB * VOCAB]."""
     def next_probs(ids):
         logits = model(torch.tensor(ids), torch.arange(len(ids)), model.new_cache(len(ids)))[-1:]
+        logits = Sampler(params, prompt_length=len(PROMPT)).adjusted(logits, ids)  # penalties on ids after PROMPT
         return processed_probs(logits, params)[0].double()
 
     with torch.no_grad():
@@ -60,7 +62,7 @@ def sample_joint(model, make_strategy, params) -> torch.Tensor:
             positions = torch.arange(len(PROMPT))
             shallow = model.hidden(torch.tensor(PROMPT), positions, cache, layers=range(split))
             hidden = model.run_layers(shallow, positions, cache, layers=range(split, model.config.num_hidden_layers))
-            sampler = Sampler(SamplingParams(params.temperature, params.top_k, params.top_p, seed=seed))
+            sampler = Sampler(dataclasses.replace(params, seed=seed), prompt_length=len(PROMPT))
             state = DecodeState(model, cache, list(PROMPT), forced, sampler, GenerationStats(), hidden, shallow)
             out = []
             for step in strategy.decode(state):
@@ -89,6 +91,13 @@ def dynamic_tree_from_draft(model):
 
 def static_tree_from_draft(model):
     return Speculative(lambda: DraftModel(model, num_layers=1), num_draft_tokens=3,
+                       tree=static_tree([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0)]))
+
+
+def static_tree_from_the_whole_target(model):
+    """Candidates from every layer (without the request's penalties): t2 is mostly accepted, so
+    t3 mostly comes from t2's own row of the same pass."""
+    return Speculative(lambda: DraftModel(model, num_layers=model.config.num_hidden_layers), num_draft_tokens=3,
                        tree=static_tree([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0)]))
 
 
@@ -129,12 +138,18 @@ def kangaroo_chain(model):
     return Speculative(lambda: KangarooDrafter(kangaroo, 0.3, 3), 3, adaptive=False, shallow_layers=1)
 
 
+# Negative penalties encourage repeats, so each row's own draft path matters: with it counted,
+# P(t3 = t2) is 16% here; without, 2%.
+PENALIZED = SamplingParams(temperature=1.0, presence_penalty=-1.5, frequency_penalty=-1.0, logit_bias=((3, 1.0),))
+
 CASES = {
     "chain, temperature": (chain_from_shallow_layers, SamplingParams(temperature=0.9)),
     "chain, top-k": (chain_from_shallow_layers, SamplingParams(temperature=1.2, top_k=4)),
     "chain, draft confidence": (confident_chain_from_shallow_layers, SamplingParams(temperature=1.0)),
     "dynamic tree, top-p": (dynamic_tree_from_draft, SamplingParams(temperature=1.0, top_p=0.8)),
     "static tree, temperature": (static_tree_from_draft, SamplingParams(temperature=0.8)),
+    # Penalties count each row's own path: t3's row in a tree counts the t2 above it.
+    "static tree, penalties and bias": (static_tree_from_the_whole_target, PENALIZED),
     "prompt lookup, top-k and top-p": (prompt_lookup_chain, SamplingParams(temperature=1.1, top_k=6, top_p=0.9)),
     "eagle tree, reduced vocabulary, temperature": (eagle_tree, SamplingParams(temperature=0.9)),
     "eagle tree mixed with the copy, temperature": (eagle_copy(1.0), SamplingParams(temperature=0.9)),
@@ -145,7 +160,7 @@ CASES = {
 
 
 # The fast tier samples one chain and one tree; every other drafter and setting runs in the full run.
-FAST_CASES = ("chain, temperature", "static tree, temperature")
+FAST_CASES = ("chain, temperature", "static tree, penalties and bias")
 
 
 @pytest.mark.parametrize("case", [pytest.param(case, marks=() if case in FAST_CASES else pytest.mark.slow)
@@ -168,6 +183,17 @@ def test_the_test_can_fail(model):
             t2, t3 = draft.propose(PROMPT + [ROOT], 2).tokens
             counts[t2 * VOCAB + t3] += 1
     assert chi_square_p_value(counts, exact_joint(model, params)) < P_VALUE_THRESHOLD
+
+
+@pytest.mark.slow
+def test_the_test_catches_penalties_that_ignore_the_draft_path(model, monkeypatch):
+    """Negative control for the penalized case: rows penalized for the output before the pass
+    only (not for their own draft path) are caught."""
+    adjusted = Sampler.adjusted
+    monkeypatch.setattr(Sampler, "adjusted", lambda self, logits, tokens, paths=None: adjusted(self, logits, tokens))
+    counts = sample_joint(model, static_tree_from_the_whole_target, PENALIZED)
+    monkeypatch.undo()
+    assert chi_square_p_value(counts, exact_joint(model, PENALIZED)) < P_VALUE_THRESHOLD
 
 
 # --- Draft confidence: a bias of 0.05 must be caught --------------------------------------------

@@ -12,14 +12,15 @@ from .base import DecodeState, Step
 class Autoregressive:
     name = "dense"
     lossless = True
+    full_logits = True
 
     def decode(self, state: DecodeState) -> Iterator[Step]:
         model, cache = state.model, state.cache
         logits = state.logits
         while True:
-            token = int(state.sampler.pick(logits)[0])
+            token = int(state.sampler.pick(state.sampler.adjusted(logits, state.tokens))[0])
             state.tokens.append(token)
-            yield Step([token])
+            yield Step([token], logits=logits)
             ids = torch.tensor([token], device=model.device)
             positions = torch.tensor([cache.length], device=model.device)
             _, logits = state.passes.run_pass(PassRows(ids, positions, cache))

@@ -41,6 +41,10 @@ class Step(NamedTuple):
     tokens: list[int]
     drafted: int = 0  # how many leading tokens were drafts
     exit_layer: int | None = None  # the layers the pass behind these tokens ran, when it stopped early
+    # The model's logits the tokens were chosen from: token i from row rows[i] of `logits`
+    # (rows None: row i), for the log-probabilities a request may ask for.
+    logits: torch.Tensor | None = None
+    rows: list[int] | None = None
 
 
 class Strategy(Protocol):
@@ -51,5 +55,9 @@ class Strategy(Protocol):
 
     name: str
     lossless: bool
+    # False where tokens are chosen at a partial depth among a few candidates (early exits): the
+    # request's penalties, logit bias and log-probabilities, all over the full vocabulary, then
+    # do not apply.
+    full_logits: bool
 
     def decode(self, state: DecodeState) -> Iterator[Step]: ...

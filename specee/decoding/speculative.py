@@ -48,6 +48,7 @@ class Speculative:
     so one strategy can serve any number of generations, one after another or at once."""
 
     lossless = True
+    full_logits = True
 
     def __init__(
         self,
@@ -114,9 +115,9 @@ class Speculative:
         proposer = self.start_proposer(tokens, state.sampler, state.cache, state.hidden, state.shallow)
         verifier = verifier or FullPass(state, self.shallow_layers)
         length = DraftLength(self.num_draft_tokens, self.num_draft_tokens, self.adaptive)
-        root = int(state.sampler.pick(state.logits)[0])
+        root = int(state.sampler.pick(state.sampler.adjusted(state.logits, tokens))[0])
         tokens.append(root)
-        yield Step([root])
+        yield Step([root], logits=state.logits)
         verifier.update(tokens, 0)
         while True:
             began = time.perf_counter()
@@ -138,7 +139,7 @@ class Speculative:
             length.update(proposed, len(accepted))
             proposer.update(tokens, len(accepted))
             verifier.update(tokens, len(accepted))
-            yield Step(new, len(accepted), verified.exit_layer)
+            yield Step(new, len(accepted), verified.exit_layer, verified.logits, verified.rows)
 
 
 class Verified(NamedTuple):
@@ -173,10 +174,14 @@ class FullPass:
             hidden = model.run_layers(draft.shallow, positions, cache, mask, self.deep)
             logits = model.logits(model.norm(hidden))
             self.stats.weight_bytes += self.deep_bytes
+        scores = logits
+        if self.sampler.params.adjusts:  # row 0 follows the root; row i + 1 the path down to draft node i
+            paths = [[]] + [[draft.tokens[n] for n in layout.path_to(node)] for node in range(len(draft))]
+            scores = self.sampler.adjusted(logits, tokens, paths)
         if self.sampler.greedy:
-            accepted, next_token = accept_greedy(draft, logits.argmax(-1))
+            accepted, next_token = accept_greedy(draft, scores.argmax(-1))
         else:
-            accepted, next_token = accept_sampling(draft, self.sampler.probs(logits), self.sampler.generator)
+            accepted, next_token = accept_sampling(draft, self.sampler.probs(scores), self.sampler.generator)
         keep_path(cache, prefix, draft, accepted)
         return Verified(accepted, next_token, logits, hidden, [0] + [1 + node for node in accepted])
 

@@ -27,6 +27,7 @@ class EarlyExit:
     kv: str = "exact"
     name: str = "exit"
     lossless = False
+    full_logits = False
 
     def decode(self, state: DecodeState) -> Iterator[Step]:
         tokens, stats = state.tokens, state.stats

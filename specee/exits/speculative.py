@@ -39,6 +39,7 @@ class SpeculativeExit:
     kv: str = "exact"
     name: str = "exit"
     lossless = False
+    full_logits = False
     greedy_only = True  # acceptance compares argmaxes
 
     @property

@@ -8,7 +8,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from ..decoding.config import SpecConfig
-from ..engine import Engine, Event, Generation, Result
+from ..engine import Engine, Event, Generation, Result, TokenLogprob
 from ..text_stream import TextStream
 from .schemas import BadRequest, ChatRequest, CompletionRequest, Sampling
 
@@ -55,12 +55,25 @@ class Planner:
                              f"context ({self.engine.context_length})",
                              param="max_tokens", code="context_length_exceeded")
         options = dict(self.defaults.generation, max_tokens=max_tokens)
-        for name in ("temperature", "top_p", "top_k", "seed", "stop"):
+        for name in ("temperature", "top_p", "top_k", "seed", "stop", "presence_penalty", "frequency_penalty"):
             if getattr(request, name) is not None:
                 options[name] = getattr(request, name)
+        if request.token_bias:
+            vocab = self.engine.model.config.vocab_size
+            if max(request.token_bias) >= vocab:
+                raise BadRequest(f"logit_bias: token {max(request.token_bias)} is outside the vocabulary (ids 0.."
+                                 f"{vocab - 1})", param="logit_bias", code="invalid_value")
+            options["logit_bias"] = request.token_bias
         if getattr(strategy, "greedy_only", False) and options.get("temperature", 0) > 0:
             raise BadRequest(f"{strategy.name} runs greedy only: use temperature 0", param="temperature",
                              code="invalid_value")
+        if request.logprobs_asked is not None:
+            options["logprobs"] = request.logprobs_asked
+        if not getattr(strategy, "full_logits", True):  # early exits
+            asked = [name for name in ("presence_penalty", "frequency_penalty", "logit_bias") if options.get(name)]
+            for name in asked + (["logprobs"] if "logprobs" in options else []):
+                raise BadRequest(f"{name}: early exits choose among a few candidates, over no full distribution",
+                                 param=name, code="invalid_value")
         try:
             return self.engine.stream(prompt_ids, strategy=strategy, **options)
         except ValueError as e:
@@ -88,11 +101,34 @@ class Shaper:
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self._pieces = TextStream(engine.tokenizer)  # each token's own text, without stop handling
+        self._tokenizer = engine.tokenizer
         self._sent_role = False
+        self._offset = 0  # completions' logprobs: where the next token's text starts
 
     def _envelope(self, obj: str, choices: list, **extra) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model_id, "choices": choices,
                 **extra}
+
+    def _token(self, token: int, logprob: float) -> dict:
+        text = self._tokenizer.decode([token], skip_special_tokens=False)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+    def _logprobs(self, logprobs: list[TokenLogprob] | None) -> dict | None:
+        """OpenAI's logprobs object for these tokens: chat's `content` list, or completions'
+        parallel lists (text offsets counted from the text sent before)."""
+        if logprobs is None:
+            return None
+        entries = [self._token(t.token, t.logprob) | {"top_logprobs": [self._token(i, v) for i, v in t.top]}
+                   for t in logprobs]
+        if self.chat:
+            return {"content": entries}
+        offsets = []
+        for entry in entries:
+            offsets.append(self._offset)
+            self._offset += len(entry["token"])
+        return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+                "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+                "text_offset": offsets}
 
     def chunk(self, event: Event) -> dict:
         tokens = [
@@ -105,9 +141,11 @@ class Shaper:
             if not self._sent_role:
                 delta = {"role": "assistant", **delta}
                 self._sent_role = True
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": event.finish_reason}
+            choice = {"index": 0, "delta": delta, "logprobs": self._logprobs(event.logprobs),
+                      "finish_reason": event.finish_reason}
             return self._envelope("chat.completion.chunk", [choice], specee={"tokens": tokens})
-        choice = {"index": 0, "text": event.text, "logprobs": None, "finish_reason": event.finish_reason}
+        choice = {"index": 0, "text": event.text, "logprobs": self._logprobs(event.logprobs),
+                  "finish_reason": event.finish_reason}
         return self._envelope("text_completion", [choice], specee={"tokens": tokens})
 
     def usage_chunk(self, result: Result) -> dict:
@@ -117,10 +155,11 @@ class Shaper:
     def whole(self, result: Result) -> dict:
         if self.chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
-                      "logprobs": None, "finish_reason": result.finish_reason}
+                      "logprobs": self._logprobs(result.logprobs), "finish_reason": result.finish_reason}
             return self._envelope("chat.completion", [choice], usage=usage(result),
                                   specee={"stats": stats_summary(result)})
-        choice = {"index": 0, "text": result.text, "logprobs": None, "finish_reason": result.finish_reason}
+        choice = {"index": 0, "text": result.text, "logprobs": self._logprobs(result.logprobs),
+                  "finish_reason": result.finish_reason}
         return self._envelope("text_completion", [choice], usage=usage(result), specee={"stats": stats_summary(result)})
 
 

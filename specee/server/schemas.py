@@ -2,15 +2,17 @@
 value or an unknown field is a 400 naming the parameter, never a silent default."""
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..decoding.config import request_schema
 from ..drafters.registry import find_method
 from ..exits.registry import find_exit
+from ..sampling import MAX_LOGIT_BIAS, MAX_PENALTY, MAX_TOP_LOGPROBS
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
+MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit for /v1/completions' logprobs
 
 
 class Strict(BaseModel):
@@ -31,11 +33,6 @@ class StreamOptions(Strict):
 # Standard fields this server cannot honour yet, each with the value that asks for nothing (the
 # default an OpenAI client may send anyway): that value is accepted, any other is a 400 saying so.
 NEUTRAL = {
-    "presence_penalty": (None, 0),
-    "frequency_penalty": (None, 0),
-    "logit_bias": (None, {}),
-    "logprobs": (None, False),  # chat's; completions' is a count (COMPLETION_NEUTRAL)
-    "top_logprobs": (None, 0),
     "response_format": (None, {"type": "text"}),
     "tools": (None, []),
     "tool_choice": (None, "none", "auto"),
@@ -48,7 +45,6 @@ NEUTRAL = {
     "best_of": (None, 1),
     "suffix": (None, ""),
 }
-COMPLETION_NEUTRAL = NEUTRAL | {"logprobs": (None, 0)}
 
 
 class Sampling(Strict):
@@ -67,25 +63,36 @@ class Sampling(Strict):
     stream_options: StreamOptions | None = None
     user: str | None = None
     specee: SpecOptions | None = None
+    presence_penalty: float | None = Field(None, ge=-MAX_PENALTY, le=MAX_PENALTY)
+    frequency_penalty: float | None = Field(None, ge=-MAX_PENALTY, le=MAX_PENALTY)
+    logit_bias: dict[str, float] | None = None  # token id (a string, as JSON keys are) -> bias
     # NEUTRAL's fields, typed loosely here and checked by value in _neutral.
-    presence_penalty: Any = None
-    frequency_penalty: Any = None
-    logit_bias: Any = None
-    logprobs: Any = None
     store: Any = None
     metadata: Any = None
     service_tier: Any = None
 
-    neutral: ClassVar[dict[str, tuple]] = NEUTRAL
-
     @model_validator(mode="after")
     def _neutral(self):
-        for name, values in self.neutral.items():
+        for name, values in NEUTRAL.items():
             value = getattr(self, name, None)
             if not any(same(value, neutral) for neutral in values):
                 raise ParameterError(name, f"{value!r} is not supported by this server yet; leave it out or "
                                            f"send {values[1]!r}")
         return self
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_ids(cls, bias):
+        for token, value in (bias or {}).items():
+            if not token.isdigit():
+                raise ValueError(f"keys are token ids, got {token!r}")
+            if not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
+                raise ValueError(f"biases are in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], got {value}")
+        return bias
+
+    @property
+    def token_bias(self) -> dict[int, float] | None:
+        return {int(token): value for token, value in self.logit_bias.items()} if self.logit_bias else None
 
     @field_validator("stop")
     @classmethod
@@ -107,9 +114,9 @@ class Sampling(Strict):
 class ParameterError(ValueError):
     """A value a validator refuses, with the request parameter to name in the 400."""
 
-    def __init__(self, param: str, message: str) -> None:
+    def __init__(self, param: str, message: str, code: str = "unsupported_value") -> None:
         super().__init__(message)
-        self.param = param
+        self.param, self.code = param, code
 
 
 def same(value, neutral) -> bool:
@@ -153,7 +160,19 @@ class Message(Strict):
 
 class ChatRequest(Sampling):
     messages: list[Message] = Field(min_length=1)
-    top_logprobs: Any = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    @model_validator(mode="after")
+    def _top_logprobs_need_logprobs(self):
+        if self.top_logprobs and not self.logprobs:
+            raise ParameterError("top_logprobs", "needs logprobs: true", code="invalid_value")
+        return self
+
+    @property
+    def logprobs_asked(self) -> int | None:
+        """The alternatives per token the engine reports, or None for no log-probabilities."""
+        return (self.top_logprobs or 0) if self.logprobs else None
     response_format: Any = None
     tools: Any = None
     tool_choice: Any = None
@@ -162,8 +181,12 @@ class ChatRequest(Sampling):
 
 
 class CompletionRequest(Sampling):
-    neutral: ClassVar[dict[str, tuple]] = COMPLETION_NEUTRAL
     prompt: str = Field(min_length=1)
+    logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)  # alternatives per token
+
+    @property
+    def logprobs_asked(self) -> int | None:
+        return self.logprobs
     echo: Any = None
     best_of: Any = None
     suffix: Any = None
@@ -195,7 +218,7 @@ def parse(model: type[BaseModel], body: object) -> BaseModel:
         first = e.errors()[0]
         if isinstance(first.get("ctx", {}).get("error"), ParameterError):
             error = first["ctx"]["error"]
-            raise BadRequest(f"{error.param}: {error}", param=error.param, code="unsupported_value") from None
+            raise BadRequest(f"{error.param}: {error}", param=error.param, code=error.code) from None
         # Union members add their type name to the location; keep only the request's own keys.
         path = [str(p) for p in first["loc"] if not (isinstance(p, str) and p in ("str", "list[str]"))]
         param = ".".join(path) or None
