@@ -142,7 +142,9 @@ def test_a_client_that_hangs_up_mid_body_is_one_log_line(server):
 def test_stalled_bodies_and_silent_connections_are_not_held(server):
     with raw_request(server, PARTIAL_BODY) as stalled:
         start = time.monotonic()
-        answer = stalled.recv(4096)
+        answer = b""
+        while b"body_timeout" not in answer and (part := stalled.recv(4096)):  # head and body may come apart
+            answer += part
         assert answer.startswith(b"HTTP/1.1 408") and b"body_timeout" in answer
         assert BODY_TIMEOUT_S - 0.5 < time.monotonic() - start < BODY_TIMEOUT_S + 5
     for sent in (b"", b"GET /health HTTP/1.1\r\nHo"):  # nothing at all, part of the headers
