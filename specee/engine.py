@@ -15,6 +15,7 @@ from .decoding.base import DecodeState, Step, Strategy
 from .decoding.builder import build_speculative
 from .decoding.config import MAX_DRAFT_NODES, SpecConfig
 from .exits.builder import build_early_exit
+from .grammar import Grammar, GrammarCompiler
 from .loader import load_parts
 from .model.cache import KVCache
 from .model.llama import Passes, PassRows, Transformer
@@ -24,7 +25,7 @@ from .text_stream import TextStream
 from .tokenizer import Messages, Tokenizer
 
 GENERATION_OPTIONS = {"max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "ignore_eos", "chat", "strategy",
-                      "presence_penalty", "frequency_penalty", "logit_bias", "logprobs"}
+                      "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "grammar"}
 # Cache slots beyond prompt + max_tokens, so a verification pass may write draft tokens past the end.
 CACHE_SLACK = MAX_DRAFT_NODES + 1
 # Output slots a generation's cache starts with; it grows (doubling) when a long answer needs more.
@@ -91,6 +92,7 @@ class Engine:
         # The longest prompt plus answer a generation may hold (the KV cache grows up to it).
         self.context_length = context_length or model.config.max_position_embeddings
         self.artifacts = ArtifactStore(model, tokenizer)
+        self.grammars = GrammarCompiler(tokenizer, model.config.vocab_size)
 
     @property
     def cpu_tier(self) -> str | None:
@@ -113,7 +115,7 @@ class Engine:
     def stream(self, prompt: str | Messages | list[int], config: SpecConfig | str | None = None,
                **options) -> "Generation":
         """Options: max_tokens, temperature, top_k, top_p, seed, stop, ignore_eos, chat, presence_penalty,
-        frequency_penalty, logit_bias ({token id: bias}), and either a
+        frequency_penalty, logit_bias ({token id: bias}), logprobs, grammar (a Grammar), and either a
         ready `strategy` or a decoding configuration: a SpecConfig, or its keywords (spec_method,
         tree, ..., exit, exit_kv, ...; decoding/config.py declares them all)."""
         spec = {k: v for k in list(options) if k not in GENERATION_OPTIONS and (v := options.pop(k)) is not None}
@@ -149,7 +151,8 @@ class Generation:
                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
                  stop: list[str] | tuple[str, ...] | str = (), ignore_eos: bool = False, chat: bool = True,
                  strategy: Strategy | None = None, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
-                 logit_bias: dict[int, float] | None = None, logprobs: int | None = None) -> None:
+                 logit_bias: dict[int, float] | None = None, logprobs: int | None = None,
+                 grammar: Grammar | None = None) -> None:
         if not isinstance(max_tokens, int) or max_tokens <= 0:
             raise ValueError(f"max_tokens must be a positive integer, got {max_tokens}")
         if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
@@ -184,6 +187,13 @@ class Generation:
                 raise ValueError(f"{self.strategy.name} does not apply presence or frequency penalties or a logit bias")
             if logprobs is not None:
                 raise ValueError(f"{self.strategy.name} chooses among a few candidates: it has no log-probabilities")
+            if grammar is not None:
+                raise ValueError(f"{self.strategy.name} chooses among a few candidates: it cannot follow a grammar")
+        if grammar is not None and ignore_eos:
+            raise ValueError("a grammar ends the answer when it is complete: drop ignore_eos")
+        self.grammar = grammar
+        if grammar is not None:
+            engine.grammars.check(grammar)
         self.result: Result | None = None
 
     def __iter__(self) -> Iterator[Event]:
@@ -207,7 +217,8 @@ class Generation:
             start = time.perf_counter()
             logits, hidden, shallow = self._prefill(cache, passes, prefill_chunk, stats)
         stats.prefill_s = time.perf_counter() - start
-        sampler = Sampler(self.params, model.device, len(self.prompt_ids))
+        constraint = engine.grammars.constraint(self.grammar) if self.grammar is not None else None
+        sampler = Sampler(self.params, model.device, len(self.prompt_ids), constraint)
         state = DecodeState(model, cache, list(self.prompt_ids), logits, sampler, stats,
                             hidden, shallow, passes)
         steps = self.strategy.decode(state)

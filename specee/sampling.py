@@ -2,8 +2,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+from .verification.draft import Draft
+
+if TYPE_CHECKING:
+    from .grammar import Constraint
 
 
 MAX_PENALTY = 2.0  # OpenAI's range for presence and frequency penalties: -2..2
@@ -75,9 +81,11 @@ class Sampler:
     target's logits first go through `adjusted` (the request's penalties and bias), with the
     tokens before each row: `prompt_length` of them are the prompt's."""
 
-    def __init__(self, params: SamplingParams, device: torch.device | str = "cpu", prompt_length: int = 0) -> None:
+    def __init__(self, params: SamplingParams, device: torch.device | str = "cpu", prompt_length: int = 0,
+                 constraint: Constraint | None = None) -> None:
         self.params = params
         self.prompt_length = prompt_length
+        self.constraint = constraint  # the request's grammar, if it has one
         self.generator = torch.Generator(device=device)
         if params.seed is not None:
             self.generator.manual_seed(params.seed)
@@ -88,12 +96,34 @@ class Sampler:
     def greedy(self) -> bool:
         return self.params.greedy
 
+    @property
+    def adjusts(self) -> bool:
+        """Whether `adjusted` changes the logits: penalties, a bias or a grammar."""
+        return self.params.adjusts or self.constraint is not None
+
+    def forced(self, tokens: list[int]) -> list[int]:
+        """The tokens the request's grammar forces after `tokens` (none without a grammar)."""
+        if self.constraint is None:
+            return []
+        self.constraint.advance(tokens[self.prompt_length:])
+        return self.constraint.forced()
+
+    def admissible(self, tokens: list[int], draft: Draft) -> Draft:
+        """The draft less the nodes the grammar refuses after `tokens`, where dropping them is exact:
+        greedy verification, or drafts verified as deterministic picks (not i.i.d. samples), and not
+        drafts whose shallow layers already ran in the cache (Kangaroo's)."""
+        if self.constraint is None or draft.shallow is not None or (draft.sampled and not self.greedy):
+            return draft
+        self.constraint.advance(tokens[self.prompt_length:])
+        return self.constraint.admissible(draft)
+
     def adjusted(self, logits: torch.Tensor, tokens: list[int], paths: list[list[int]] | None = None) -> torch.Tensor:
         """The logits [N, V] of rows that follow `tokens` (prompt and output so far), row i after
         `paths[i]` more tokens (its draft path; default none), with the request's penalties and
-        bias applied. Unchanged when the request has neither."""
+        bias applied, and the tokens its grammar refuses there at -inf. Unchanged when the request
+        has none of them."""
         params = self.params
-        if not params.adjusts:
+        if not self.adjusts:
             return logits
         rows, vocab = logits.shape
         adjusted = logits.float().clone()
@@ -107,6 +137,10 @@ class Sampler:
             adjusted -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).float()
         for token, bias in params.logit_bias:
             adjusted[:, token] += bias
+        if self.constraint is not None:
+            self.constraint.advance(tokens[self.prompt_length:])
+            allowed = self.constraint.masks(paths or [[]] * rows).to(adjusted.device)
+            adjusted.masked_fill_(~allowed, float("-inf"))
         return adjusted
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:

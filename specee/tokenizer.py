@@ -47,6 +47,10 @@ class Tokenizer:
         blob = json.dumps([sorted(self.vocab.items()), self.eos_token_ids, self.bos_token, self.eos_token])
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
+    def serialized(self) -> str:
+        """The whole tokenizer as tokenizer.json text (for llguidance's own copy)."""
+        return self._tok.to_str()
+
     def token_id(self, text: str) -> int | None:
         return self._tok.token_to_id(text)
 

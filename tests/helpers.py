@@ -122,9 +122,10 @@ def chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor, min_expected: 
     return torch.special.gammaincc(degrees, statistic / 2).item()  # chi-square survival function
 
 
-def decode(model, strategy, prompt, steps=30, params=None):
+def decode(model, strategy, prompt, steps=30, params=None, constraint=None):
     """The first `steps` tokens a strategy commits after `prompt` (prefilled as the engine does,
-    with the shallow states a self-drafter asks for), the run's stats and the target's cache."""
+    with the shallow states a self-drafter asks for, under a grammar's `constraint` if given), the
+    run's stats and the target's cache."""
     from specee.decoding.base import DecodeState
     from specee.sampling import Sampler, SamplingParams
     from specee.stats import GenerationStats
@@ -132,7 +133,7 @@ def decode(model, strategy, prompt, steps=30, params=None):
     with torch.inference_mode():
         cache = model.new_cache(len(prompt) + steps + 80)
         logits, hidden, shallow = model.prefill(prompt, cache, getattr(strategy, "shallow_layers", None))
-        state = DecodeState(model, cache, list(prompt), logits, Sampler(params or SamplingParams(), prompt_length=len(prompt)),
+        state = DecodeState(model, cache, list(prompt), logits, Sampler(params or SamplingParams(), prompt_length=len(prompt), constraint=constraint),
                             GenerationStats(),
                             hidden, shallow)
         out = []

@@ -121,7 +121,13 @@ class Speculative:
         verifier.update(tokens, 0)
         while True:
             began = time.perf_counter()
-            draft = self.draft(proposer, tokens, length.current)
+            # Tokens a grammar forces are free drafts (jump-forward); a drafter sharing the
+            # target's layers drafts every step, since its drafts extend the target's cache.
+            forced = [] if self.shallow_layers else state.sampler.forced(tokens)
+            if forced:
+                draft = Draft.chain(forced[:MAX_DRAFT_NODES])
+            else:
+                draft = state.sampler.admissible(tokens, self.draft(proposer, tokens, length.current))
             drafted = time.perf_counter()
             layout = TreeLayout.of(draft)
             verified = verifier.verify(tokens, draft, layout)
@@ -136,7 +142,8 @@ class Speculative:
             stats.verify_s += time.perf_counter() - drafted
             stats.draft_nodes += len(draft)
             stats.weight_bytes += proposer.take_bytes_read()
-            length.update(proposed, len(accepted))
+            if not forced:
+                length.update(proposed, len(accepted))
             proposer.update(tokens, len(accepted))
             verifier.update(tokens, len(accepted))
             yield Step(new, len(accepted), verified.exit_layer, verified.logits, verified.rows)
@@ -175,7 +182,7 @@ class FullPass:
             logits = model.logits(model.norm(hidden))
             self.stats.weight_bytes += self.deep_bytes
         scores = logits
-        if self.sampler.params.adjusts:  # row 0 follows the root; row i + 1 the path down to draft node i
+        if self.sampler.adjusts:  # row 0 follows the root; row i + 1 the path down to draft node i
             paths = [[]] + [[draft.tokens[n] for n in layout.path_to(node)] for node in range(len(draft))]
             scores = self.sampler.adjusted(logits, tokens, paths)
         if self.sampler.greedy:

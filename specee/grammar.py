@@ -1,0 +1,163 @@
+"""Structured output: a grammar (JSON schema, regex or Lark) that the answer must match, enforced
+by masking the target's logits with llguidance's token masks.
+
+A `Grammar` is what a request asks for, checked once against the tokenizer; a `Constraint` follows
+one generation: it tracks the committed tokens in a matcher and masks any row of a pass, given the
+draft tokens between the committed text and that row, so verification of chains and trees sees
+the grammar exactly as dense decoding does.
+"""
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+
+import torch
+
+from .verification.draft import Draft
+
+# Bits of one mask byte, least significant first, as llguidance packs them.
+_BITS = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8)
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """A request's constraint on its answer, in llguidance's grammar form."""
+
+    kind: str  # "json_schema", "json_object", "regex" or "lark": what the request sent
+    source: str  # the llguidance grammar (a JSON document)
+
+    @staticmethod
+    def json_schema(schema: dict | bool | str) -> "Grammar":
+        import llguidance
+
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"the JSON schema is not JSON: {error}") from None
+        if not isinstance(schema, (dict, bool)):
+            raise ValueError("a JSON schema is an object (or true/false)")
+        # The default separators and whitespace of JSON, as `json.dumps` writes it.
+        options = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+        try:
+            return Grammar("json_schema", llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=options))
+        except ValueError as error:
+            raise ValueError(f"cannot read the JSON schema: {error}") from None
+
+    @staticmethod
+    def json_object() -> "Grammar":
+        """Any JSON object (OpenAI's `response_format: {"type": "json_object"}`)."""
+        return Grammar("json_object", Grammar.json_schema({"type": "object"}).source)
+
+    @staticmethod
+    def regex(pattern: str) -> "Grammar":
+        import llguidance
+
+        return Grammar("regex", llguidance.LLMatcher.grammar_from_regex(pattern))
+
+    @staticmethod
+    def lark(text: str) -> "Grammar":
+        """A Lark grammar as llguidance reads it (also takes GBNF-like `start:` rules)."""
+        import llguidance
+
+        return Grammar("lark", llguidance.LLMatcher.grammar_from_lark(text))
+
+
+class GrammarCompiler:
+    """The tokenizer side of llguidance for one model, built once (it takes ~0.4 s)."""
+
+    def __init__(self, tokenizer, vocab_size: int) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size  # the model's rows of logits (may exceed the tokenizer's)
+
+    @functools.cached_property
+    def ll_tokenizer(self):
+        import llguidance
+
+        return llguidance.LLTokenizer(self.tokenizer.serialized(), n_vocab=self.vocab_size,
+                                      eos_token=self.tokenizer.eos_token_ids)
+
+    def check(self, grammar: Grammar) -> None:
+        """Raise ValueError with llguidance's message if the grammar cannot run."""
+        import llguidance
+
+        error = llguidance.LLMatcher.validate_grammar(grammar.source, self.ll_tokenizer)
+        if error:
+            raise ValueError(f"the {grammar.kind.replace('_', ' ')} cannot be used: {error.strip()}")
+
+    def constraint(self, grammar: Grammar) -> "Constraint":
+        import llguidance
+
+        self.check(grammar)
+        return Constraint(llguidance.LLMatcher(self.ll_tokenizer, grammar.source, log_level=0), self.vocab_size,
+                          self.tokenizer.eos_token_ids)
+
+
+class Constraint:
+    """One generation's grammar state. The matcher holds the committed output; masks for rows
+    deeper in a draft consume the draft path, compute, and roll back."""
+
+    def __init__(self, matcher, vocab_size: int, end_tokens: list[int]) -> None:
+        self.matcher = matcher
+        self.vocab_size = vocab_size
+        self.end_tokens = torch.zeros(vocab_size, dtype=torch.bool)
+        self.end_tokens[end_tokens] = True
+        self.consumed = 0  # output tokens the matcher has taken
+
+    def advance(self, output: list[int]) -> None:
+        """Bring the matcher up to the committed `output` (only ever longer). Tokens after the
+        grammar's end (its end-of-sequence token) are past the answer and not its business."""
+        for token in output[self.consumed:]:
+            if self.matcher.is_stopped():
+                break
+            if not self.matcher.consume_token(token):
+                raise RuntimeError(f"a committed token broke the grammar: {self.matcher.get_error()}")
+        self.consumed = len(output)
+
+    def allowed(self) -> torch.Tensor:
+        """[vocab] bool: the tokens the grammar allows next (once it has ended, the end tokens)."""
+        if self.matcher.is_stopped():
+            return self.end_tokens
+        packed = torch.frombuffer(bytearray(self.matcher.compute_bitmask()), dtype=torch.uint8)
+        return (packed.unsqueeze(1) & _BITS).ne(0).flatten()[: self.vocab_size]
+
+    def masks(self, paths: list[list[int]]) -> torch.Tensor:
+        """[rows, vocab] bool: what the grammar allows after each path of draft tokens. A path the
+        grammar refuses part-way leads to a row no accepted path can reach: it is left unmasked."""
+        rows = torch.ones(len(paths), self.vocab_size, dtype=torch.bool)
+        for row, path in enumerate(paths):
+            taken = self.matcher.try_consume_tokens(path) if path else 0
+            if taken == len(path):
+                rows[row] = self.allowed()
+            if taken:
+                self.matcher.rollback(taken)
+        return rows
+
+    def forced(self) -> list[int]:
+        """Tokens the grammar forces next (llguidance's fast-forward tokens), possibly none."""
+        return list(self.matcher.compute_ff_tokens())
+
+    def admissible(self, draft: Draft) -> Draft:
+        """The draft without the nodes (and their subtrees) the grammar refuses. Only for drafts
+        verification treats as deterministic: dropping a node there changes nothing but the pass."""
+        keep: dict[int, int] = {-1: -1}  # draft node -> kept node
+        paths: dict[int, list[int]] = {-1: []}
+        tokens, parents, rows = [], [], []
+        for node, (token, parent) in enumerate(zip(draft.tokens, draft.parents)):
+            if parent not in keep:
+                continue
+            path = paths[parent] + [token]
+            taken = self.matcher.try_consume_tokens(path)
+            if taken:
+                self.matcher.rollback(taken)
+            if taken < len(path):
+                continue
+            keep[node], paths[node] = len(tokens), path
+            tokens.append(token)
+            parents.append(keep[parent])
+            rows.append(node)
+        if len(tokens) == len(draft):
+            return draft
+        q = draft.q[rows] if draft.q is not None else None
+        return Draft(tokens, parents, q, draft.sampled)
