@@ -92,6 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling_options(gen)
     gen.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     gen.add_argument("--json", action="store_true", help="end stdout with one JSON object of the result")
+    constraint = gen.add_mutually_exclusive_group()
+    constraint.add_argument("--json-schema", metavar="SCHEMA",
+                            help="the answer is JSON matching this schema (JSON text, or a file holding it); "
+                                 "'{}' for any JSON object")
+    constraint.add_argument("--regex", help="the answer matches this regular expression, whole")
+    constraint.add_argument("--grammar", metavar="FILE", help="the answer follows this Lark grammar (llguidance's)")
 
     chat = sub.add_parser("chat", help="interactive conversation (empty line or Ctrl-D ends it)")
     _add_model_options(chat)
@@ -456,13 +462,44 @@ def read_prompt(argument: str | None) -> str:
     return sys.stdin.read()
 
 
+def _constraint(args):
+    """The answer's grammar from --json-schema, --regex or --grammar, checked before the model loads."""
+    from .grammar import Grammar, grammar_error
+
+    try:
+        if args.json_schema is not None:
+            text = args.json_schema
+            if not text.lstrip().startswith("{") and Path(text).is_file():
+                text = Path(text).read_text()
+            schema = json.loads(text) if text.strip() != "{}" else {"type": "object"}
+            grammar = Grammar.json_schema(schema)
+        elif args.regex is not None:
+            grammar = Grammar.regex(args.regex)
+        elif args.grammar is not None:
+            grammar = Grammar.lark(Path(args.grammar).read_text())
+        else:
+            return None
+    except json.JSONDecodeError as e:
+        raise UsageError(f"--json-schema is neither a file nor JSON: {e}") from None
+    except (OSError, ValueError) as e:
+        raise UsageError(str(e)) from None
+    if error := grammar_error(grammar):
+        raise UsageError(error)
+    if args.config.exit.kind != "none":
+        raise UsageError("early exits choose among a few candidates: they cannot follow a grammar")
+    if args.ignore_eos:
+        raise UsageError("a grammar ends the answer when it is complete: drop --ignore-eos")
+    return grammar
+
+
 def cmd_generate(args) -> int:
     _validate_sampling(args)
+    grammar = _constraint(args)
     prompt = read_prompt(args.prompt)
     if not prompt.strip():
         raise UsageError("the prompt is empty")
     engine = _load(args)
-    stream = engine.stream(prompt, args.config, chat=not args.no_chat, **_sampling_kwargs(args))
+    stream = engine.stream(prompt, args.config, chat=not args.no_chat, grammar=grammar, **_sampling_kwargs(args))
     for event in stream:
         sys.stdout.write(event.text)
         sys.stdout.flush()

@@ -20,6 +20,9 @@ from .verification.draft import Draft
 _BITS = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8)
 
 
+KIND_NAMES = {"json_schema": "JSON schema", "json_object": "JSON object", "regex": "regex", "lark": "grammar"}
+
+
 @dataclass(frozen=True)
 class Grammar:
     """A request's constraint on its answer, in llguidance's grammar form."""
@@ -64,6 +67,19 @@ class Grammar:
         return Grammar("lark", llguidance.LLMatcher.grammar_from_lark(text))
 
 
+def grammar_error(grammar: Grammar, ll_tokenizer=None) -> str:
+    """Why the grammar cannot run ("" when it can): checked alone, or against a model's tokenizer."""
+    import llguidance
+
+    error = llguidance.LLMatcher.validate_grammar(grammar.source, ll_tokenizer)
+    if not error:
+        return ""
+    # One line: llguidance's first, and its "error:" line where it draws the source under it.
+    lines = error.strip().splitlines()
+    reason = " ".join([lines[0]] + [line.strip() for line in lines[1:] if line.startswith("error:")])
+    return f"the {KIND_NAMES[grammar.kind]} cannot be used: {reason}"
+
+
 class GrammarCompiler:
     """The tokenizer side of llguidance for one model, built once (it takes ~0.4 s)."""
 
@@ -79,12 +95,9 @@ class GrammarCompiler:
                                       eos_token=self.tokenizer.eos_token_ids)
 
     def check(self, grammar: Grammar) -> None:
-        """Raise ValueError with llguidance's message if the grammar cannot run."""
-        import llguidance
-
-        error = llguidance.LLMatcher.validate_grammar(grammar.source, self.ll_tokenizer)
-        if error:
-            raise ValueError(f"the {grammar.kind.replace('_', ' ')} cannot be used: {error.strip()}")
+        """Raise ValueError with llguidance's message if the grammar cannot run on this model."""
+        if error := grammar_error(grammar, self.ll_tokenizer):
+            raise ValueError(error)
 
     def constraint(self, grammar: Grammar) -> "Constraint":
         import llguidance

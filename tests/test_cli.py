@@ -32,6 +32,12 @@ def run_main(capsys, *argv):
         (["--model", "/no/such/model.gguf"], "does not exist"),
         (["--quantization", "int3"], "unknown quantization 'int3' (choose from auto, none, int8, int4, gguf)"),
         (["--quantization", "gguf", "--model", "/no/such/model.gguf"], "does not exist"),
+        (["--regex", "(unclosed"], "the regex cannot be used: "),
+        (["--json-schema", "{not json"], "--json-schema is neither a file nor JSON"),
+        (["--json-schema", '{"type": "objectx"}'], "the JSON schema cannot be used: Invalid type: objectx"),
+        (["--grammar", "/no/such/grammar.lark"], "No such file"),
+        (["--regex", "a+", "--ignore-eos"], "drop --ignore-eos"),
+        (["--regex", "a+", "--exit", "rule"], "cannot follow a grammar"),
     ],
 )
 def test_bad_flags_exit_2_with_a_message(capsys, flags, message):
@@ -293,3 +299,17 @@ def test_serve_refuses_an_empty_key_and_a_busy_port_before_loading(capsys, monke
         code, _, err = run_main(capsys, "serve", "--port", str(port))
     assert code == 2 and f"cannot listen on 127.0.0.1:{port}" in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_generate_follows_a_json_schema_with_speculation(capsys, tmp_path):
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    (tmp_path / "person.json").write_text(json.dumps(schema))
+    code, out, err = run_main(capsys, "generate", "Describe a cat as JSON with its name and age.", "--json-schema",
+                              str(tmp_path / "person.json"), "--spec-method", "hybrid", "--json")
+    assert code == 0, err
+    result = json.loads(out.strip().splitlines()[-1])
+    answer = json.loads(result["text"])
+    assert set(answer) == {"name", "age"} and isinstance(answer["age"], int)
+    assert result["finish_reason"] == "stop"

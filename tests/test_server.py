@@ -153,8 +153,17 @@ BAD_BODIES = [
     (json.dumps({**GOOD, "top_logprobs": 2}).encode(), 400, "top_logprobs", "invalid_value"),
     (json.dumps({**GOOD, "logprobs": True, "top_logprobs": 21}).encode(), 400, "top_logprobs", None),
     (json.dumps({**GOOD, "logprobs": True, "specee": {"exit": "specee"}}).encode(), 400, "logprobs", None),
-    (json.dumps({**GOOD, "response_format": {"type": "json_object"}}).encode(), 400, "response_format",
-     "unsupported_value"),
+    (json.dumps({**GOOD, "response_format": {"type": "xml"}}).encode(), 400, "response_format.type", None),
+    (json.dumps({**GOOD, "response_format": {"type": "json_schema"}}).encode(), 400, "response_format", None),
+    (json.dumps({**GOOD, "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": "{x"}}}
+                ).encode(), 400, "response_format.json_schema.schema", None),
+    (json.dumps({**GOOD, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "p", "schema": {"type": "objectx"}}}}).encode(), 400, "response_format", "invalid_value"),
+    (json.dumps({**GOOD, "specee": {"regex": "(unclosed"}}).encode(), 400, "specee.regex", "invalid_value"),
+    (json.dumps({**GOOD, "specee": {"grammar": "start: undefined_rule"}}).encode(), 400, "specee.grammar", None),
+    (json.dumps({**GOOD, "specee": {"regex": "a+"}, "response_format": {"type": "json_object"}}).encode(), 400,
+     "specee.regex", None),
+    (json.dumps({**GOOD, "specee": {"regex": "a+", "exit": "rule"}}).encode(), 400, "specee.regex", None),
     (json.dumps({**GOOD, "tools": [{"type": "function", "function": {"name": "f"}}]}).encode(), 400, "tools",
      "unsupported_value"),
     (json.dumps({**GOOD, "store": True}).encode(), 400, "store", "unsupported_value"),
@@ -229,6 +238,37 @@ def test_penalties_and_logit_bias_apply_and_speculation_keeps_them(client, model
     assert hybrid.choices[0].message.content == text  # greedy: token-identical with the same penalties
     forced = chat(client, model_id, max_tokens=5, logit_bias={"74": 100})  # SmolLM2's "Z"
     assert forced.choices[0].message.content == "ZZZZZ"
+
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                          "pets": {"type": "array", "items": {"type": "string"}, "maxItems": 3}},
+          "required": ["name", "age", "pets"], "additionalProperties": False}
+
+
+def test_structured_output_follows_the_schema_whole_streamed_and_speculative(client, model_id):
+    content = "Describe a fictional person as JSON: name, age and pets."
+    schema_format = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    dense = chat(client, model_id, content=content, max_tokens=80, response_format=schema_format)
+    person = json.loads(dense.choices[0].message.content)
+    assert set(person) == {"name", "age", "pets"} and isinstance(person["age"], int) and len(person["pets"]) <= 3
+    assert dense.choices[0].finish_reason == "stop"
+    for method in ("hybrid", "eagle", "kangaroo"):  # greedy: token-identical to dense under the same schema
+        speculative = chat(client, model_id, content=content, max_tokens=80, response_format=schema_format,
+                           extra_body={"specee": {"spec_method": method}})
+        assert speculative.choices[0].message.content == dense.choices[0].message.content, method
+        assert speculative.model_extra["specee"]["stats"]["draft_tokens_accepted"] > 0
+    streamed = "".join(chunk.choices[0].delta.content or "" for chunk in chat(
+        client, model_id, content=content, max_tokens=80, response_format=schema_format, stream=True,
+        extra_body={"specee": {"spec_method": "prompt-lookup"}}) if chunk.choices)
+    assert streamed == dense.choices[0].message.content
+    plain = chat(client, model_id, content="Say hello.", max_tokens=40, response_format={"type": "json_object"})
+    assert isinstance(json.loads(plain.choices[0].message.content), dict)
+    answer = chat(client, model_id, content="Is water wet?", max_tokens=20,
+                  extra_body={"specee": {"regex": "(Yes|No), [a-z ]+\\."}}).choices[0].message.content
+    assert answer.split(",")[0] in ("Yes", "No") and answer.endswith(".")
+    completion = client.completions.create(model=model_id, prompt="The colour of the sky:", max_tokens=10,
+                                           extra_body={"specee": {"grammar": 'start: " " COLOUR "."\nCOLOUR: "blue" | "grey"'}})
+    assert completion.choices[0].text in (" blue.", " grey.")
 
 
 def test_logprobs_are_the_dense_passes_exactly_whole_streamed_and_speculative(client, model_id):

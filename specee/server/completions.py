@@ -41,8 +41,9 @@ class Planner:
             raise BadRequest(f"specee: {e}", param="specee", code="invalid_value") from None
 
     def generation(self, request: Sampling, prompt_ids: list[int], prompt_param: str) -> Generation:
-        requested = request.specee.model_dump(exclude_none=True) if request.specee else None
+        requested = request.specee.decoding if request.specee else None
         strategy = self.strategy_for(requested)
+        grammar = request.grammar()
         room = self.engine.context_length - len(prompt_ids)
         if room <= 0:
             raise BadRequest(f"the prompt has {len(prompt_ids)} tokens but the context is "
@@ -71,9 +72,17 @@ class Planner:
             options["logprobs"] = request.logprobs_asked
         if not getattr(strategy, "full_logits", True):  # early exits
             asked = [name for name in ("presence_penalty", "frequency_penalty", "logit_bias") if options.get(name)]
-            for name in asked + (["logprobs"] if "logprobs" in options else []):
+            asked += ["logprobs"] if "logprobs" in options else []
+            asked += [grammar[1]] if grammar else []
+            for name in asked:
                 raise BadRequest(f"{name}: early exits choose among a few candidates, over no full distribution",
                                  param=name, code="invalid_value")
+        if grammar is not None:
+            try:
+                self.engine.grammars.check(grammar[0])
+            except ValueError as e:
+                raise BadRequest(f"{grammar[1]}: {e}", param=grammar[1], code="invalid_value") from None
+            options["grammar"] = grammar[0]
         try:
             return self.engine.stream(prompt_ids, strategy=strategy, **options)
         except ValueError as e:

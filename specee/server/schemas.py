@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ..decoding.config import request_schema
 from ..drafters.registry import find_method
 from ..exits.registry import find_exit
+from ..grammar import Grammar
 from ..sampling import MAX_LOGIT_BIAS, MAX_PENALTY, MAX_TOP_LOGPROBS
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
@@ -24,6 +25,38 @@ class Strict(BaseModel):
 # does not adjusts them. Paths to tables, draft models or exit predictors are server flags only, so
 # a client cannot make the server read its files.
 SpecOptions = request_schema(Strict, {"spec_method": find_method, "exit": find_exit})
+MAX_GRAMMAR_CHARS = 100_000  # a regex or Lark grammar; a JSON schema is bounded by the body size
+
+
+class Extension(SpecOptions):
+    """`specee`: the decoding options above, and a constraint beyond OpenAI's JSON ones."""
+
+    regex: str | None = Field(None, min_length=1, max_length=MAX_GRAMMAR_CHARS)  # the answer matches it whole
+    grammar: str | None = Field(None, min_length=1, max_length=MAX_GRAMMAR_CHARS)  # Lark, as llguidance reads it
+
+    @property
+    def decoding(self) -> dict:
+        return self.model_dump(exclude_none=True, exclude={"regex", "grammar"})
+
+
+class JsonSchema(Strict):
+    name: str = Field(min_length=1, max_length=64)
+    schema_: dict | bool = Field(True, alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+
+class ResponseFormat(Strict):
+    """OpenAI's response_format: text, any JSON object, or JSON matching a schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchema | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self):
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema goes with type json_schema, and only with it")
+        return self
 
 
 class StreamOptions(Strict):
@@ -33,7 +66,6 @@ class StreamOptions(Strict):
 # Standard fields this server cannot honour yet, each with the value that asks for nothing (the
 # default an OpenAI client may send anyway): that value is accepted, any other is a 400 saying so.
 NEUTRAL = {
-    "response_format": (None, {"type": "text"}),
     "tools": (None, []),
     "tool_choice": (None, "none", "auto"),
     "parallel_tool_calls": (None, True, False),
@@ -62,7 +94,8 @@ class Sampling(Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    specee: SpecOptions | None = None
+    specee: Extension | None = None
+    response_format: ResponseFormat | None = None
     presence_penalty: float | None = Field(None, ge=-MAX_PENALTY, le=MAX_PENALTY)
     frequency_penalty: float | None = Field(None, ge=-MAX_PENALTY, le=MAX_PENALTY)
     logit_bias: dict[str, float] | None = None  # token id (a string, as JSON keys are) -> bias
@@ -105,6 +138,28 @@ class Sampling(Strict):
     @property
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def grammar(self) -> tuple[Grammar, str] | None:
+        """The constraint the request puts on its answer and the parameter it came from, if any."""
+        asked = []
+        if self.response_format is not None and self.response_format.type == "json_object":
+            asked.append((Grammar.json_object, (), "response_format"))
+        elif self.response_format is not None and self.response_format.type == "json_schema":
+            asked.append((Grammar.json_schema, (self.response_format.json_schema.schema_,), "response_format"))
+        for name in ("regex", "grammar"):
+            if self.specee is not None and getattr(self.specee, name) is not None:
+                make = Grammar.regex if name == "regex" else Grammar.lark
+                asked.append((make, (getattr(self.specee, name),), f"specee.{name}"))
+        if len(asked) > 1:
+            raise BadRequest(f"{asked[1][2]}: one constraint per request (also {asked[0][2]})", param=asked[1][2],
+                             code="invalid_value")
+        if not asked:
+            return None
+        make, args, param = asked[0]
+        try:
+            return make(*args), param
+        except ValueError as e:
+            raise BadRequest(f"{param}: {e}", param=param, code="invalid_value") from None
 
     @property
     def include_usage(self) -> bool:
@@ -173,7 +228,6 @@ class ChatRequest(Sampling):
     def logprobs_asked(self) -> int | None:
         """The alternatives per token the engine reports, or None for no log-probabilities."""
         return (self.top_logprobs or 0) if self.logprobs else None
-    response_format: Any = None
     tools: Any = None
     tool_choice: Any = None
     parallel_tool_calls: Any = None
@@ -190,6 +244,10 @@ class CompletionRequest(Sampling):
     echo: Any = None
     best_of: Any = None
     suffix: Any = None
+
+
+# What pydantic adds to an error's location for the member of a union that refused the value.
+TYPE_NAMES = {"str", "int", "float", "bool", "dict", "list"}
 
 
 class BadRequest(Exception):
@@ -220,7 +278,7 @@ def parse(model: type[BaseModel], body: object) -> BaseModel:
             error = first["ctx"]["error"]
             raise BadRequest(f"{error.param}: {error}", param=error.param, code=error.code) from None
         # Union members add their type name to the location; keep only the request's own keys.
-        path = [str(p) for p in first["loc"] if not (isinstance(p, str) and p in ("str", "list[str]"))]
+        path = [str(p) for p in first["loc"] if not (isinstance(p, str) and (p in TYPE_NAMES or "[" in p))]
         param = ".".join(path) or None
         message = first["msg"].removeprefix("Value error, ")
         raise BadRequest(f"{param}: {message}" if param else message, param=param,
