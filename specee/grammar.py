@@ -12,12 +12,10 @@ import functools
 import json
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .verification.draft import Draft
-
-# Bits of one mask byte, least significant first, as llguidance packs them.
-_BITS = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8)
 
 
 KIND_NAMES = {"json_schema": "JSON schema", "json_object": "JSON object", "regex": "regex", "lark": "grammar"}
@@ -132,12 +130,14 @@ class Constraint:
         """[vocab] bool: the tokens the grammar allows next (once it has ended, the end tokens)."""
         if self.matcher.is_stopped():
             return self.end_tokens
-        packed = torch.frombuffer(bytearray(self.matcher.compute_bitmask()), dtype=torch.uint8)
-        return (packed.unsqueeze(1) & _BITS).ne(0).flatten()[: self.vocab_size]
+        packed = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
+        return torch.from_numpy(np.unpackbits(packed, count=self.vocab_size, bitorder="little").view(np.bool_))
 
     def masks(self, paths: list[list[int]]) -> torch.Tensor:
         """[rows, vocab] bool: what the grammar allows after each path of draft tokens. A path the
         grammar refuses part-way leads to a row no accepted path can reach: it is left unmasked."""
+        if paths == [[]]:  # dense decoding's one row
+            return self.allowed().unsqueeze(0)
         rows = torch.ones(len(paths), self.vocab_size, dtype=torch.bool)
         for row, path in enumerate(paths):
             taken = self.matcher.try_consume_tokens(path) if path else 0

@@ -126,7 +126,7 @@ class Sampler:
         if not self.adjusts:
             return logits
         rows, vocab = logits.shape
-        adjusted = logits.float().clone()
+        adjusted = logits.float().clone() if params.adjusts else logits.float()
         if params.presence_penalty or params.frequency_penalty:
             output = torch.tensor(tokens[self.prompt_length:], dtype=torch.long)
             counts = torch.bincount(output, minlength=vocab)[:vocab].float().expand(rows, vocab).clone()
@@ -140,7 +140,7 @@ class Sampler:
         if self.constraint is not None:
             self.constraint.advance(tokens[self.prompt_length:])
             allowed = self.constraint.masks(paths or [[]] * rows).to(adjusted.device)
-            adjusted.masked_fill_(~allowed, float("-inf"))
+            adjusted = torch.where(allowed, adjusted, float("-inf"))
         return adjusted
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
