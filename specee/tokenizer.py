@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer as FastTokenizer
 
-Messages = list[dict[str, str]]
+Messages = list[dict]
 
 
 class Tokenizer:
@@ -60,7 +60,8 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: Messages, add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: Messages, add_generation_prompt: bool = True,
+                            tools: list[dict] | None = None) -> str:
         if self.chat_template is None:
             raise ValueError("this model has no chat template; pass plain text (--no-chat)")
         from jinja2.exceptions import TemplateError
@@ -71,18 +72,20 @@ class Tokenizer:
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token or "",
                 eos_token=self.eos_token or "",
+                tools=tools,
             )
         except TemplateError as e:  # the template's own raise_exception, or a broken template
             raise ValueError(f"the model's chat template refused these messages: {e}") from None
 
-    def encode_prompt(self, prompt: str | Messages, chat: bool = True) -> list[int]:
+    def encode_prompt(self, prompt: str | Messages, chat: bool = True, tools: list[dict] | None = None) -> list[int]:
         """Token ids for a prompt: messages (or plain text wrapped as one user message) go
-        through the chat template when `chat` and the model has one."""
+        through the chat template when `chat` and the model has one (with `tools` for a template
+        that renders them)."""
         if isinstance(prompt, str) and not (chat and self.chat_template):
             return self.encode(prompt)
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
         # The template writes the special tokens itself.
-        return self.encode(self.apply_chat_template(messages), add_special_tokens=False)
+        return self.encode(self.apply_chat_template(messages, tools=tools), add_special_tokens=False)
 
 
 def _token_text(token) -> str | None:

@@ -131,7 +131,7 @@ BAD_BODIES = [
     (json.dumps({"messages": []}).encode(), 400, "messages", None),
     (json.dumps({"messages": [{"role": "wizard", "content": "hi"}]}).encode(), 400, "messages.0.role", None),
     (json.dumps({"messages": [{"role": "user", "content": ["hi"]}]}).encode(), 400, "messages.0.content", None),
-    (json.dumps({"messages": [{"role": "user", "content": None}]}).encode(), 400, "messages.0.content", None),
+    (json.dumps({"messages": [{"role": "user", "content": None}]}).encode(), 400, "messages.0", None),
     (json.dumps({**GOOD, "model": "gpt-4o"}).encode(), 404, "model", "model_not_found"),
     (json.dumps({**GOOD, "temperature": -0.1}).encode(), 400, "temperature", None),
     (json.dumps({**GOOD, "temperature": 2.5}).encode(), 400, "temperature", None),
@@ -164,8 +164,10 @@ BAD_BODIES = [
     (json.dumps({**GOOD, "specee": {"regex": "a+"}, "response_format": {"type": "json_object"}}).encode(), 400,
      "specee.regex", None),
     (json.dumps({**GOOD, "specee": {"regex": "a+", "exit": "rule"}}).encode(), 400, "specee.regex", None),
-    (json.dumps({**GOOD, "tools": [{"type": "function", "function": {"name": "f"}}]}).encode(), 400, "tools",
-     "unsupported_value"),
+    (json.dumps({**GOOD, "tools": [{"type": "function", "function": {"name": "f"}}],
+                 "tool_choice": {"type": "function", "function": {"name": "g"}}}).encode(), 400, "tool_choice", None),
+    (json.dumps({**GOOD, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required",
+                 "response_format": {"type": "json_object"}}).encode(), 400, "response_format", None),
     (json.dumps({**GOOD, "store": True}).encode(), 400, "store", "unsupported_value"),
     (json.dumps({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}).encode(),
      400, "messages.0.content", None),
@@ -269,6 +271,47 @@ def test_structured_output_follows_the_schema_whole_streamed_and_speculative(cli
     completion = client.completions.create(model=model_id, prompt="The colour of the sky:", max_tokens=10,
                                            extra_body={"specee": {"grammar": 'start: " " COLOUR "."\nCOLOUR: "blue" | "grey"'}})
     assert completion.choices[0].text in (" blue.", " grey.")
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
+                                          "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                         "required": ["city"]}}},
+         {"type": "function", "function": {"name": "add", "description": "Add two numbers",
+                                          "parameters": {"type": "object", "properties": {
+                                              "a": {"type": "number"}, "b": {"type": "number"}}, "required": ["a", "b"]}}}]
+
+
+def test_tool_calls_forced_parsed_streamed_and_answered(client, model_id):
+    question = [{"role": "user", "content": "What is the weather in Paris?"}]
+    named = chat(client, model_id, content=question[0]["content"], max_tokens=60, tools=TOOLS,
+                 tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    choice = named.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    [call] = choice.message.tool_calls
+    assert call.function.name == "get_weather" and set(json.loads(call.function.arguments)) == {"city"}
+    required = chat(client, model_id, content=question[0]["content"], max_tokens=60, tools=TOOLS,
+                    tool_choice="required", parallel_tool_calls=False,
+                    extra_body={"specee": {"spec_method": "hybrid"}})  # a forced call is drafted for free
+    assert [c.function.name for c in required.choices[0].message.tool_calls] in (["get_weather"], ["add"])
+    chunks = [c for c in chat(client, model_id, content=question[0]["content"], max_tokens=60, tools=TOOLS,
+                              tool_choice="required", parallel_tool_calls=False, stream=True) if c.choices]
+    deltas = [c.choices[0].delta for c in chunks]
+    assert not any(d.content for d in deltas)  # a call is not content
+    [streamed] = [tc for d in deltas for tc in d.tool_calls or ()]
+    assert (streamed.index, streamed.function.model_dump()) == (0, required.choices[0].message.tool_calls[0].function
+                                                                 .model_dump())
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    # The call's result goes back as a tool message; a plain answer (no tools offered) comes out as content.
+    answer = client.chat.completions.create(model=model_id, max_tokens=30, messages=question + [
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": "18 C and sunny"}])
+    assert answer.choices[0].message.content and answer.choices[0].message.tool_calls is None
+    auto = chat(client, model_id, content="Write one sentence about the sea.", max_tokens=30, tools=TOOLS)
+    assert auto.choices[0].message.content and not auto.choices[0].message.content.startswith("{")
+    streamed_auto = "".join(c.choices[0].delta.content or "" for c in chat(
+        client, model_id, content="Write one sentence about the sea.", max_tokens=30, tools=TOOLS, stream=True)
+        if c.choices)
+    assert streamed_auto == auto.choices[0].message.content
 
 
 def test_logprobs_are_the_dense_passes_exactly_whole_streamed_and_speculative(client, model_id):

@@ -222,15 +222,15 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
         if body.model is not None and body.model != config.model_id:
             raise BadRequest(f"the model {body.model!r} does not exist; this server runs {config.model_id!r}",
                              param="model", code="model_not_found", status=404)
-        prompt_ids, prompt_param = prompt_of(engine, body)
-        generation = planner.generation(body, prompt_ids, prompt_param)
+        prompt = prompt_of(engine, body)
+        generation = planner.generation(body, prompt)
         inbox = Inbox()
         job = Job(generation, time.monotonic() + config.request_timeout, inbox.deliver)
         try:
             scheduler.submit(job)
         except QueueFull as e:
             raise BadRequest(f"{e}; retry later", code="queue_full", status=503, kind="server_error") from None
-        shaper = Shaper(isinstance(body, ChatRequest), config.model_id, engine)
+        shaper = Shaper(isinstance(body, ChatRequest), config.model_id, engine, prompt.tools)
         if body.stream:
             return StreamingResponse(stream(job, inbox, shaper, body.include_usage), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

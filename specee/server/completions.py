@@ -11,6 +11,7 @@ from ..decoding.config import SpecConfig
 from ..engine import Engine, Event, Generation, Result, TokenLogprob
 from ..text_stream import TextStream
 from .schemas import BadRequest, ChatRequest, CompletionRequest, Sampling
+from .tools import CallReader, ToolPlan, knows_tools
 
 # Distinct speculative configurations whose strategies are kept (strategies hold no request state).
 STRATEGY_CACHE_SIZE = 32
@@ -40,10 +41,17 @@ class Planner:
         except ValueError as e:
             raise BadRequest(f"specee: {e}", param="specee", code="invalid_value") from None
 
-    def generation(self, request: Sampling, prompt_ids: list[int], prompt_param: str) -> Generation:
+    def generation(self, request: Sampling, prompt: Prompt) -> Generation:
+        prompt_ids, prompt_param = prompt.ids, prompt.param
         requested = request.specee.decoding if request.specee else None
         strategy = self.strategy_for(requested)
         grammar = request.grammar()
+        tool_grammar = prompt.tools.grammar() if prompt.tools else None
+        if tool_grammar is not None:
+            if grammar is not None:
+                raise BadRequest(f"{grammar[1]}: one constraint per request, and tool_choice "
+                                 f"{prompt.tools.choice!r} is one", param=grammar[1], code="invalid_value")
+            grammar = tool_grammar, "tools"
         room = self.engine.context_length - len(prompt_ids)
         if room <= 0:
             raise BadRequest(f"the prompt has {len(prompt_ids)} tokens but the context is "
@@ -89,13 +97,30 @@ class Planner:
             raise BadRequest(str(e), param=prompt_param, code="invalid_value") from None
 
 
-def prompt_of(engine: Engine, request: ChatRequest | CompletionRequest) -> tuple[list[int], str]:
-    """(prompt token ids, the parameter they came from)."""
+@dataclass
+class Prompt:
+    ids: list[int]
+    param: str  # the request parameter it came from
+    tools: ToolPlan | None = None  # how the request's tools were put in, and its answer is read
+
+
+def prompt_of(engine: Engine, request: ChatRequest | CompletionRequest) -> Prompt:
     try:
-        if isinstance(request, ChatRequest):
-            messages = [m.for_template() for m in request.messages]
-            return engine.encode(messages, chat=True), "messages"
-        return engine.encode(request.prompt, chat=False), "prompt"
+        if not isinstance(request, ChatRequest):
+            return Prompt(engine.encode(request.prompt, chat=False), "prompt")
+        messages = [m.for_template() for m in request.messages]
+        tokenizer = engine.tokenizer
+        plan = None
+        if request.tools and request.tool_choice_name != "none":
+            plan = ToolPlan(knows_tools(tokenizer.chat_template), [t.function.model_dump(exclude_none=True)
+                                                                  for t in request.tools],
+                            request.tool_choice_name, request.parallel_tool_calls is not False)
+        elif any(m["role"] == "tool" or "tool_calls" in m for m in messages):
+            plan = ToolPlan(knows_tools(tokenizer.chat_template), [], "none")  # earlier calls, no new ones
+        if plan is not None:
+            messages = plan.conversation(messages)
+        ids = tokenizer.encode_prompt(messages, chat=True, tools=plan.template_tools() if plan else None)
+        return Prompt(ids, "messages", plan if plan is not None and plan.tools else None)
     except (ValueError, UnicodeError) as e:  # a template that refuses the messages, lone surrogates
         raise BadRequest(f"cannot encode the prompt: {e}", code="invalid_value") from None
 
@@ -104,8 +129,9 @@ class Shaper:
     """One response's OpenAI shapes: chat or completion, whole or chunk by chunk. Each chunk's
     `specee` field says how every token was made, for the live page."""
 
-    def __init__(self, chat: bool, model_id: str, engine: Engine) -> None:
+    def __init__(self, chat: bool, model_id: str, engine: Engine, tools: ToolPlan | None = None) -> None:
         self.chat = chat
+        self.calls: CallReader | None = tools.reader() if tools else None  # reads tool calls out of the answer
         self.model_id = model_id
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
@@ -146,12 +172,21 @@ class Shaper:
             for i, t in enumerate(event.token_ids)
         ]
         if self.chat:
-            delta = {"content": event.text}
+            delta, finish = {"content": event.text}, event.finish_reason
+            if self.calls is not None:  # content as it is known to be content; calls at the end
+                content, calls = self.calls.feed(event.text), []
+                if finish is not None:
+                    rest, calls = self.calls.finish()
+                    content += rest
+                delta = {"content": content} if content else {}
+                if calls:
+                    delta["tool_calls"] = [{"index": i} | call for i, call in enumerate(calls)]
+                    finish = "tool_calls"
             if not self._sent_role:
                 delta = {"role": "assistant", **delta}
                 self._sent_role = True
             choice = {"index": 0, "delta": delta, "logprobs": self._logprobs(event.logprobs),
-                      "finish_reason": event.finish_reason}
+                      "finish_reason": finish}
             return self._envelope("chat.completion.chunk", [choice], specee={"tokens": tokens})
         choice = {"index": 0, "text": event.text, "logprobs": self._logprobs(event.logprobs),
                   "finish_reason": event.finish_reason}
@@ -163,8 +198,16 @@ class Shaper:
 
     def whole(self, result: Result) -> dict:
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
-                      "logprobs": self._logprobs(result.logprobs), "finish_reason": result.finish_reason}
+            message, finish = {"role": "assistant", "content": result.text}, result.finish_reason
+            if self.calls is not None:
+                content = self.calls.feed(result.text)
+                rest, calls = self.calls.finish()
+                if calls:
+                    message, finish = {"role": "assistant", "content": None, "tool_calls": calls}, "tool_calls"
+                else:
+                    message["content"] = content + rest
+            choice = {"index": 0, "message": message, "logprobs": self._logprobs(result.logprobs),
+                      "finish_reason": finish}
             return self._envelope("chat.completion", [choice], usage=usage(result),
                                   specee={"stats": stats_summary(result)})
         choice = {"index": 0, "text": result.text, "logprobs": self._logprobs(result.logprobs),

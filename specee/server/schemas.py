@@ -66,9 +66,6 @@ class StreamOptions(Strict):
 # Standard fields this server cannot honour yet, each with the value that asks for nothing (the
 # default an OpenAI client may send anyway): that value is accepted, any other is a 400 saying so.
 NEUTRAL = {
-    "tools": (None, []),
-    "tool_choice": (None, "none", "auto"),
-    "parallel_tool_calls": (None, True, False),
     "store": (None, False),
     "metadata": (None, {}),
     "service_tier": (None, "auto", "default"),
@@ -191,10 +188,31 @@ class TextPart(Strict):
 OTHER_MODALITIES = {"image_url": "images", "input_audio": "audio", "file": "files", "video_url": "video"}
 
 
+class FunctionCall(Strict):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(Strict):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class Message(Strict):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool's result answers this call
+
+    @model_validator(mode="after")
+    def _content_or_calls(self):
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content is required (an assistant message may have tool_calls instead)")
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError("only assistant messages have tool_calls")
+        return self
 
     @field_validator("content", mode="before")
     @classmethod
@@ -208,13 +226,40 @@ class Message(Strict):
     def for_template(self) -> dict:
         """The message as the chat template reads it: text parts joined by newlines (as vLLM
         joins them), a developer message as the system message it replaces."""
-        content = self.content if isinstance(self.content, str) else "\n".join(part.text for part in self.content)
+        content = self.content if isinstance(self.content, (str, type(None))) else "\n".join(
+            part.text for part in self.content)
         message = {"role": "system" if self.role == "developer" else self.role, "content": content}
-        return message | ({"name": self.name} if self.name is not None else {})
+        extra = {"name": self.name, "tool_call_id": self.tool_call_id,
+                 "tool_calls": [call.model_dump() for call in self.tool_calls] if self.tool_calls else None}
+        return message | {key: value for key, value in extra.items() if value is not None}
+
+
+class FunctionDefinition(Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    description: str | None = None
+    parameters: dict | None = None  # a JSON schema of the arguments
+    strict: bool | None = None
+
+
+class Tool(Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(Strict):
+    name: str
+
+
+class NamedToolChoice(Strict):
+    type: Literal["function"]
+    function: FunctionName
 
 
 class ChatRequest(Sampling):
     messages: list[Message] = Field(min_length=1)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
@@ -224,13 +269,27 @@ class ChatRequest(Sampling):
             raise ParameterError("top_logprobs", "needs logprobs: true", code="invalid_value")
         return self
 
+    @model_validator(mode="after")
+    def _tool_choice_names_a_tool(self):
+        names = {tool.function.name for tool in self.tools or ()}
+        if isinstance(self.tool_choice, NamedToolChoice) and self.tool_choice.function.name not in names:
+            raise ParameterError("tool_choice", f"names {self.tool_choice.function.name!r}, which is not in tools",
+                                 code="invalid_value")
+        if self.tool_choice == "required" and not names:
+            raise ParameterError("tool_choice", "required needs tools", code="invalid_value")
+        return self
+
+    @property
+    def tool_choice_name(self) -> str:
+        """none, auto, required, or the name of the function to call."""
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return self.tool_choice.function.name
+        return self.tool_choice or "auto"
+
     @property
     def logprobs_asked(self) -> int | None:
         """The alternatives per token the engine reports, or None for no log-probabilities."""
         return (self.top_logprobs or 0) if self.logprobs else None
-    tools: Any = None
-    tool_choice: Any = None
-    parallel_tool_calls: Any = None
     modalities: Any = None
 
 

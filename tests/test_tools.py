@@ -1,0 +1,147 @@
+"""Tool calls: tools rendered by a template that knows them (Hermes calls) or by our generic system
+message, `required` and named choices enforced by the grammar, and calls read out of the answer
+whole or as it streams (the real model through the server: tests/test_server.py)."""
+import json
+
+import pytest
+
+from helpers import CHATML, tiny_model
+from specee.engine import Engine
+from specee.server.schemas import BadRequest, ChatRequest, parse
+from specee.server.tools import CallReader, ToolPlan, knows_tools
+
+WEATHER = {"name": "get_weather", "description": "The weather in a city",
+           "parameters": {"type": "object", "properties": {"unit": {"enum": ["celsius", "fahrenheit"]},
+                                                           "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+                          "required": ["unit", "days"]}}
+ADD = {"name": "add", "parameters": {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99}},
+                                     "required": ["a"]}}
+# A Hermes-style template (Qwen 2.5's shape, shortened): tools into the system turn, calls and
+# tool results as their own blocks.
+HERMES = (
+    "{% if tools %}<|im_start|>system\nTools:\n{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}"
+    "Call them as <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call><|im_end|>\n{% endif %}"
+    "{% for m in messages %}{% if m.tool_calls %}<|im_start|>assistant\n{% for c in m.tool_calls %}<tool_call>\n"
+    "{{ {'name': c.function.name, 'arguments': c.function.arguments} | tojson }}\n</tool_call>{% endfor %}<|im_end|>\n"
+    "{% elif m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response><|im_end|>\n"
+    "{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_content_streams_at_once_and_calls_are_read_whole():
+    reader = CallReader(native=False, names={"add"})
+    assert reader.feed(" ") == "" and reader.feed("Hi") == " Hi" and reader.feed(" there") == " there"
+    assert reader.finish() == ("", [])
+    reader = CallReader(native=False, names={"add"})
+    assert reader.feed('{"tool_calls": [{"name": "add", ') == "" and reader.feed('"arguments": {"a": 2}}]}') == ""
+    content, calls = reader.finish()
+    assert content == "" and [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("add", {"a": 2})]
+    assert calls[0]["id"].startswith("call_") and calls[0]["type"] == "function"
+    native = CallReader(native=True, names={"add", "get_weather"})
+    assert native.feed("<tool_") == ""  # could still open a call: held back
+    native.feed('call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>\n<tool_call>\n'
+                '{"name": "get_weather", "arguments": {}}\n</tool_call>')
+    assert [c["function"]["name"] for c in native.finish()[1]] == ["add", "get_weather"]
+
+
+@pytest.mark.parametrize("native,text", [(False, '{"tool_calls": [{"name": "delete_all", "arguments": {}}]}'),
+                                         (False, '{"tool_calls": [{"name": "add", "arguments": {"a'),
+                                         (True, "<tool_call>\n{not json}\n</tool_call>"),
+                                         (True, "<tool")])
+def test_what_is_not_a_valid_call_of_a_given_tool_is_content(native, text):
+    reader = CallReader(native=native, names={"add"})
+    sent = reader.feed(text)
+    assert sent + reader.finish()[0] == text and reader.finish()[1] == []
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_tokenizer):
+    return Engine(tiny_model(seed=11, vocab_size=tiny_tokenizer.vocab_size, num_hidden_layers=2,
+                                 max_position_embeddings=2048), tiny_tokenizer)
+
+
+def call_of(engine, plan: ToolPlan, spec_method=None) -> tuple[list[dict], str]:
+    messages = plan.conversation([{"role": "user", "content": "the weather for three days"}])
+    tokenizer = engine.tokenizer
+    ids = tokenizer.encode_prompt(messages, tools=plan.template_tools())
+    result = engine.generate(ids, max_tokens=120, grammar=plan.grammar(), spec_method=spec_method)
+    reader = plan.reader()
+    reader.feed(result.text)
+    return reader.finish()[1], tokenizer.decode(ids, skip_special_tokens=False)
+
+
+@pytest.mark.parametrize("choice", ["required", "get_weather"])
+def test_a_required_or_named_call_is_forced_in_the_generic_format(engine, choice):
+    plan = ToolPlan(knows_tools(engine.tokenizer.chat_template), [WEATHER, ADD], choice, parallel=False)
+    assert not plan.native  # the tiny ChatML template does not render tools
+    calls, prompt = call_of(engine, plan)
+    assert '"name": "get_weather"' in prompt and "tool_calls" in prompt  # our system message lists the tools
+    assert len(calls) == 1
+    if choice == "get_weather":
+        arguments = json.loads(calls[0]["function"]["arguments"])
+        assert calls[0]["function"]["name"] == "get_weather"
+        assert arguments["unit"] in ("celsius", "fahrenheit") and 1 <= arguments["days"] <= 7
+        assert set(arguments) == {"unit", "days"}  # no arguments the function does not declare
+
+
+def test_speculation_makes_the_same_call(engine):
+    plan = ToolPlan(False, [WEATHER, ADD], "get_weather")
+    assert call_of(engine, plan, "prompt-lookup")[0][0]["function"] == call_of(engine, plan)[0][0]["function"]
+
+
+def test_a_template_that_knows_tools_renders_them_and_gets_hermes_calls(tiny_tokenizer, engine, monkeypatch):
+    monkeypatch.setattr(engine.tokenizer, "chat_template", HERMES)
+    plan = ToolPlan(knows_tools(HERMES), [WEATHER, ADD], "get_weather")
+    assert plan.native
+    calls, prompt = call_of(engine, plan)
+    assert prompt.startswith("<|im_start|>system\nTools:\n") and '"name": "add"' in prompt
+    assert [c["function"]["name"] for c in calls] == ["get_weather"]
+    # An earlier call and its result, in the template's own blocks.
+    history = plan.conversation([
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "2"}])
+    text = engine.tokenizer.apply_chat_template(history, tools=plan.template_tools())
+    assert '<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>' in text
+    assert "<tool_response>\n2\n</tool_response>" in text
+
+
+def test_the_generic_format_writes_earlier_calls_and_results_as_text():
+    plan = ToolPlan(False, [ADD], "auto")
+    history = plan.conversation([
+        {"role": "system", "content": "Be brief."},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "2"}])
+    assert history[0]["content"].startswith("Be brief.\n\nYou can call these tools")
+    assert json.loads(history[1]["content"]) == {"tool_calls": [{"name": "add", "arguments": {"a": 1}}]}
+    assert history[2] == {"role": "user", "content": "Result of tool call call_1: 2"}
+    assert CHATML  # the tiny template renders any role
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"tool_choice": {"type": "function", "function": {"name": "nope"}}, "tools": [{"type": "function",
+                                                                                   "function": ADD}]}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools.0.function.name"),
+    ({"tools": [{"type": "code_interpreter"}]}, "tools.0.type"),
+    ({"messages": [{"role": "user"}]}, "messages.0"),
+    ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, "messages.0"),
+])
+def test_bad_tool_requests_are_a_400_naming_the_field(body, param):
+    with pytest.raises(BadRequest) as error:
+        parse(ChatRequest, {"messages": [{"role": "user", "content": "hi"}]} | body)
+    assert error.value.param == param and error.value.status == 400
+
+
+def test_tool_messages_and_calls_without_content_are_accepted():
+    request = parse(ChatRequest, {"messages": [
+        {"role": "user", "content": "add 1"},
+        {"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
+                                              "function": {"name": "add", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c", "content": "1"}], "tools": [{"type": "function", "function": ADD}],
+        "tool_choice": "auto", "parallel_tool_calls": False})
+    assert [m.role for m in request.messages] == ["user", "assistant", "tool"] and request.tool_choice_name == "auto"
