@@ -42,6 +42,8 @@ class Member:
         self._greenlet = greenlet(self._run, home)
 
     def _run(self) -> None:
+        while not self.generation.ready:  # a follower waits a round at a time for its leader's prefill
+            self._greenlet.parent.switch(None)
         events = self.generation.events(self, self.prefill_chunk)
         try:
             for event in events:
@@ -68,6 +70,9 @@ class Member:
 
     def close(self) -> None:
         """Stop the generation where it is: its cache and drafting state are freed."""
+        share = self.generation.share
+        if share is not None and self.generation.leads and not share.settled:
+            share.abandoned = True  # its followers prefill alone
         if self._greenlet:  # started and not dead
             self._greenlet.throw(GreenletExit)
 

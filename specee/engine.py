@@ -2,10 +2,12 @@
 own KV cache and its own drafting state, so generations never disturb each other."""
 from __future__ import annotations
 
+import copy
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import torch
 
@@ -71,6 +73,39 @@ class Result:
         names = ("text", "token_ids", "prompt_tokens", "completion_tokens", "finish_reason")
         stats = self.stats.to_dict() | {"prefill_s": self.stats.prefill_s, "decode_s": self.stats.decode_s}
         return {name: getattr(self, name) for name in names} | {"stats": stats}
+
+
+class PrefillState(NamedTuple):
+    """A prompt's prefill: its cache, the logits after it, and the states a drafter reads."""
+
+    cache: KVCache
+    logits: torch.Tensor
+    hidden: torch.Tensor | None
+    shallow: torch.Tensor | None
+
+
+class SharedPrefill:
+    """One prompt pass for several generations of one request (n > 1): the first publishes a copy
+    of its prefill, each of the others takes one (the last takes the published copy itself)."""
+
+    def __init__(self, followers: int) -> None:
+        self.left = followers
+        self.state: PrefillState | None = None
+        self.abandoned = False  # the first ended before its prefill: the others prefill alone
+
+    @property
+    def settled(self) -> bool:
+        return self.state is not None or self.abandoned
+
+    def take(self) -> PrefillState | None:
+        state = self.state
+        if state is None:
+            return None
+        self.left -= 1
+        if self.left == 0:
+            self.state = None
+            return state
+        return state._replace(cache=state.cache.copy())
 
 
 def load_engine(model=None, dtype: str = "fp32", device: str = "cpu", threads: int | None = None,
@@ -195,6 +230,26 @@ class Generation:
         if grammar is not None:
             engine.grammars.check(grammar)
         self.result: Result | None = None
+        self.share: SharedPrefill | None = None  # n > 1: the prefill this generation shares
+        self.leads = True  # it runs the shared prefill (else it takes it)
+
+    def followers(self, count: int) -> list["Generation"]:
+        """`count` more generations of this request that start from its prefill (n > 1), so one
+        prompt pass serves them all. With a seed, follower i samples with seed + i + 1."""
+        self.share = SharedPrefill(count)
+        twins = []
+        for i in range(count):
+            twin = copy.copy(self)
+            seed = None if self.params.seed is None else self.params.seed + i + 1
+            twin.params = dataclasses.replace(self.params, seed=seed)
+            twin.leads = False
+            twins.append(twin)
+        return twins
+
+    @property
+    def ready(self) -> bool:
+        """False while this follower's leader has not prefilled (a batch holds it back till then)."""
+        return self.share is None or self.leads or self.share.settled
 
     def __iter__(self) -> Iterator[Event]:
         return self.events()
@@ -212,10 +267,20 @@ class Generation:
         finish, new, delta, drafted, exit_layer, new_logprobs = "length", [], "", 0, None, None
         # Inference mode is entered per step, never held across a yield: interleaved generations
         # would otherwise unwind each other's mode.
-        with torch.inference_mode():
-            cache = engine.new_cache(len(self.prompt_ids), self.max_tokens)
-            start = time.perf_counter()
-            logits, hidden, shallow = self._prefill(cache, passes, prefill_chunk, stats)
+        start = time.perf_counter()
+        shared = self.share.take() if self.share is not None and not self.leads else None
+        if shared is not None:
+            cache, logits, hidden, shallow = shared
+        else:
+            try:
+                with torch.inference_mode():
+                    cache = engine.new_cache(len(self.prompt_ids), self.max_tokens)
+                    logits, hidden, shallow = self._prefill(cache, passes, prefill_chunk, stats)
+                    if self.share is not None and self.leads:
+                        self.share.state = PrefillState(cache.copy(), logits, hidden, shallow)
+            finally:
+                if self.share is not None and self.leads and self.share.state is None:
+                    self.share.abandoned = True
         stats.prefill_s = time.perf_counter() - start
         constraint = engine.grammars.constraint(self.grammar) if self.grammar is not None else None
         sampler = Sampler(self.params, model.device, len(self.prompt_ids), constraint)

@@ -108,6 +108,37 @@ def test_generations_sharing_passes_give_what_they_give_alone(engine):
     assert len([r for r in rows if r]) < passes_alone
 
 
+@pytest.mark.parametrize("request_options", [dict(max_tokens=12, ignore_eos=True, temperature=0.9, seed=4),
+                                             dict(max_tokens=12, ignore_eos=True, spec_method="prompt-lookup",
+                                                  tree="auto", temperature=0.8, seed=9)])
+def test_n_choices_share_one_prefill_and_each_samples_as_alone(engine, request_options):
+    prompt = PROMPTS[0]
+    leader = engine.stream(prompt, **request_options)
+    generations = [leader] + leader.followers(2)
+    rows, _ = run_batch(engine, generations)
+    prompt_length = len(engine.encode(prompt))
+    decode_rows = sum(g.result.stats.target_passes + g.result.stats.draft_nodes for g in generations)
+    assert sum(rows) == prompt_length + decode_rows  # the prompt ran once
+    for i, generation in enumerate(generations):  # choice i samples with seed + i, as alone
+        alone = engine.generate(prompt, **(request_options | {"seed": request_options["seed"] + i}))
+        assert generation.result.token_ids == alone.token_ids
+    assert len({tuple(g.result.token_ids) for g in generations}) > 1
+
+
+def test_followers_of_a_leader_dropped_before_its_prefill_prefill_alone(engine):
+    leader = engine.stream(PROMPTS[1], max_tokens=6, ignore_eos=True)
+    followers = leader.followers(2)
+    batch = Batch(engine.model, 4)
+    dropped = batch.add(leader)
+    members = [batch.add(f) for f in followers]
+    batch.drop(dropped)
+    while batch.members:
+        batch.advance()
+        batch.run_pass()
+    alone = engine.generate(PROMPTS[1], max_tokens=6, ignore_eos=True)
+    assert [f.result.token_ids for f in followers] == [alone.token_ids] * 2 and len(members) == 2
+
+
 def test_a_long_prompt_is_prefilled_in_chunks_beside_decoding(engine):
     long_prompt = " ".join(PROMPTS * 2)
     requests = [dict(max_tokens=60, ignore_eos=True), dict(max_tokens=5)]

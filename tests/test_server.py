@@ -142,7 +142,8 @@ BAD_BODIES = [
     (json.dumps({**GOOD, "max_tokens": "5"}).encode(), 400, "max_tokens", None),
     (json.dumps({**GOOD, "max_completion_tokens": -3}).encode(), 400, "max_completion_tokens", None),
     (json.dumps({**GOOD, "seed": -1}).encode(), 400, "seed", None),
-    (json.dumps({**GOOD, "n": 2}).encode(), 400, "n", None),
+    (json.dumps({**GOOD, "n": 17}).encode(), 400, "n", None),
+    (json.dumps({**GOOD, "n": 0}).encode(), 400, "n", None),
     (json.dumps({**GOOD, "stop": ["a", "b", "c", "d", "e"]}).encode(), 400, "stop", None),
     (json.dumps({**GOOD, "stream": "yes"}).encode(), 400, "stream", None),
     (json.dumps({**GOOD, "logit_bias": {"99999999": 5}}).encode(), 400, "logit_bias", "invalid_value"),
@@ -312,6 +313,33 @@ def test_tool_calls_forced_parsed_streamed_and_answered(client, model_id):
         client, model_id, content="Write one sentence about the sea.", max_tokens=30, tools=TOOLS, stream=True)
         if c.choices)
     assert streamed_auto == auto.choices[0].message.content
+
+
+def test_n_choices_share_the_prefill_each_as_a_single_request_with_its_seed(client, model_id, default_server):
+    options = dict(content="Write a short poem about rain.", max_tokens=16, temperature=0.9, seed=21)
+    before = metrics(default_server)
+    three = chat(client, model_id, n=3, **options)
+    after = metrics(default_server)
+    assert [c.index for c in three.choices] == [0, 1, 2]
+    texts = [c.message.content for c in three.choices]
+    assert len(set(texts)) > 1
+    for i, text in enumerate(texts):  # choice i samples with seed + i
+        assert chat(client, model_id, **(options | {"seed": 21 + i})).choices[0].message.content == text
+    single = chat(client, model_id, **options)
+    assert three.usage.prompt_tokens == single.usage.prompt_tokens  # counted once
+    assert three.usage.completion_tokens == sum(
+        chat(client, model_id, **(options | {"seed": 21 + i})).usage.completion_tokens for i in range(3))
+    # The prompt ran once: the passes' rows are its tokens and one row per later token of each choice.
+    rows = delta(after, before, "specee_shared_pass_rows_total")
+    assert rows == three.usage.prompt_tokens + three.usage.completion_tokens - 3
+    streamed = {i: "" for i in range(3)}
+    for chunk in chat(client, model_id, n=3, stream=True, **options):
+        for choice in chunk.choices:
+            streamed[choice.index] += choice.delta.content or ""
+    assert list(streamed.values()) == texts
+    completions = client.completions.create(model=model_id, prompt="Once upon a time", max_tokens=8, n=2,
+                                            temperature=1.0, seed=3)
+    assert [c.index for c in completions.choices] == [0, 1] and completions.usage.completion_tokens == 16
 
 
 def test_logprobs_are_the_dense_passes_exactly_whole_streamed_and_speculative(client, model_id):

@@ -50,6 +50,16 @@ class KVCache:
         self.lengths = [0] * num_layers
         self.deferred = DeferredRows()
 
+    def copy(self) -> "KVCache":
+        """An independent cache holding what this one holds (its filled part, its deferred rows)."""
+        twin = KVCache.__new__(KVCache)
+        twin.max_len, twin.lengths = self.max_len, list(self.lengths)
+        twin.keys, twin.values = self.keys.clone(), self.values.clone()
+        twin.deferred = DeferredRows()
+        twin.deferred.positions, twin.deferred.levels = list(self.deferred.positions), list(self.deferred.levels)
+        twin.deferred.states = None if self.deferred.states is None else self.deferred.states.clone()
+        return twin
+
     @property
     def capacity(self) -> int:
         """Positions allocated now."""

@@ -11,7 +11,7 @@ import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from fastapi import Depends, FastAPI, Request
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -62,24 +62,29 @@ class ServerConfig:
 
 
 class Inbox:
-    """Where the worker thread delivers a job's events, for the handler's event loop."""
+    """Where the worker thread delivers the events of a request's jobs (one per choice), for the
+    handler's event loop."""
 
-    def __init__(self) -> None:
+    def __init__(self, choices: int = 1) -> None:
         self.loop = asyncio.get_running_loop()
-        self.queue: asyncio.Queue[Event | Ended] = asyncio.Queue()
+        self.queue: asyncio.Queue[tuple[int, Event | Ended]] = asyncio.Queue()
+        self.choices = choices
 
-    def deliver(self, item: Event | Ended) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
-        except RuntimeError:  # the loop has closed: nobody is listening any more
-            pass
+    def deliverer(self, index: int) -> Callable[[Event | Ended], None]:
+        def deliver(item: Event | Ended) -> None:
+            try:
+                self.loop.call_soon_threadsafe(self.queue.put_nowait, (index, item))
+            except RuntimeError:  # the loop has closed: nobody is listening any more
+                pass
+        return deliver
 
-    async def events(self) -> AsyncIterator[Event | Ended]:
-        while True:
-            item = await self.queue.get()
-            yield item
-            if isinstance(item, Ended):
-                return
+    async def events(self) -> AsyncIterator[tuple[int, Event | Ended]]:
+        """(choice, event or end) until every choice has ended."""
+        ended = 0
+        while ended < self.choices:
+            index, item = await self.queue.get()
+            ended += isinstance(item, Ended)
+            yield index, item
 
 
 def failure(ended: Ended) -> BadRequest:
@@ -224,49 +229,64 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
                              param="model", code="model_not_found", status=404)
         prompt = prompt_of(engine, body)
         generation = planner.generation(body, prompt)
-        inbox = Inbox()
-        job = Job(generation, time.monotonic() + config.request_timeout, inbox.deliver)
+        generations = [generation] + generation.followers(body.n - 1) if body.n > 1 else [generation]
+        inbox = Inbox(len(generations))
+        deadline = time.monotonic() + config.request_timeout
+        jobs = [Job(g, deadline, inbox.deliverer(i)) for i, g in enumerate(generations)]
         try:
-            scheduler.submit(job)
+            for job in jobs:
+                scheduler.submit(job)
         except QueueFull as e:
+            for job in jobs:
+                job.cancel()
             raise BadRequest(f"{e}; retry later", code="queue_full", status=503, kind="server_error") from None
-        shaper = Shaper(isinstance(body, ChatRequest), config.model_id, engine, prompt.tools)
+        shaper = Shaper(isinstance(body, ChatRequest), config.model_id, engine, prompt.tools, len(jobs))
         if body.stream:
-            return StreamingResponse(stream(job, inbox, shaper, body.include_usage), media_type="text/event-stream",
+            return StreamingResponse(stream(jobs, inbox, shaper, body.include_usage), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return JSONResponse(shaper.whole(await collect(request, job, inbox)))
+        return JSONResponse(shaper.whole(await collect(request, jobs, inbox)))
 
-    async def collect(request: Request, job: Job, inbox: Inbox) -> Result:
+    async def collect(request: Request, jobs: list[Job], inbox: Inbox) -> list[Result]:
         async def watch_client():
             while not await request.is_disconnected():
                 await asyncio.sleep(DISCONNECT_POLL_S)
-            job.cancel()
+            for job in jobs:
+                job.cancel()
 
         watcher = asyncio.create_task(watch_client())
+        results: list[Result | None] = [None] * len(jobs)
         try:
-            async for item in inbox.events():
+            async for index, item in inbox.events():
                 if isinstance(item, Ended):
                     if item.outcome != "finished":
                         raise failure(item)
-                    return item.result
+                    results[index] = item.result
+            return results
         finally:
             watcher.cancel()
-            job.cancel()  # no-op once finished; stops the work if this handler was cancelled
+            for job in jobs:
+                job.cancel()  # no-op once finished; stops the work if this handler was cancelled
 
-    async def stream(job: Job, inbox: Inbox, shaper: Shaper, include_usage: bool) -> AsyncIterator[str]:
+    async def stream(jobs: list[Job], inbox: Inbox, shaper: Shaper, include_usage: bool) -> AsyncIterator[str]:
         # A client that disconnects closes this generator (Starlette cancels it): the finally
-        # cancels the job, and the worker stops it before its next step.
+        # cancels the jobs, and the worker stops them before their next step.
+        results: list[Result | None] = [None] * len(jobs)
         try:
-            async for item in inbox.events():
+            async for index, item in inbox.events():
                 if isinstance(item, Event):
-                    yield sse(shaper.chunk(item))
+                    yield sse(shaper.chunk(item, index))
                 elif item.outcome != "finished":
                     yield sse(failure(item).body())
-                elif include_usage:
-                    yield sse(shaper.usage_chunk(item.result))
+                    break
+                else:
+                    results[index] = item.result
+            else:
+                if include_usage:
+                    yield sse(shaper.usage_chunk(results))
             yield "data: [DONE]\n\n"
         finally:
-            job.cancel()
+            for job in jobs:
+                job.cancel()
 
     routes = {route.path for route in app.routes}
     app.add_middleware(CountRequests, metrics=metrics, routes=routes)

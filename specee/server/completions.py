@@ -125,20 +125,29 @@ def prompt_of(engine: Engine, request: ChatRequest | CompletionRequest) -> Promp
         raise BadRequest(f"cannot encode the prompt: {e}", code="invalid_value") from None
 
 
-class Shaper:
-    """One response's OpenAI shapes: chat or completion, whole or chunk by chunk. Each chunk's
-    `specee` field says how every token was made, for the live page."""
+@dataclass
+class ChoiceState:
+    """What one choice's chunks have sent so far."""
 
-    def __init__(self, chat: bool, model_id: str, engine: Engine, tools: ToolPlan | None = None) -> None:
+    pieces: TextStream  # each token's own text, without stop handling
+    calls: CallReader | None  # reads tool calls out of the answer
+    sent_role: bool = False
+    offset: int = 0  # completions' logprobs: where the next token's text starts
+
+
+class Shaper:
+    """One response's OpenAI shapes: chat or completion, whole or chunk by chunk, for `choices`
+    choices (n). Each chunk's `specee` field says how every token was made, for the live page."""
+
+    def __init__(self, chat: bool, model_id: str, engine: Engine, tools: ToolPlan | None = None,
+                 choices: int = 1) -> None:
         self.chat = chat
-        self.calls: CallReader | None = tools.reader() if tools else None  # reads tool calls out of the answer
         self.model_id = model_id
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
-        self._pieces = TextStream(engine.tokenizer)  # each token's own text, without stop handling
         self._tokenizer = engine.tokenizer
-        self._sent_role = False
-        self._offset = 0  # completions' logprobs: where the next token's text starts
+        self._choices = [ChoiceState(TextStream(engine.tokenizer), tools.reader() if tools else None)
+                         for _ in range(choices)]
 
     def _envelope(self, obj: str, choices: list, **extra) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model_id, "choices": choices,
@@ -148,7 +157,7 @@ class Shaper:
         text = self._tokenizer.decode([token], skip_special_tokens=False)
         return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
 
-    def _logprobs(self, logprobs: list[TokenLogprob] | None) -> dict | None:
+    def _logprobs(self, logprobs: list[TokenLogprob] | None, state: ChoiceState) -> dict | None:
         """OpenAI's logprobs object for these tokens: chat's `content` list, or completions'
         parallel lists (text offsets counted from the text sent before)."""
         if logprobs is None:
@@ -159,65 +168,73 @@ class Shaper:
             return {"content": entries}
         offsets = []
         for entry in entries:
-            offsets.append(self._offset)
-            self._offset += len(entry["token"])
+            offsets.append(state.offset)
+            state.offset += len(entry["token"])
         return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
                 "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
                 "text_offset": offsets}
 
-    def chunk(self, event: Event) -> dict:
+    def chunk(self, event: Event, index: int = 0) -> dict:
+        state = self._choices[index]
         tokens = [
-            {"id": t, "text": self._pieces.add([t]), "source": "draft" if i < event.drafted else "target",
+            {"id": t, "text": state.pieces.add([t]), "source": "draft" if i < event.drafted else "target",
              "exit_layer": event.exit_layer}
             for i, t in enumerate(event.token_ids)
         ]
         if self.chat:
             delta, finish = {"content": event.text}, event.finish_reason
-            if self.calls is not None:  # content as it is known to be content; calls at the end
-                content, calls = self.calls.feed(event.text), []
+            if state.calls is not None:  # content as it is known to be content; calls at the end
+                content, calls = state.calls.feed(event.text), []
                 if finish is not None:
-                    rest, calls = self.calls.finish()
+                    rest, calls = state.calls.finish()
                     content += rest
                 delta = {"content": content} if content else {}
                 if calls:
                     delta["tool_calls"] = [{"index": i} | call for i, call in enumerate(calls)]
                     finish = "tool_calls"
-            if not self._sent_role:
+            if not state.sent_role:
                 delta = {"role": "assistant", **delta}
-                self._sent_role = True
-            choice = {"index": 0, "delta": delta, "logprobs": self._logprobs(event.logprobs),
+                state.sent_role = True
+            choice = {"index": index, "delta": delta, "logprobs": self._logprobs(event.logprobs, state),
                       "finish_reason": finish}
             return self._envelope("chat.completion.chunk", [choice], specee={"tokens": tokens})
-        choice = {"index": 0, "text": event.text, "logprobs": self._logprobs(event.logprobs),
+        choice = {"index": index, "text": event.text, "logprobs": self._logprobs(event.logprobs, state),
                   "finish_reason": event.finish_reason}
         return self._envelope("text_completion", [choice], specee={"tokens": tokens})
 
-    def usage_chunk(self, result: Result) -> dict:
+    def usage_chunk(self, results: list[Result]) -> dict:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
-        return self._envelope(obj, [], usage=usage(result), specee={"stats": stats_summary(result)})
+        return self._envelope(obj, [], usage=usage(results), specee={"stats": stats_summary(results[0])})
 
-    def whole(self, result: Result) -> dict:
-        if self.chat:
-            message, finish = {"role": "assistant", "content": result.text}, result.finish_reason
-            if self.calls is not None:
-                content = self.calls.feed(result.text)
-                rest, calls = self.calls.finish()
-                if calls:
-                    message, finish = {"role": "assistant", "content": None, "tool_calls": calls}, "tool_calls"
-                else:
-                    message["content"] = content + rest
-            choice = {"index": 0, "message": message, "logprobs": self._logprobs(result.logprobs),
-                      "finish_reason": finish}
-            return self._envelope("chat.completion", [choice], usage=usage(result),
-                                  specee={"stats": stats_summary(result)})
-        choice = {"index": 0, "text": result.text, "logprobs": self._logprobs(result.logprobs),
-                  "finish_reason": result.finish_reason}
-        return self._envelope("text_completion", [choice], usage=usage(result), specee={"stats": stats_summary(result)})
+    def _choice(self, result: Result, index: int) -> dict:
+        state = self._choices[index]
+        if not self.chat:
+            return {"index": index, "text": result.text, "logprobs": self._logprobs(result.logprobs, state),
+                    "finish_reason": result.finish_reason}
+        message, finish = {"role": "assistant", "content": result.text}, result.finish_reason
+        if state.calls is not None:
+            content = state.calls.feed(result.text)
+            rest, calls = state.calls.finish()
+            if calls:
+                message, finish = {"role": "assistant", "content": None, "tool_calls": calls}, "tool_calls"
+            else:
+                message["content"] = content + rest
+        return {"index": index, "message": message, "logprobs": self._logprobs(result.logprobs, state),
+                "finish_reason": finish}
+
+    def whole(self, results: list[Result]) -> dict:
+        """The response to a request whose choices ended with `results`; `specee.stats` are the
+        first choice's."""
+        choices = [self._choice(result, i) for i, result in enumerate(results)]
+        return self._envelope("chat.completion" if self.chat else "text_completion", choices, usage=usage(results),
+                              specee={"stats": stats_summary(results[0])})
 
 
-def usage(result: Result) -> dict:
-    return {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
-            "total_tokens": result.prompt_tokens + result.completion_tokens}
+def usage(results: list[Result]) -> dict:
+    """The prompt once (its choices share it), the completions of every choice."""
+    completion = sum(result.completion_tokens for result in results)
+    return {"prompt_tokens": results[0].prompt_tokens, "completion_tokens": completion,
+            "total_tokens": results[0].prompt_tokens + completion}
 
 
 def stats_summary(result: Result) -> dict:

@@ -13,6 +13,7 @@ from ..grammar import Grammar
 from ..sampling import MAX_LOGIT_BIAS, MAX_PENALTY, MAX_TOP_LOGPROBS
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
+MAX_CHOICES = 16  # n: each choice holds a batch slot while it runs
 MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit for /v1/completions' logprobs
 
 
@@ -87,7 +88,7 @@ class Sampling(Strict):
     top_k: int | None = Field(None, ge=0)
     seed: int | None = Field(None, ge=0, lt=2**63)
     stop: str | list[str] | None = None
-    n: Literal[1] = 1
+    n: int = Field(1, ge=1, le=MAX_CHOICES)  # choices, sharing the prompt's prefill
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
