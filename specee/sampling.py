@@ -2,14 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
-from .verification.draft import Draft
-
-if TYPE_CHECKING:
-    from .grammar import Constraint
 
 
 MAX_PENALTY = 2.0  # OpenAI's range for presence and frequency penalties: -2..2
@@ -76,13 +72,26 @@ def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     return scores.softmax(-1)
 
 
+class RowConstraint(Protocol):
+    """A grammar over the output (grammar.Constraint): what it allows after the committed output
+    and each row's draft path, and the tokens it forces."""
+
+    def advance(self, output: list[int]) -> None: ...
+
+    def masks(self, paths: list[list[int]]) -> torch.Tensor: ...  # [rows, vocab] bool
+
+    def forced(self) -> list[int]: ...
+
+    def admissible(self, draft): ...  # the draft less the nodes it refuses
+
+
 class Sampler:
     """Turns logits into tokens for one request: argmax when greedy, else seeded sampling. The
     target's logits first go through `adjusted` (the request's penalties and bias), with the
     tokens before each row: `prompt_length` of them are the prompt's."""
 
     def __init__(self, params: SamplingParams, device: torch.device | str = "cpu", prompt_length: int = 0,
-                 constraint: Constraint | None = None) -> None:
+                 constraint: RowConstraint | None = None) -> None:
         self.params = params
         self.prompt_length = prompt_length
         self.constraint = constraint  # the request's grammar, if it has one
@@ -108,7 +117,7 @@ class Sampler:
         self.constraint.advance(tokens[self.prompt_length:])
         return self.constraint.forced()
 
-    def admissible(self, tokens: list[int], draft: Draft) -> Draft:
+    def admissible(self, tokens: list[int], draft):
         """The draft less the nodes the grammar refuses after `tokens`, where dropping them is exact:
         greedy verification, or drafts verified as deterministic picks (not i.i.d. samples), and not
         drafts whose shallow layers already ran in the cache (Kangaroo's)."""

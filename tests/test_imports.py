@@ -23,7 +23,7 @@ LAYERS = [
     ("specee.exits.builder", "specee.exits.autoregressive", "specee.exits.speculative"),  # the loops with exits
     ("specee.decoding", "specee.loader", "specee.artifact_store"),
     ("specee.drafters", "specee.exits"),
-    ("specee.verification",),
+    ("specee.verification", "specee.grammar"),  # the grammar masks verification rows and prunes drafts
     ("specee.model", "specee.sampling", "specee.tokenizer", "specee.text_stream", "specee.stats",
      "specee.artifact_header", "specee.registry"),
 ]
