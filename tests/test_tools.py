@@ -145,3 +145,43 @@ def test_tool_messages_and_calls_without_content_are_accepted():
         {"role": "tool", "tool_call_id": "c", "content": "1"}], "tools": [{"type": "function", "function": ADD}],
         "tool_choice": "auto", "parallel_tool_calls": False})
     assert [m.role for m in request.messages] == ["user", "assistant", "tool"] and request.tool_choice_name == "auto"
+
+
+@pytest.mark.slow
+def test_a_server_with_a_tools_aware_template_answers_the_openai_client_with_calls(tmp_path):
+    """A tiny model whose template renders tools, served on 127.0.0.1: a named call and a required
+    one come back parsed, whole and streamed, and a tool's result is accepted."""
+    import openai
+
+    from helpers import tiny_model_directory
+    from serve_helpers import running_server
+
+    directory = tiny_model_directory(tmp_path / "model", seed=3)
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    (directory / "tokenizer_config.json").write_text(json.dumps(config | {"chat_template": HERMES}))
+    model_config = json.loads((directory / "config.json").read_text())  # room for the tools in the prompt
+    (directory / "config.json").write_text(json.dumps(model_config | {"max_position_embeddings": 2048}))
+    server = running_server("--model", str(directory), "--quantization", "none", "--max-tokens", "200")
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        model = client.models.list().data[0].id
+        tools = [{"type": "function", "function": WEATHER}, {"type": "function", "function": ADD}]
+        question = [{"role": "user", "content": "the weather"}]
+        named = client.chat.completions.create(model=model, messages=question, tools=tools, tool_choice={
+            "type": "function", "function": {"name": "get_weather"}})
+        assert named.choices[0].message.tool_calls, named.choices[0]
+        [call] = named.choices[0].message.tool_calls
+        assert named.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather"
+        assert json.loads(call.function.arguments)["unit"] in ("celsius", "fahrenheit")
+        chunks = [c for c in client.chat.completions.create(model=model, messages=question, tools=tools,
+                                                            tool_choice="required", parallel_tool_calls=False,
+                                                            stream=True) if c.choices]
+        [streamed] = [tc for c in chunks for tc in c.choices[0].delta.tool_calls or ()]
+        assert streamed.function.name in ("get_weather", "add") and chunks[-1].choices[0].finish_reason == "tool_calls"
+        answer = client.chat.completions.create(model=model, max_tokens=8, tools=tools, tool_choice="none",
+                                                messages=question + [
+            {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+            {"role": "tool", "tool_call_id": call.id, "content": "sunny"}])
+        assert answer.choices[0].message.tool_calls is None and answer.usage.completion_tokens >= 1
+    finally:
+        assert server.stop() == 0, server.output()
