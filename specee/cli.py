@@ -34,6 +34,16 @@ _positive_int = _int_from(1, "a positive integer")
 _non_negative_int = _int_from(0, "a whole number >= 0")
 
 
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
+    return value
+
+
 # Trained artifacts are made on the dense weights (what the bundled ones were trained on, and what
 # gradients flow through); they run in every format, matched by the dense weights' fingerprint.
 TRAINING_QUANTIZATION = "none"
@@ -57,6 +67,10 @@ def _add_model_options(p: argparse.ArgumentParser, default_quantization: str = "
     p.add_argument("--ctx-size", type=_positive_int, default=None,
                    help="the longest prompt plus answer a generation may hold, in tokens (default: the model's "
                         "context, at most 4096); the KV cache grows up to it, and the memory check counts it full")
+    p.add_argument("--prefix-cache-mb", type=_non_negative_float, default=None,
+                   help="memory for the prefix cache, which keeps earlier prompts' and answers' K/V so a "
+                        "prompt that begins the same way prefills only the rest (default 512 on the CPU kernels, "
+                        "0 = off; off by default elsewhere)")
     p.add_argument("--cpu-tier", choices=("auto",) + TIER_NAMES, default=None,
                    help="which instruction set specee's kernels use: auto (the best this CPU runs; or $SPECEE_CPU_TIER), "
                         "or a lower tier to run and time it; every tier gives the same bits")
@@ -415,7 +429,8 @@ def _load(args):
 
     started = time.perf_counter()
     engine = load(args.model, dtype=args.dtype, device=args.device, threads=args.threads, quantization=args.quantization,
-                  compile=args.compile, cpu_tier=args.cpu_tier, ctx_size=args.ctx_size)
+                  compile=args.compile, cpu_tier=args.cpu_tier, ctx_size=args.ctx_size,
+                  prefix_cache_mb=getattr(args, "prefix_cache_mb", None))
     print(_load_line(engine, time.perf_counter() - started), file=sys.stderr)
     return engine
 

@@ -20,6 +20,7 @@ from .exits.builder import build_early_exit
 from .grammar import Grammar, GrammarCompiler
 from .loader import load_parts
 from .model.cache import KVCache
+from .prefix_cache import PrefixCache
 from .model.llama import Passes, PassRows, Transformer
 from .sampling import MAX_TOP_LOGPROBS, Sampler, SamplingParams
 from .stats import GenerationStats
@@ -27,9 +28,11 @@ from .text_stream import TextStream
 from .tokenizer import Messages, Tokenizer
 
 GENERATION_OPTIONS = {"max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "ignore_eos", "chat", "strategy",
-                      "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "grammar"}
+                      "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "grammar", "prefix_cache"}
 # Cache slots beyond prompt + max_tokens, so a verification pass may write draft tokens past the end.
 CACHE_SLACK = MAX_DRAFT_NODES + 1
+# The prefix cache's budget on the CPU kernels (BENCHMARKS.md, "Prefix caching").
+DEFAULT_PREFIX_CACHE_MB = 512
 # Output slots a generation's cache starts with; it grows (doubling) when a long answer needs more.
 INITIAL_OUTPUT_SLOTS = 512
 
@@ -110,16 +113,17 @@ class SharedPrefill:
 
 def load_engine(model=None, dtype: str = "fp32", device: str = "cpu", threads: int | None = None,
                 quantization: str = "auto", compile: bool = True, cpu_tier: str | None = None,
-                ctx_size: int | None = None) -> "Engine":
+                ctx_size: int | None = None, prefix_cache_mb: float | None = None) -> "Engine":
     parts = load_parts(model, dtype=dtype, device=device, threads=threads, quantization=quantization,
                        compile=compile, cpu_tier=cpu_tier, ctx_size=ctx_size)
     return Engine(parts.model, parts.tokenizer, source=parts.source, quantization=parts.quantization,
-                  context_length=parts.context_length)
+                  context_length=parts.context_length, prefix_cache_mb=prefix_cache_mb)
 
 
 class Engine:
     def __init__(self, model: Transformer, tokenizer: Tokenizer, source: Path | None = None,
-                 quantization: str = "none", context_length: int | None = None) -> None:
+                 quantization: str = "none", context_length: int | None = None,
+                 prefix_cache_mb: float | None = None) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.source = source  # the GGUF file or model directory it was loaded from
@@ -128,6 +132,11 @@ class Engine:
         self.context_length = context_length or model.config.max_position_embeddings
         self.artifacts = ArtifactStore(model, tokenizer)
         self.grammars = GrammarCompiler(tokenizer, model.config.vocab_size)
+        # Earlier generations' K/V for prompts that begin the same way. Off by default where the
+        # kernels are not batch-invariant (CUDA): a reused prefix would not be bit-identical there.
+        if prefix_cache_mb is None:
+            prefix_cache_mb = DEFAULT_PREFIX_CACHE_MB if model.uses_kernels else 0
+        self.prefix_cache = PrefixCache(int(prefix_cache_mb * 2**20))
 
     @property
     def cpu_tier(self) -> str | None:
@@ -187,7 +196,7 @@ class Generation:
                  stop: list[str] | tuple[str, ...] | str = (), ignore_eos: bool = False, chat: bool = True,
                  strategy: Strategy | None = None, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
                  logit_bias: dict[int, float] | None = None, logprobs: int | None = None,
-                 grammar: Grammar | None = None) -> None:
+                 grammar: Grammar | None = None, prefix_cache: bool = True) -> None:
         if not isinstance(max_tokens, int) or max_tokens <= 0:
             raise ValueError(f"max_tokens must be a positive integer, got {max_tokens}")
         if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
@@ -227,6 +236,7 @@ class Generation:
         if grammar is not None and ignore_eos:
             raise ValueError("a grammar ends the answer when it is complete: drop ignore_eos")
         self.grammar = grammar
+        self.prefix_cache = prefix_cache and engine.prefix_cache.enabled  # reuse and keep prefixes
         if grammar is not None:
             engine.grammars.check(grammar)
         self.result: Result | None = None
@@ -308,6 +318,9 @@ class Generation:
         finally:
             steps.close()
             stats.decode_s = time.perf_counter() - start
+            if self.prefix_cache and self.strategy.lossless:  # lossy K/V (exits) is never shared
+                with torch.inference_mode():
+                    engine.prefix_cache.store(state.tokens, cache)
         stats.generated_tokens = len(output)
         yield Event(new, delta + text.finish(), finish, drafted, exit_layer, new_logprobs)
         self.result = Result(text.text, output, len(self.prompt_ids), len(output), finish, stats, logprobs)
@@ -322,15 +335,24 @@ class Generation:
             return model.prefill(self.prompt_ids, cache, shallow_layers)
         ids = torch.tensor(self.prompt_ids, device=model.device)
         chunk = chunk or len(ids)
-        states = []
-        for start in range(0, len(ids), chunk):
+        states, first = [], 0
+        if self.prefix_cache:  # the blocks of an earlier prompt that begins the same way
+            blocks = self.engine.prefix_cache.lookup(self.prompt_ids, getattr(self.strategy, "reads_features", True))
+            if blocks:
+                known = self.engine.prefix_cache.restore(blocks, cache)
+                first = stats.cached_tokens = cache.length
+                states.append(known if known is not None else torch.empty(0))
+        for start in range(first, len(ids), chunk):
             piece = ids[start : start + chunk]
             last = start + chunk >= len(ids)
             positions = torch.arange(start, start + len(piece), device=model.device)
             hidden, logits = passes.run_pass(PassRows(piece, positions, cache, logits_from=len(piece) - (1 if last else 0)))
             states.append(hidden)
             stats.weight_bytes += model.weight_bytes
-        return logits, torch.cat(states), None
+        hidden = torch.cat(states) if all(len(s) for s in states) else None  # None: the cached part's unknown
+        if self.prefix_cache:  # shareable from now on, by requests arriving while this one decodes
+            self.engine.prefix_cache.store(self.prompt_ids, cache, hidden)
+        return logits, hidden, None
 
     def _commit(self, step: list[int], output: list[int], text: TextStream) -> tuple[list[int], str, str]:
         """Commit a step's tokens one by one, exactly as dense decoding would: stop after an EOS,

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 @dataclass
 class GenerationStats:
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens taken from the prefix cache (not prefilled)
     generated_tokens: int = 0
     prefill_s: float = 0.0
     decode_s: float = 0.0

@@ -331,7 +331,8 @@ def test_n_choices_share_the_prefill_each_as_a_single_request_with_its_seed(clie
         chat(client, model_id, **(options | {"seed": 21 + i})).usage.completion_tokens for i in range(3))
     # The prompt ran once: the passes' rows are its tokens and one row per later token of each choice.
     rows = delta(after, before, "specee_shared_pass_rows_total")
-    assert rows == three.usage.prompt_tokens + three.usage.completion_tokens - 3
+    prefilled = three.usage.prompt_tokens - three.usage.prompt_tokens_details.cached_tokens
+    assert rows == prefilled + three.usage.completion_tokens - 3
     streamed = {i: "" for i in range(3)}
     for chunk in chat(client, model_id, n=3, stream=True, **options):
         for choice in chunk.choices:
@@ -340,6 +341,26 @@ def test_n_choices_share_the_prefill_each_as_a_single_request_with_its_seed(clie
     completions = client.completions.create(model=model_id, prompt="Once upon a time", max_tokens=8, n=2,
                                             temperature=1.0, seed=3)
     assert [c.index for c in completions.choices] == [0, 1] and completions.usage.completion_tokens == 16
+
+
+def test_a_shared_system_prompt_is_prefilled_once_with_the_same_answers(client, model_id, default_server):
+    system = {"role": "system", "content": "You are a terse assistant for a bicycle shop. " * 12}
+    asked = [[system, {"role": "user", "content": question}] for question in
+             ("Do you repair tyres?", "When do you open?", "Do you sell helmets?")]
+    before = metrics(default_server)
+    first = client.chat.completions.create(model=model_id, messages=asked[0], max_tokens=12)
+    later = [client.chat.completions.create(model=model_id, messages=m, max_tokens=12,
+                                            extra_body={"specee": {"spec_method": "hybrid"}}) for m in asked[1:]]
+    after = metrics(default_server)
+    for answer, messages in zip(later, asked[1:]):
+        assert answer.usage.prompt_tokens_details.cached_tokens >= 128  # the system prompt's blocks
+        cold = client.chat.completions.create(model=model_id, messages=messages, max_tokens=12,
+                                              extra_body={"specee": {"prefix_cache": False}})
+        assert cold.usage.prompt_tokens_details.cached_tokens == 0
+        assert cold.choices[0].message.content == answer.choices[0].message.content
+    assert delta(after, before, "specee_prefix_cache_hits_total") >= 2
+    assert delta(after, before, "specee_prefix_cache_hit_tokens_total") >= 256
+    assert after[("specee_prefix_cache_blocks", ())] > 0 and first.usage.prompt_tokens > 140
 
 
 def test_logprobs_are_the_dense_passes_exactly_whole_streamed_and_speculative(client, model_id):

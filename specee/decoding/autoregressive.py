@@ -13,6 +13,7 @@ class Autoregressive:
     name = "dense"
     lossless = True
     full_logits = True
+    reads_features = False
 
     def decode(self, state: DecodeState) -> Iterator[Step]:
         model, cache = state.model, state.cache

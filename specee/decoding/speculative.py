@@ -73,6 +73,7 @@ class Speculative:
         if tree is not None and not proposer.drafts_trees:
             raise ValueError(f"{type(proposer).__name__} drafts chains only; drop the tree option")
         self.make_proposer = make_proposer
+        self.reads_features = proposer.wants_features  # its drafter reads the prompt's last-layer states
         self.num_draft_tokens = num_draft_tokens
         self.tree = tree
         self.tree_budget = tree_budget

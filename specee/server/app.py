@@ -154,7 +154,7 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
     metrics = Metrics(engine.cpu_tier)
     scheduler = Scheduler(Batch(engine.model, config.prefill_chunk), config.max_queue, config.max_batch,
                           on_step=metrics.record_step, on_end=metrics.record_end, on_pass=metrics.record_pass)
-    metrics.watch(scheduler)
+    metrics.watch(scheduler, engine.prefix_cache)
     planner = Planner(engine, config.defaults)
     page = PAGE.read_text()
 

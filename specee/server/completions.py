@@ -78,6 +78,8 @@ class Planner:
                              code="invalid_value")
         if request.logprobs_asked is not None:
             options["logprobs"] = request.logprobs_asked
+        if request.specee is not None and request.specee.prefix_cache is False:
+            options["prefix_cache"] = False
         if not getattr(strategy, "full_logits", True):  # early exits
             asked = [name for name in ("presence_penalty", "frequency_penalty", "logit_bias") if options.get(name)]
             asked += ["logprobs"] if "logprobs" in options else []
@@ -234,7 +236,8 @@ def usage(results: list[Result]) -> dict:
     """The prompt once (its choices share it), the completions of every choice."""
     completion = sum(result.completion_tokens for result in results)
     return {"prompt_tokens": results[0].prompt_tokens, "completion_tokens": completion,
-            "total_tokens": results[0].prompt_tokens + completion}
+            "total_tokens": results[0].prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": results[0].stats.cached_tokens}}
 
 
 def stats_summary(result: Result) -> dict:

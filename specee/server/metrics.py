@@ -5,8 +5,10 @@ from __future__ import annotations
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..engine import Event
+from ..prefix_cache import PrefixCache
 from .scheduler import Ended, Job, Scheduler
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -51,9 +53,11 @@ class Metrics:
         self.exit_layers = Counter("specee_exit_layer_tokens", "Tokens by the layer their pass exited at "
                                    "(early-exit modes)", ["mode", "layer"], registry=r)
 
-    def watch(self, scheduler: Scheduler) -> None:
+    def watch(self, scheduler: Scheduler, prefix_cache: PrefixCache | None = None) -> None:
         self.queue_length.set_function(lambda: scheduler.queued)
         self.running.set_function(lambda: scheduler.running)
+        if prefix_cache is not None:
+            self.registry.register(PrefixCacheCollector(prefix_cache))
 
     def record_step(self, event: Event) -> None:
         self.steps.inc()
@@ -88,3 +92,20 @@ class Metrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class PrefixCacheCollector:
+    """The prefix cache's own counts, read when Prometheus scrapes."""
+
+    def __init__(self, cache: PrefixCache) -> None:
+        self.cache = cache
+
+    def collect(self):
+        stats = self.cache.stats
+        for name, text, value in (("lookups", "Prompts looked up in the prefix cache", stats.lookups),
+                                  ("hits", "Prompts that found a cached prefix", stats.hits),
+                                  ("hit_tokens", "Prompt tokens taken from the cache, not prefilled", stats.hit_tokens),
+                                  ("evictions", "Blocks evicted for room", stats.evictions)):
+            yield CounterMetricFamily(f"specee_prefix_cache_{name}", text, value=value)
+        yield GaugeMetricFamily("specee_prefix_cache_blocks", "Blocks held", value=len(self.cache.blocks))
+        yield GaugeMetricFamily("specee_prefix_cache_bytes", "Bytes held (the budget bounds it)", value=self.cache.bytes)

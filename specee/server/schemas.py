@@ -30,14 +30,16 @@ MAX_GRAMMAR_CHARS = 100_000  # a regex or Lark grammar; a JSON schema is bounded
 
 
 class Extension(SpecOptions):
-    """`specee`: the decoding options above, and a constraint beyond OpenAI's JSON ones."""
+    """`specee`: the decoding options above, a constraint beyond OpenAI's JSON ones, and whether
+    the prefix cache serves this request."""
 
     regex: str | None = Field(None, min_length=1, max_length=MAX_GRAMMAR_CHARS)  # the answer matches it whole
     grammar: str | None = Field(None, min_length=1, max_length=MAX_GRAMMAR_CHARS)  # Lark, as llguidance reads it
+    prefix_cache: bool | None = None  # false: neither reuse nor keep this request's prefix
 
     @property
     def decoding(self) -> dict:
-        return self.model_dump(exclude_none=True, exclude={"regex", "grammar"})
+        return self.model_dump(exclude_none=True, exclude={"regex", "grammar", "prefix_cache"})
 
 
 class JsonSchema(Strict):
