@@ -145,3 +145,26 @@ def test_off_when_asked_and_where_kernels_are_not_batch_invariant(tiny_tokenizer
     tokens = prompt(9, 70)
     off.generate(tokens, max_tokens=1)
     assert not off.prefix_cache.blocks and off.generate(tokens, max_tokens=1).stats.cached_tokens == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("quantization", ["none", "int8", "gguf"])
+def test_every_method_on_the_default_model_answers_the_same_with_the_cache(quantization):
+    """The real model in three formats: a second turn resent with its history gets the same tokens
+    from every lossless method with the cache as without, and reuses the history's blocks."""
+    import specee
+
+    engine = specee.load(quantization=quantization)
+    history = [{"role": "system", "content": "You answer in one short paragraph. " * 6},
+               {"role": "user", "content": "Why is the sky blue?"}]
+    for method in (None, "prompt-lookup", "hybrid", "eagle", "kangaroo"):
+        engine.prefix_cache.clear()
+        first = engine.generate(history, max_tokens=40, spec_method=method)
+        turn = history + [{"role": "assistant", "content": first.text}, {"role": "user", "content": "And at sunset?"}]
+        cold = engine.generate(turn, max_tokens=16, spec_method=method, prefix_cache=False)
+        warm = engine.generate(turn, max_tokens=16, spec_method=method)
+        assert warm.token_ids == cold.token_ids, method
+        # Kangaroo prefills whole prompts (it reads its shared layers' states); EAGLE reuses the
+        # blocks that hold the last layer's states, a prompt's (an answer's do not keep them).
+        least = {"kangaroo": 0, "eagle": 32}.get(method, 96)
+        assert warm.stats.cached_tokens >= least, method
