@@ -20,8 +20,8 @@ from .exits.builder import build_early_exit
 from .grammar import Grammar, GrammarCompiler
 from .loader import load_parts
 from .model.cache import KVCache
-from .prefix_cache import PrefixCache
 from .model.llama import Passes, PassRows, Transformer
+from .prefix_cache import PrefixCache
 from .sampling import MAX_TOP_LOGPROBS, Sampler, SamplingParams
 from .stats import GenerationStats
 from .text_stream import TextStream
@@ -335,13 +335,12 @@ class Generation:
             return model.prefill(self.prompt_ids, cache, shallow_layers)
         ids = torch.tensor(self.prompt_ids, device=model.device)
         chunk = chunk or len(ids)
-        states, first = [], 0
+        states, first, cached_states = [], 0, None
         if self.prefix_cache:  # the blocks of an earlier prompt that begins the same way
             blocks = self.engine.prefix_cache.lookup(self.prompt_ids, getattr(self.strategy, "reads_features", True))
             if blocks:
-                known = self.engine.prefix_cache.restore(blocks, cache)
+                cached_states = self.engine.prefix_cache.restore(blocks, cache)
                 first = stats.cached_tokens = cache.length
-                states.append(known if known is not None else torch.empty(0))
         for start in range(first, len(ids), chunk):
             piece = ids[start : start + chunk]
             last = start + chunk >= len(ids)
@@ -349,7 +348,10 @@ class Generation:
             hidden, logits = passes.run_pass(PassRows(piece, positions, cache, logits_from=len(piece) - (1 if last else 0)))
             states.append(hidden)
             stats.weight_bytes += model.weight_bytes
-        hidden = torch.cat(states) if all(len(s) for s in states) else None  # None: the cached part's unknown
+        if first and cached_states is None:
+            hidden = None  # the cached part's states are unknown (no strategy here reads them)
+        else:
+            hidden = torch.cat(([cached_states] if first else []) + states)
         if self.prefix_cache:  # shareable from now on, by requests arriving while this one decodes
             self.engine.prefix_cache.store(self.prompt_ids, cache, hidden)
         return logits, hidden, None

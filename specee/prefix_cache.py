@@ -84,15 +84,12 @@ class PrefixCache:
     def restore(self, blocks: list[Block], cache: KVCache) -> torch.Tensor | None:
         """Write the blocks into an empty cache's first positions; returns their last-layer states
         ([positions, hidden]) when every block has them."""
-        n = len(blocks) * self.block_tokens
         for layer in range(cache.num_layers):
             cache.append(layer, torch.cat([b.keys[layer] for b in blocks], dim=1).transpose(0, 1),
                          torch.cat([b.values[layer] for b in blocks], dim=1).transpose(0, 1))
         if any(b.hidden is None for b in blocks):
             return None
-        hidden = torch.cat([b.hidden for b in blocks])
-        assert len(hidden) == n
-        return hidden
+        return torch.cat([b.hidden for b in blocks])
 
     def store(self, tokens: list[int], cache: KVCache, hidden: torch.Tensor | None = None) -> None:
         """Keep the whole blocks of `tokens` whose K/V the cache holds in every layer (positions

@@ -7,7 +7,6 @@ from typing import Protocol
 import torch
 
 
-
 MAX_PENALTY = 2.0  # OpenAI's range for presence and frequency penalties: -2..2
 MAX_LOGIT_BIAS = 100.0  # and for a logit bias: -100..100
 MAX_TOP_LOGPROBS = 20  # OpenAI's most alternatives per token
@@ -87,7 +86,7 @@ class RowConstraint(Protocol):
 
 class Sampler:
     """Turns logits into tokens for one request: argmax when greedy, else seeded sampling. The
-    target's logits first go through `adjusted` (the request's penalties and bias), with the
+    target's logits first go through `adjusted` (the request's penalties, bias and grammar), with the
     tokens before each row: `prompt_length` of them are the prompt's."""
 
     def __init__(self, params: SamplingParams, device: torch.device | str = "cpu", prompt_length: int = 0,

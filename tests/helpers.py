@@ -136,12 +136,18 @@ def decode(model, strategy, prompt, steps=30, params=None, constraint=None):
         state = DecodeState(model, cache, list(prompt), logits, Sampler(params or SamplingParams(), prompt_length=len(prompt), constraint=constraint),
                             GenerationStats(),
                             hidden, shallow)
-        out = []
-        for step in strategy.decode(state):
-            out += step.tokens
-            if len(out) >= steps:
-                break
-    return out[:steps], state.stats, cache
+        out = first_tokens(strategy, state, steps)
+    return out, state.stats, cache
+
+
+def first_tokens(strategy, state, count: int) -> list[int]:
+    """The first `count` tokens a strategy commits from a decoding state."""
+    out = []
+    for step in strategy.decode(state):
+        out += step.tokens
+        if len(out) >= count:
+            break
+    return out[:count]
 
 
 def arithmetic_corpus(path, count: int):

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from helpers import chi_square_p_value, decode, tiny_model
+from helpers import chi_square_p_value, decode, first_tokens, tiny_model
 from specee.decoding.autoregressive import Autoregressive
 from specee.decoding.base import DecodeState
 from specee.decoding.speculative import Speculative
@@ -203,11 +203,7 @@ def sample_joint(model, letters, make_strategy, params) -> torch.Tensor:
             sampler = Sampler(dataclasses.replace(params, seed=seed), prompt_length=len(PROMPT),
                               constraint=Constraint(grammar.deep_copy(), VOCAB, [EOS]))
             state = DecodeState(model, cache, list(PROMPT), logits, sampler, GenerationStats(), hidden)
-            out = []
-            for step in strategy.decode(state):
-                out += step.tokens
-                if len(out) >= 3:
-                    break
+            out = first_tokens(strategy, state, 3)
             assert out[0] == ROOT
             counts[out[1] * VOCAB + out[2]] += 1
     return counts

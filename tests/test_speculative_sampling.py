@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from helpers import chi_square_p_value, tiny_model
+from helpers import chi_square_p_value, first_tokens, tiny_model
 from specee.decoding.base import DecodeState
 from specee.decoding.speculative import Speculative
 from specee.drafters.draft_model import DraftModel
@@ -64,11 +64,7 @@ def sample_joint(model, make_strategy, params) -> torch.Tensor:
             hidden = model.run_layers(shallow, positions, cache, layers=range(split, model.config.num_hidden_layers))
             sampler = Sampler(dataclasses.replace(params, seed=seed), prompt_length=len(PROMPT))
             state = DecodeState(model, cache, list(PROMPT), forced, sampler, GenerationStats(), hidden, shallow)
-            out = []
-            for step in strategy.decode(state):
-                out += step.tokens
-                if len(out) >= 3:
-                    break
+            out = first_tokens(strategy, state, 3)
             assert out[0] == ROOT
             counts[out[1] * VOCAB + out[2]] += 1
     return counts
