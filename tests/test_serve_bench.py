@@ -12,7 +12,7 @@ import pytest
 import specee.model.loading as loading
 from specee import cli
 from specee.cli import main
-from specee.eval import llama_cpp_server, serve_bench
+from specee.eval import llama_cpp_server, serve_bench, serve_scenarios
 from specee.eval.llama_cpp_server import (LLAMA_SERVER, PYTHON_SERVER, choose_server, llama_server_command, model_gguf,
                                           python_server_command)
 from specee.eval.serve_bench import (RequestRecord, ServeBenchConfig, Target, format_table, overhead_summary,
@@ -71,7 +71,8 @@ class FakeStream:
         self.chunks = [SimpleNamespace(choices=[SimpleNamespace(delta=SimpleNamespace(content=c))], usage=None)
                        for c in contents]
         if usage is not None:
-            self.chunks.append(SimpleNamespace(choices=[], usage=SimpleNamespace(completion_tokens=usage)))
+            self.chunks.append(SimpleNamespace(choices=[], usage=SimpleNamespace(
+                completion_tokens=usage, prompt_tokens=40, prompt_tokens_details=SimpleNamespace(cached_tokens=32))))
         self.requests = []
         self.chat = SimpleNamespace(completions=SimpleNamespace(create=self.create))
 
@@ -85,23 +86,27 @@ class FakeStream:
 def test_ttft_is_the_first_chunk_with_content_and_tokens_come_from_usage(monkeypatch):
     client = FakeStream(monkeypatch, [None, "Hi", "", " there"], usage=7)  # a role-only chunk first
     target = Target("specee hybrid-tree", "s", "u", model="m", extra_body={"specee": {"spec_method": "hybrid"}})
-    assert stream_chat(client, target, "p", 5) == (2.0, 7)
+    messages = [{"role": "user", "content": "p"}]
+    assert stream_chat(client, target, messages, 5) == (2.0, 7, "Hi there", 40, 32)
     request = client.requests[0]
     assert request["stream"] and request["stream_options"] == {"include_usage": True}
     assert (request["extra_body"], request["model"], request["max_tokens"]) == (target.extra_body, "m", 5)
+    assert request["messages"] == messages
     assert request["temperature"] == 0  # greedy on every server: the same work for each
 
 
 def test_without_a_usage_chunk_the_content_chunks_are_counted(monkeypatch):
-    assert stream_chat(FakeStream(monkeypatch, ["a", "b", "c"], usage=None), TARGET, "p", 5) == (1.0, 3)
+    reply = stream_chat(FakeStream(monkeypatch, ["a", "b", "c"], usage=None), TARGET, serve_bench.user("p"), 5)
+    assert reply == (1.0, 3, "abc", None, None)
 
 
 def test_every_client_sends_its_requests_in_order_and_peak_memory_is_read_around_them(monkeypatch):
     events = []
 
-    def fake_stream(client, target, prompt, max_tokens):
-        events.append(("request", prompt, max_tokens, target.extra_body["specee"]["spec_method"]))
-        return 0.01, 7
+    def fake_stream(client, target, messages, max_tokens):
+        [message] = messages
+        events.append(("request", message["content"], max_tokens, target.extra_body["specee"]["spec_method"]))
+        return serve_bench.Reply(0.01, 7, "answer")
 
     monkeypatch.setattr(serve_bench, "stream_chat", fake_stream)
     monkeypatch.setattr(serve_bench, "reset_peak_rss", lambda pid: events.append(("reset", pid)))
@@ -170,23 +175,22 @@ def flags(command: list[str]) -> dict[str, str]:
 
 def test_llama_server_gets_the_same_gguf_threads_and_a_slot_per_client(tmp_path):
     gguf = tmp_path / "model.gguf"
-    command = llama_server_command(tmp_path / "llama-server", gguf, 8123, threads=3, parallel=16, max_tokens=200)
+    command = llama_server_command(tmp_path / "llama-server", gguf, 8123, threads=3, parallel=16, context=300)
     assert command[0] == str(tmp_path / "llama-server")
     options = flags(command)
     assert (options["--model"], options["--threads"], options["--parallel"]) == (str(gguf), "3", "16")
     assert (options["--host"], options["--port"]) == ("127.0.0.1", "8123")
-    # -c is shared by the slots: each must hold a prompt and max_tokens
-    assert int(options["--ctx-size"]) // 16 >= 200 + 100
+    assert int(options["--ctx-size"]) == 16 * 300  # -c is shared by the slots
 
 
 def test_llama_cpp_python_gets_the_same_gguf_threads_and_queues_requests(tmp_path):
     gguf = tmp_path / "model.gguf"
-    command = python_server_command(gguf, 8123, threads=3, max_tokens=200)
+    command = python_server_command(gguf, 8123, threads=3, context=300)
     assert command[:3] == [sys.executable, "-m", "llama_cpp.server"]
     options = flags(command)
     assert (options["--model"], options["--n_threads"], options["--n_threads_batch"]) == (str(gguf), "3", "3")
     assert options["--interrupt_requests"] == "False"  # its default cuts a streaming answer at the next request
-    assert int(options["--n_ctx"]) >= 200 + 100
+    assert options["--n_ctx"] == "300"
 
 
 def test_the_gguf_is_the_model_file_or_the_default_models(tmp_path, monkeypatch):
@@ -243,7 +247,7 @@ def test_llama_cpp_gets_the_gguf_threads_and_slots(monkeypatch, no_requests, tmp
                         or (FakeServer(), f"llama-server -np {args[3]}"))
     config = ServeBenchConfig(concurrency=[1, 8, 4], threads=3, parallel=parallel, gguf=tmp_path / "m.gguf")
     rows, note = serve_bench.bench_llama_cpp(config)
-    assert started == [(choice, tmp_path / "m.gguf", 3, slots, config.max_tokens)]
+    assert started == [(choice, tmp_path / "m.gguf", 3, slots, config.max_tokens, 512)]
     assert [r.clients for r in rows] == [1, 8, 4] and {r.server for r in rows} == {f"llama-server -np {slots}"}
     assert FakeServer.last.stopped and "found" in note
 
@@ -302,3 +306,96 @@ def test_bad_bench_serve_flags_exit_2(capsys, tmp_path):
     with pytest.raises(SystemExit) as exit:
         main(["bench-serve", "--max-batch", "0"])
     assert exit.value.code == 2
+
+
+def test_a_slot_holds_a_whole_conversation_and_llama_server_keeps_its_prefix(monkeypatch, no_requests, tmp_path):
+    started = []
+    choice = llama_cpp_server.LlamaCppChoice(LLAMA_SERVER, tmp_path / "llama-server", "found")
+    monkeypatch.setattr(llama_cpp_server, "choose_server", lambda binary: choice)
+    monkeypatch.setattr(llama_cpp_server, "start_server", lambda *args: started.append(args) or (FakeServer(), "s"))
+    serve_bench.bench_llama_cpp(ServeBenchConfig(concurrency=[8], gguf=tmp_path / "m.gguf", scenario="agent",
+                                                 max_tokens=100))
+    assert started[0][4:] == (100, 3072)
+    assert [t.extra_body for t, _ in no_requests] == [{"cache_prompt": True}]
+
+
+def test_late_turns_and_the_cached_share_are_summarized_apart():
+    records = [RequestRecord(0, 0, 0.9, 1, 5, turn=1, prompt_tokens=100, cached_tokens=0),
+               RequestRecord(0, 1, 0.5, 2, 5, turn=3, prompt_tokens=200, cached_tokens=96),
+               RequestRecord(0, 2, 0.2, 3, 5, turn=4, prompt_tokens=300, cached_tokens=288),
+               RequestRecord(0, 3, 0.1, 4, 5, turn=5, prompt_tokens=400, cached_tokens=384)]
+    s = summarize_load(TARGET, 1, records, 4.0)
+    assert (s.late_ttft_p50_s, s.late_ttft_p95_s) == (0.1, 0.2)
+    assert s.prompt_tokens_mean == 250 and s.cached_share == pytest.approx(768 / 1000)
+    assert "turn4+ p50" in format_table([s], None) and " 77% " in format_table([s], None)
+    plain = summarize_load(TARGET, 1, [RequestRecord(0, 0, 0.1, 1, 8)], 1.0)
+    assert math.isnan(plain.late_ttft_p50_s) and plain.cached_share is None
+    assert "turn4+" not in format_table([plain], None)
+
+
+def scripted_server(monkeypatch):
+    """stream_chat answering each request with a text naming its turn; the requests it saw."""
+    seen = []
+
+    def fake_stream(client, target, messages, max_tokens):
+        seen.append([dict(m) for m in messages])
+        turn = sum(m["role"] == "user" for m in messages)
+        return serve_bench.Reply(0.01, 3, f"answer {turn}", prompt_tokens=10 * turn, cached_tokens=0)
+
+    monkeypatch.setattr(serve_bench, "stream_chat", fake_stream)
+    monkeypatch.setattr(serve_bench, "open_client", lambda url: None)
+    return seen
+
+
+def test_a_conversation_resends_its_history_with_the_servers_answers(monkeypatch):
+    seen = scripted_server(monkeypatch)
+    [script] = serve_scenarios.agent_scripts(1)
+    summary = run_load(TARGET, 1, ServeBenchConfig(concurrency=[1], scenario="agent", conversations=1))
+    assert summary.requests == len(script.turns) == serve_scenarios.AGENT_CALLS
+    last = seen[-1]
+    assert last[0]["role"] == "system" and last[0]["content"].endswith(script.opening[0]["content"])
+    assert [m["content"] for m in last if m["role"] == "assistant"] == [f"answer {t}" for t in range(1, 5)]
+    assert [m["content"] for m in last if m["role"] == "user"][1:] == list(script.turns[1:])
+    for earlier, later in zip(seen, seen[1:]):  # each request begins with the whole one before it
+        assert later[:len(earlier)] == earlier and len(later) == len(earlier) + 2
+
+
+def test_conversations_are_dealt_round_the_clients_and_runs_share_no_prefix(monkeypatch):
+    seen = scripted_server(monkeypatch)
+    config = ServeBenchConfig(concurrency=[1, 3], scenario="agent", conversations=3)
+    run_load(TARGET, 3, config)
+    first_run = {m[0]["content"] for m in seen}
+    assert len(first_run) == 1  # the clients of one run share the system prompt...
+    assert sorted({m[1]["content"] for m in seen}) == sorted(serve_scenarios.AGENT_TASKS[:3])
+    seen.clear()
+    run_load(TARGET, 1, config)  # ...and one client runs every conversation of the next run, alone
+    assert len(seen) == 3 * serve_scenarios.AGENT_CALLS
+    [second_run] = {m[0]["content"] for m in seen}
+    assert second_run != first_run.pop()  # tagged apart, so no cache serves one run from another
+
+
+def test_chat_conversations_chain_two_turn_questions_of_different_categories():
+    questions = [serve_scenarios.Prompt(f"{c}{i}", c, [f"{c}{i} first", f"{c}{i} second"])
+                 for c in ("math", "coding", "writing") for i in range(2)]
+    scripts = serve_scenarios.chat_scripts(2, questions)
+    assert scripts[0].turns == ("math0 first", "math0 second", "coding0 first", "coding0 second",
+                                "writing0 first", "writing0 second")
+    assert scripts[1].turns[0] == "math1 first" and scripts[0].opening == ()
+    with pytest.raises(ValueError, match="need 9 questions"):
+        serve_scenarios.chat_scripts(3, questions)
+    tagged = scripts[0].tagged("[run 7]")
+    assert tagged.turns[0] == "[run 7] math0 first" and tagged.turns[1:] == scripts[0].turns[1:]
+
+
+def test_the_command_line_runs_a_scenario(monkeypatch, tmp_path):
+    seen = {}
+    monkeypatch.setattr(loading, "default_model_path", lambda: tmp_path / "default.gguf")
+    monkeypatch.setattr(cli, "_load", lambda args: "engine")
+    monkeypatch.setattr(serve_bench, "run_serve_bench", lambda engine, config, flags: seen.update(config=config))
+    assert main(["bench-serve", "--scenario", "chat", "--conversations", "4", "--concurrency", "1,8"]) == 0
+    config = seen["config"]
+    assert (config.scenario, config.conversations, config.conversation_count) == ("chat", 4, 4)
+    assert ServeBenchConfig(concurrency=[1, 8]).conversation_count == 8
+    choices = next(a for a in cli.build_parser()._subparsers._group_actions[0].choices["bench-serve"]._actions
+                   if a.dest == "scenario").choices
+    assert tuple(choices) == serve_scenarios.SCENARIOS

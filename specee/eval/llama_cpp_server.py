@@ -20,7 +20,6 @@ PYTHON_SERVER = "llama_cpp.server"
 BUILD_HINT = "bash scripts/build_llama_server.sh"
 # The modules `python -m llama_cpp.server` imports (llama-cpp-python's `server` extra).
 PYTHON_SERVER_MODULES = ("llama_cpp", "fastapi", "uvicorn", "sse_starlette", "starlette_context", "pydantic_settings")
-PROMPT_ROOM = 512  # context per slot beyond max_tokens: the benchmark's prompts with the chat template fit
 
 
 def default_binary() -> Path:
@@ -60,30 +59,28 @@ def choose_server(binary: Path | None = None, importable: Callable[[str], bool] 
                           f"server (missing {', '.join(missing)}: pip install 'llama-cpp-python[server]')")
 
 
-def context_per_slot(max_tokens: int) -> int:
-    return max_tokens + PROMPT_ROOM
-
-
-def llama_server_command(binary: Path, gguf: Path, port: int, threads: int, parallel: int, max_tokens: int) -> list[str]:
-    """`parallel` slots, each with room for a prompt and `max_tokens` (`-c` is shared among them)."""
+def llama_server_command(binary: Path, gguf: Path, port: int, threads: int, parallel: int, context: int) -> list[str]:
+    """`parallel` slots of `context` positions each (`-c` is shared among them)."""
     return [str(binary), "--model", str(gguf), "--host", "127.0.0.1", "--port", str(port), "--threads", str(threads),
-            "--parallel", str(parallel), "--ctx-size", str(parallel * context_per_slot(max_tokens))]
+            "--parallel", str(parallel), "--ctx-size", str(parallel * context)]
 
 
-def python_server_command(gguf: Path, port: int, threads: int, max_tokens: int) -> list[str]:
+def python_server_command(gguf: Path, port: int, threads: int, context: int) -> list[str]:
     # A new request interrupts the one streaming by default: concurrent clients must queue instead.
     return [sys.executable, "-m", PYTHON_SERVER, "--model", str(gguf), "--host", "127.0.0.1", "--port", str(port),
-            "--n_threads", str(threads), "--n_threads_batch", str(threads), "--n_ctx", str(context_per_slot(max_tokens)),
+            "--n_threads", str(threads), "--n_threads_batch", str(threads), "--n_ctx", str(context),
             "--interrupt_requests", "False"]
 
 
-def start_server(choice: LlamaCppChoice, gguf: Path, threads: int, parallel: int, max_tokens: int) -> tuple[ChildServer, str]:
-    """The chosen server, started and healthy, and its description for the table."""
-    port = free_port()
+def start_server(choice: LlamaCppChoice, gguf: Path, threads: int, parallel: int, max_tokens: int,
+                 prompt_room: int) -> tuple[ChildServer, str]:
+    """The chosen server, started and healthy, with room in each slot for a prompt of `prompt_room`
+    tokens and its answer, and its description for the table."""
+    port, context = free_port(), max_tokens + prompt_room
     if choice.server == LLAMA_SERVER:
-        command = llama_server_command(choice.binary, gguf, port, threads, parallel, max_tokens)
+        command = llama_server_command(choice.binary, gguf, port, threads, parallel, context)
         return ChildServer(command, port), f"{LLAMA_SERVER} -np {parallel}"
     if choice.server == PYTHON_SERVER:  # it has no /health
-        return ChildServer(python_server_command(gguf, port, threads, max_tokens), port, "/v1/models"), PYTHON_SERVER
+        return ChildServer(python_server_command(gguf, port, threads, context), port, "/v1/models"), PYTHON_SERVER
     raise ValueError(f"no llama.cpp server to start: {choice.reason}")
 

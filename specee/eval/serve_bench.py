@@ -1,9 +1,11 @@
 """`specee bench-serve`: a bounded load generator against `specee serve` and llama.cpp's server.
 
 For each system (specee's modes, llama.cpp) and each number of concurrent clients, every client
-sends a fixed number of streaming chat requests one after another with the official `openai`
-client, stopping at EOS or max_tokens as a user's would. It reports requests per second, aggregate
-and per-client tokens per second, time to first token (p50/p95) and the server's peak memory. It
+sends streaming chat requests one after another with the official `openai` client, stopping at EOS
+or max_tokens as a user's would: short independent requests (scenario `requests`), or whole
+conversations that resend their history each turn (`chat`, `agent`: serve_scenarios.py). It
+reports requests per second, aggregate and per-client tokens per second, time to first token
+(p50/p95, and from the fourth turn on, where a prefix cache pays) and the server's peak memory. It
 also measures specee's own overhead on a single request: the same request through HTTP and in this
 process, alternated, medians compared with the engine's decode time. A benchmark, not a test: it
 prints, writes JSON and a plot, and asserts nothing."""
@@ -16,18 +18,21 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
+from itertools import count
 from pathlib import Path
 from statistics import mean, median
+from typing import NamedTuple
 
 import torch
 from openai import OpenAI
 
 from ..engine import Engine
-from . import llama_cpp_server
+from . import llama_cpp_server, serve_scenarios
 from .report import machine_info
 from .server_process import ServerProcess, process_peak_rss_mb, reset_peak_rss
 
-MODES = {"dense": {"spec_method": "none"}, "hybrid-tree": {"spec_method": "hybrid", "tree": "auto"}}
+MODES = {"dense": {"spec_method": "none"}, "hybrid-tree": {"spec_method": "hybrid", "tree": "auto"},
+         "dense-no-prefix-cache": {"spec_method": "none", "prefix_cache": False}}
 LLAMA_CPP = "llama.cpp"
 SYSTEMS = [*MODES, LLAMA_CPP]  # what --modes may name
 # Short everyday requests of several kinds (the answers stop at EOS or max_tokens, as a user's would).
@@ -45,6 +50,11 @@ OVERHEAD_RUNS = 5
 # after their last pass, and would slow this one.
 IDLE_GAP_S = 0.5
 REQUEST_TIMEOUT_S = 600
+LATE_TURN = 4  # a conversation's turns from here on are where a prefix cache should pay most
+# Context per llama-server slot beyond max_tokens: the short requests with the chat template, or a
+# whole conversation's history (the agent's ~1,000-token system prompt and five calls).
+PROMPT_ROOM = {"requests": 512, "chat": 3072, "agent": 3072}
+_run_tags = count(1)  # a tag per run, so that no run finds another's prefixes in a cache
 
 
 @dataclass
@@ -60,10 +70,16 @@ class ServeBenchConfig:
     parallel: int | None = None  # llama-server's slots (-np); None: the largest concurrency
     gguf: Path | None = None  # the model file llama.cpp serves; None: llama.cpp is skipped
     llama_server: Path | None = None  # llama-server's executable; None: where the build script puts it
+    scenario: str = "requests"  # serve_scenarios.SCENARIOS
+    conversations: int | None = None  # chat/agent: per run, shared among the clients; None: the most clients
 
     @property
     def slots(self) -> int:
         return self.parallel or max(self.concurrency)
+
+    @property
+    def conversation_count(self) -> int:
+        return self.conversations or max(self.concurrency)
 
 
 @dataclass
@@ -84,6 +100,9 @@ class RequestRecord:
     first_token_s: float | None  # after start; None when no content came
     end_s: float  # since the run began
     completion_tokens: int
+    turn: int = 1  # the request's turn in its conversation
+    prompt_tokens: int | None = None  # as the server's usage reports them
+    cached_tokens: int | None = None  # prompt tokens the server took from its cache, where it says
 
 
 @dataclass
@@ -100,6 +119,10 @@ class LoadSummary:
     ttft_p50_s: float
     ttft_p95_s: float
     peak_rss_mb: float | None  # the server's VmHWM over this run; None: not measured
+    late_ttft_p50_s: float = float("nan")  # requests of turn LATE_TURN and later; nan: none
+    late_ttft_p95_s: float = float("nan")
+    prompt_tokens_mean: float = float("nan")
+    cached_share: float | None = None  # cached prompt tokens over prompt tokens; None: not reported
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -117,6 +140,9 @@ def summarize_load(target: Target, clients: int, records: list[RequestRecord], w
         busy = max(r.end_s for r in mine) - min(r.start_s for r in mine)
         per_client.append(sum(r.completion_tokens for r in mine) / busy if busy > 0 else 0.0)
     tokens = sum(r.completion_tokens for r in records)
+    late = [r.first_token_s for r in records if r.turn >= LATE_TURN and r.first_token_s is not None]
+    prompts = [r.prompt_tokens for r in records if r.prompt_tokens is not None]
+    cached = [(r.cached_tokens, r.prompt_tokens) for r in records if r.cached_tokens is not None and r.prompt_tokens]
     return LoadSummary(
         system=target.system, server=target.server, clients=clients, requests=len(records), completion_tokens=tokens,
         wall_s=wall_s, requests_per_s=len(records) / wall_s if wall_s > 0 else 0.0,
@@ -125,6 +151,10 @@ def summarize_load(target: Target, clients: int, records: list[RequestRecord], w
         ttft_p50_s=percentile(first_tokens, 50) if first_tokens else float("nan"),
         ttft_p95_s=percentile(first_tokens, 95) if first_tokens else float("nan"),
         peak_rss_mb=peak_rss_mb,
+        late_ttft_p50_s=percentile(late, 50) if late else float("nan"),
+        late_ttft_p95_s=percentile(late, 95) if late else float("nan"),
+        prompt_tokens_mean=mean(prompts) if prompts else float("nan"),
+        cached_share=sum(c for c, _ in cached) / sum(p for _, p in cached) if cached else None,
     )
 
 
@@ -134,36 +164,67 @@ def open_client(url: str) -> OpenAI:
                   timeout=REQUEST_TIMEOUT_S)
 
 
-def stream_chat(client: OpenAI, target: Target, prompt: str, max_tokens: int) -> tuple[float | None, int]:
-    """One greedy streaming request: (seconds to the first chunk carrying content, completion
-    tokens). The tokens are the final usage chunk's; a server that sends none (llama-cpp-python's)
-    streams one token per chunk, so its content chunks are counted instead."""
-    start, first, usage, chunks = time.perf_counter(), None, None, 0
+class Reply(NamedTuple):
+    first_token_s: float | None  # seconds to the first chunk carrying content; None: no content
+    completion_tokens: int
+    text: str
+    prompt_tokens: int | None = None  # from the usage chunk, where the server sends one
+    cached_tokens: int | None = None  # its prompt_tokens_details.cached_tokens, where it has them
+
+
+def stream_chat(client: OpenAI, target: Target, messages: list[dict], max_tokens: int) -> Reply:
+    """One greedy streaming request. The tokens are the final usage chunk's; a server that sends
+    none (llama-cpp-python's) streams one token per chunk, so its content chunks are counted instead."""
+    start, first, usage, chunks, text = time.perf_counter(), None, None, 0, []
     stream = client.chat.completions.create(
-        model=target.model, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens, temperature=0,
+        model=target.model, messages=messages, max_tokens=max_tokens, temperature=0,
         stream=True, stream_options={"include_usage": True}, extra_body=target.extra_body)
     for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content:
             chunks += 1
+            text.append(chunk.choices[0].delta.content)
             if first is None:
                 first = time.perf_counter() - start
         if chunk.usage is not None:
-            usage = chunk.usage.completion_tokens
-    return first, usage if usage is not None else chunks
+            usage = chunk.usage
+    if usage is None:
+        return Reply(first, chunks, "".join(text))
+    details = getattr(usage, "prompt_tokens_details", None)
+    cached = getattr(details, "cached_tokens", None) if details is not None else None
+    return Reply(first, usage.completion_tokens, "".join(text), usage.prompt_tokens, cached)
+
+
+def user(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
 
 
 def run_load(target: Target, clients: int, config: ServeBenchConfig) -> LoadSummary:
     if target.pid is not None:
         reset_peak_rss(target.pid)  # where refused, the peak is the one since the server started
+    conversations = None
+    if config.scenario != "requests":
+        tag = f"[run {next(_run_tags)}]"
+        conversations = [s.tagged(tag) for s in serve_scenarios.scripts(config.scenario, config.conversation_count)]
     began = time.perf_counter()
+
+    def send(api: OpenAI, client: int, messages: list[dict], turn: int, records: list[RequestRecord]) -> str:
+        start = time.perf_counter() - began
+        reply = stream_chat(api, target, messages, config.max_tokens)
+        records.append(RequestRecord(client, start, reply.first_token_s, time.perf_counter() - began,
+                                     reply.completion_tokens, turn, reply.prompt_tokens, reply.cached_tokens))
+        return reply.text
 
     def client_loop(client: int) -> list[RequestRecord]:
         api, records = open_client(target.url), []
-        for i in range(config.requests_per_client):
-            prompt = PROMPTS[(client + i) % len(PROMPTS)]
-            start = time.perf_counter() - began
-            first, tokens = stream_chat(api, target, prompt, config.max_tokens)
-            records.append(RequestRecord(client, start, first, time.perf_counter() - began, tokens))
+        if conversations is None:
+            for i in range(config.requests_per_client):
+                send(api, client, user(PROMPTS[(client + i) % len(PROMPTS)]), 1, records)
+            return records
+        for script in conversations[client::clients]:  # the conversations dealt round the clients
+            messages = list(script.opening)
+            for turn, text in enumerate(script.turns, 1):
+                messages += user(text)
+                messages.append({"role": "assistant", "content": send(api, client, messages, turn, records)})
         return records
 
     with ThreadPoolExecutor(clients) as pool:
@@ -177,20 +238,20 @@ def warm_up(target: Target) -> Target:
     """The target with its model id, after one short untimed request."""
     api = open_client(target.url)
     ready = replace(target, model=api.models.list().data[0].id)
-    stream_chat(api, ready, PROMPTS[0], 4)
+    stream_chat(api, ready, user(PROMPTS[0]), 4)
     return ready
 
 
 def measure_overhead(target: Target, engine: Engine, max_tokens: int) -> dict:
     """The same dense request, alternately through the server and in this process."""
-    messages = [{"role": "user", "content": PROMPTS[0]}]
+    messages = user(PROMPTS[0])
     api, dense = open_client(target.url), replace(target, extra_body={"specee": MODES["dense"]})
     engine.generate(messages, max_tokens=4)  # warm-up, untimed
     served, local, decode = [], [], []
     for _ in range(OVERHEAD_RUNS):
         time.sleep(IDLE_GAP_S)
         start = time.perf_counter()
-        stream_chat(api, dense, PROMPTS[0], max_tokens)
+        stream_chat(api, dense, messages, max_tokens)
         served.append(time.perf_counter() - start)
         time.sleep(IDLE_GAP_S)
         start = time.perf_counter()
@@ -233,23 +294,31 @@ def bench_llama_cpp(config: ServeBenchConfig) -> tuple[list[LoadSummary], str]:
         return [], f"llama.cpp skipped: {choice.reason}"
     try:
         server, name = llama_cpp_server.start_server(choice, config.gguf, config.threads, config.slots,
-                                                     config.max_tokens)
+                                                     config.max_tokens, PROMPT_ROOM[config.scenario])
     except RuntimeError as e:  # specee's rows are kept; the server's last words say why
         return [], f"llama.cpp skipped: {choice.server} did not start: " + " | ".join(str(e).splitlines()[-3:])
     try:
-        target = warm_up(Target(LLAMA_CPP, name, server.url, pid=server.pid))
+        # llama-server keeps each slot's prefix (`cache_prompt`, its default) for the next request.
+        cache = {"cache_prompt": True} if choice.server == llama_cpp_server.LLAMA_SERVER else None
+        target = warm_up(Target(LLAMA_CPP, name, server.url, extra_body=cache, pid=server.pid))
         return [run_load(target, clients, config) for clients in config.concurrency], f"llama.cpp: {choice.reason}"
     finally:
         server.stop()
 
 
 def format_table(summaries: list[LoadSummary], overhead: dict | None, notes: list[str] = ()) -> str:
-    lines = [f"{'system/mode':<18} {'clients':>7} {'requests':>8} {'req/s':>7} {'tok/s':>8} {'tok/s/client':>12} "
-             f"{'TTFT p50':>9} {'TTFT p95':>9} {'peak MB':>8}  server"]
+    turns = any(not math.isnan(s.late_ttft_p50_s) for s in summaries)
+    late = f" {'turn4+ p50':>10} {'turn4+ p95':>10} {'prompt':>6} {'cached':>6}" if turns else ""
+    lines = [f"{'system/mode':<26} {'clients':>7} {'requests':>8} {'req/s':>7} {'tok/s':>8} {'tok/s/client':>12} "
+             f"{'TTFT p50':>9} {'TTFT p95':>9}{late} {'peak MB':>8}  server"]
     for s in summaries:
         peak = f"{s.peak_rss_mb:>8.0f}" if s.peak_rss_mb is not None else f"{'-':>8}"
-        lines.append(f"{s.system:<18} {s.clients:>7} {s.requests:>8} {s.requests_per_s:>7.2f} {s.tokens_per_s:>8.1f} "
-                     f"{s.tokens_per_s_per_client:>12.1f} {s.ttft_p50_s:>8.3f}s {s.ttft_p95_s:>8.3f}s {peak}  {s.server}")
+        cached = f"{s.cached_share:>6.0%}" if s.cached_share is not None else f"{'-':>6}"
+        late = (f" {s.late_ttft_p50_s:>9.3f}s {s.late_ttft_p95_s:>9.3f}s {s.prompt_tokens_mean:>6.0f} {cached}"
+                if turns else "")
+        lines.append(f"{s.system:<26} {s.clients:>7} {s.requests:>8} {s.requests_per_s:>7.2f} {s.tokens_per_s:>8.1f} "
+                     f"{s.tokens_per_s_per_client:>12.1f} {s.ttft_p50_s:>8.3f}s {s.ttft_p95_s:>8.3f}s{late} {peak}  "
+                     f"{s.server}")
     lines += list(notes)
     if overhead:
         lines.append(f"specee server overhead on one request: {overhead['server_s']:.3f} s served vs "
@@ -291,6 +360,7 @@ def run_serve_bench(engine: Engine, config: ServeBenchConfig, server_flags: list
         notes.append(note)
     print(format_table(summaries, overhead, notes))
     report = {"config": {**asdict(config), "out": str(config.out), "prompts": len(PROMPTS),
+                         "conversations": config.conversation_count if config.scenario != "requests" else None,
                          "gguf": str(config.gguf) if config.gguf else None,
                          "llama_server": str(config.llama_server) if config.llama_server else None},
               "machine": machine_info(), "load": [asdict(s) for s in summaries], "notes": notes, "overhead": overhead}
