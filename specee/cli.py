@@ -165,10 +165,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_options(load)
     load.add_argument("--url", help="a running specee server (default: start one with the model options)")
     load.add_argument("--concurrency", default="1,2,4,8,16", help="comma-separated client counts (default 1,2,4,8,16)")
-    load.add_argument("--requests-per-client", type=_positive_int, default=2, help="requests each client sends (default 2)")
+    load.add_argument("--scenario", choices=["requests", "chat", "agent"], default="requests",
+                      help="requests: short independent requests; chat: six-turn MT-Bench conversations that resend "
+                           "their history; agent: a ~1,000-token system prompt and five tool-loop calls (default requests)")
+    load.add_argument("--requests-per-client", type=_positive_int, default=2,
+                      help="requests each client sends in the requests scenario (default 2)")
+    load.add_argument("--conversations", type=_positive_int,
+                      help="chat/agent: conversations per run, dealt round the clients (default: the most clients)")
     load.add_argument("--max-tokens", type=_positive_int, default=64, help="most tokens per answer (default 64)")
     load.add_argument("--modes", default="dense,hybrid-tree,llama.cpp",
-                      help="comma-separated: dense, hybrid-tree (specee's modes), llama.cpp (default all three)")
+                      help="comma-separated: dense, hybrid-tree, dense-no-prefix-cache (specee's modes), llama.cpp "
+                           "(default dense,hybrid-tree,llama.cpp)")
     load.add_argument("--max-batch", type=_positive_int,
                       help="specee serve --max-batch: generations sharing each model pass (default: the server's)")
     load.add_argument("--parallel", type=_positive_int,
@@ -367,7 +374,8 @@ def cmd_bench_serve(args) -> int:
         concurrency=concurrency, requests_per_client=args.requests_per_client, max_tokens=args.max_tokens,
         modes=args.modes.split(","), url=args.url, out=Path(args.out),
         threads=args.threads or __import__("torch").get_num_threads(), max_batch=args.max_batch, parallel=args.parallel,
-        gguf=model_gguf(args.model), llama_server=Path(args.llama_server) if args.llama_server else None)
+        gguf=model_gguf(args.model), llama_server=Path(args.llama_server) if args.llama_server else None,
+        scenario=args.scenario, conversations=args.conversations)
     model_flags = [f"--{name}={value}" for name, value in (("model", args.model), ("dtype", args.dtype),
                                                           ("device", args.device), ("quantization", args.quantization))
                    if value]
@@ -459,8 +467,9 @@ def _speed_line(result, engine) -> str:
     s = result.stats
     kernels = f"compiled kernels ({engine.cpu_tier})" if engine.model.uses_kernels else "PyTorch kernels"
     speculative = f"; {s.mean_acceptance_length:.2f} tokens per target pass" if s.accept_lengths else ""
+    cached = f" ({s.cached_tokens} from the prefix cache)" if s.cached_tokens else ""
     return (
-        f"[{engine.quantization} weights, {kernels}; {result.prompt_tokens} prompt tokens, prefill {s.prefill_s:.2f} s; {result.completion_tokens} tokens "
+        f"[{engine.quantization} weights, {kernels}; {result.prompt_tokens} prompt tokens{cached}, prefill {s.prefill_s:.2f} s; {result.completion_tokens} tokens "
         f"in {s.decode_s:.2f} s = {s.tokens_per_s:.1f} tokens/s{speculative}; finish: {result.finish_reason}]"
     )
 
