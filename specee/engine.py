@@ -32,7 +32,7 @@ GENERATION_OPTIONS = {"max_tokens", "temperature", "top_k", "top_p", "seed", "st
 # Cache slots beyond prompt + max_tokens, so a verification pass may write draft tokens past the end.
 CACHE_SLACK = MAX_DRAFT_NODES + 1
 # The prefix cache's budget on the CPU kernels (BENCHMARKS.md, "Prefix caching").
-DEFAULT_PREFIX_CACHE_MB = 512
+DEFAULT_PREFIX_CACHE_MB = 1024
 # Output slots a generation's cache starts with; it grows (doubling) when a long answer needs more.
 INITIAL_OUTPUT_SLOTS = 512
 
@@ -258,7 +258,10 @@ class Generation:
 
     @property
     def ready(self) -> bool:
-        """False while this follower's leader has not prefilled (a batch holds it back till then)."""
+        """False while this follower's leader has not prefilled, or while another generation
+        prefills the blocks this prompt would take from the prefix cache (a batch holds it back)."""
+        if self.prefix_cache and self.engine.prefix_cache.awaits(self.prompt_ids):
+            return False
         return self.share is None or self.leads or self.share.settled
 
     def __iter__(self) -> Iterator[Event]:
@@ -319,8 +322,9 @@ class Generation:
             steps.close()
             stats.decode_s = time.perf_counter() - start
             if self.prefix_cache and self.strategy.lossless:  # lossy K/V (exits) is never shared
+                final = {model.config.num_hidden_layers: torch.cat(state.final_states)} if state.final_states else None
                 with torch.inference_mode():
-                    engine.prefix_cache.store(state.tokens, cache)
+                    engine.prefix_cache.store(state.tokens, cache, final)
         stats.generated_tokens = len(output)
         yield Event(new, delta + text.finish(), finish, drafted, exit_layer, new_logprobs)
         self.result = Result(text.text, output, len(self.prompt_ids), len(output), finish, stats, logprobs)
@@ -328,19 +332,40 @@ class Generation:
     def _prefill(self, cache: KVCache, passes: Passes, chunk: int | None, stats: GenerationStats):
         """Run the prompt: (logits after its last token [1, vocab], the last layer's states of every
         prompt token, the states after the drafter's shared layers or None)."""
-        model = self.engine.model
+        model, layers = self.engine.model, self.engine.model.config.num_hidden_layers
+        shallow_layers = getattr(self.strategy, "shallow_layers", None)
+        # The states the strategy reads besides K/V, which cached blocks must then hold.
+        depth = shallow_layers or (layers if self.strategy.reads_features else None)
+        first, cached_states = 0, None
+        if self.prefix_cache:  # the blocks of an earlier prompt that begins the same way
+            blocks = self.engine.prefix_cache.lookup(self.prompt_ids, depth)
+            if blocks:
+                cached_states = self.engine.prefix_cache.restore(blocks, cache, depth)
+                first = stats.cached_tokens = cache.length
+        claimed = self.engine.prefix_cache.claim(self.prompt_ids) if self.prefix_cache else []
+        try:
+            return self._run_prompt(cache, passes, chunk, stats, first, cached_states)
+        finally:  # stored, failed or cancelled: nobody waits for these blocks any more
+            self.engine.prefix_cache.release(claimed)
+
+    def _run_prompt(self, cache: KVCache, passes: Passes, chunk: int | None, stats: GenerationStats, first: int,
+                    cached_states: torch.Tensor | None):
+        """Prefill the prompt from position `first` (the cache holds those before it, and
+        `cached_states` their states where the strategy reads some), then store its blocks."""
+        model, layers = self.engine.model, self.engine.model.config.num_hidden_layers
         shallow_layers = getattr(self.strategy, "shallow_layers", None)
         if shallow_layers:  # a drafter sharing the first layers takes their states on the way
             stats.weight_bytes += model.weight_bytes
-            return model.prefill(self.prompt_ids, cache, shallow_layers)
+            logits, hidden, shallow = model.prefill(self.prompt_ids[first:], cache, shallow_layers, start=first)
+            if first:
+                hidden, shallow = None, torch.cat((cached_states, shallow))  # no strategy here reads `hidden`
+            if self.prefix_cache:
+                self.engine.prefix_cache.store(self.prompt_ids, cache, {shallow_layers: shallow} | (
+                    {layers: hidden} if hidden is not None else {}))
+            return logits, hidden, shallow
         ids = torch.tensor(self.prompt_ids, device=model.device)
         chunk = chunk or len(ids)
-        states, first, cached_states = [], 0, None
-        if self.prefix_cache:  # the blocks of an earlier prompt that begins the same way
-            blocks = self.engine.prefix_cache.lookup(self.prompt_ids, getattr(self.strategy, "reads_features", True))
-            if blocks:
-                cached_states = self.engine.prefix_cache.restore(blocks, cache)
-                first = stats.cached_tokens = cache.length
+        states = []
         for start in range(first, len(ids), chunk):
             piece = ids[start : start + chunk]
             last = start + chunk >= len(ids)
@@ -349,11 +374,11 @@ class Generation:
             states.append(hidden)
             stats.weight_bytes += model.weight_bytes
         if first and cached_states is None:
-            hidden = None  # the cached part's states are unknown (no strategy here reads them)
+            hidden = None  # the cached part's states are unknown (the strategy does not read them)
         else:
             hidden = torch.cat(([cached_states] if first else []) + states)
         if self.prefix_cache:  # shareable from now on, by requests arriving while this one decodes
-            self.engine.prefix_cache.store(self.prompt_ids, cache, hidden)
+            self.engine.prefix_cache.store(self.prompt_ids, cache, {layers: hidden} if hidden is not None else None)
         return logits, hidden, None
 
     def _commit(self, step: list[int], output: list[int], text: TextStream) -> tuple[list[int], str, str]:

@@ -3,9 +3,10 @@
 
 Entries are blocks of BLOCK_TOKENS positions, each keyed by a hash of its tokens and of every
 token before it (vLLM's hashed block chain: a block is found only after the same whole prefix, so
-reuse is keyed by tokens alone). A block holds the K/V of every layer for its positions and, when
-they were at hand (a prompt's prefill), the last layer's states, which feature drafters (EAGLE)
-read. Blocks are copied into a generation's own cache, never shared in place, so nothing a
+reuse is keyed by tokens alone). A block holds the K/V of every layer for its positions and, where
+they were at hand, the hidden states after some depth that a drafter reads: the last layer's
+(EAGLE, kept from prefill and from the accepted rows of verification) or its shared shallow
+layers' (Kangaroo, kept from prefill). Blocks are copied into a generation's own cache, never shared in place, so nothing a
 generation writes can change a cached block; they are evicted least recently used under a byte
 budget. On the CPU kernels a row's bits do not depend on how the prompt was cut into passes, so a
 reused prefix is bit-identical to a recomputed one.
@@ -13,26 +14,25 @@ reused prefix is bit-identical to a recomputed one.
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
 import torch
 
 from .model.cache import KVCache
 
-BLOCK_TOKENS = 32
+BLOCK_TOKENS = 16  # vLLM's default: at most 15 tokens of a reused prefix are prefilled again
 
 
 @dataclass
 class Block:
     keys: torch.Tensor  # [layers, kv_heads, BLOCK_TOKENS, head_dim]
     values: torch.Tensor
-    hidden: torch.Tensor | None  # [BLOCK_TOKENS, hidden] the last layer's states, when known
+    states: dict[int, torch.Tensor]  # layers run -> [BLOCK_TOKENS, hidden] the states after them, where known
 
     @property
     def nbytes(self) -> int:
-        extra = self.hidden.nbytes if self.hidden is not None else 0
-        return self.keys.nbytes + self.values.nbytes + extra
+        return self.keys.nbytes + self.values.nbytes + sum(s.nbytes for s in self.states.values())
 
 
 @dataclass
@@ -49,6 +49,7 @@ class PrefixCache:
         self.block_tokens = block_tokens
         self.blocks: OrderedDict[bytes, Block] = OrderedDict()  # least recently used first
         self.bytes = 0
+        self.pending: Counter[bytes] = Counter()  # blocks generations are prefilling now, and how many
         self.stats = PrefixCacheStats()
 
     @property
@@ -63,15 +64,15 @@ class PrefixCache:
             digest = hashlib.sha256(digest + b"".join(t.to_bytes(4, "little") for t in block)).digest()
             yield digest
 
-    def lookup(self, tokens: list[int], need_hidden: bool) -> list[Block]:
+    def lookup(self, tokens: list[int], states_after: int | None = None) -> list[Block]:
         """The cached blocks that begin `tokens`, longest chain first to last, leaving at least one
-        token to prefill (its logits start the answer). With `need_hidden`, only blocks that hold
-        the last layer's states."""
+        token to prefill (its logits start the answer). With `states_after`, only blocks that hold
+        the states after that many layers."""
         self.stats.lookups += 1
         found, keys = [], []
         for key in self._chain(tokens, (len(tokens) - 1) // self.block_tokens):
             block = self.blocks.get(key)
-            if block is None or (need_hidden and block.hidden is None):
+            if block is None or (states_after is not None and states_after not in block.states):
                 break
             found.append(block)
             keys.append(key)
@@ -81,38 +82,62 @@ class PrefixCache:
             self.stats.hit_tokens += len(found) * self.block_tokens
         return found
 
-    def restore(self, blocks: list[Block], cache: KVCache) -> torch.Tensor | None:
-        """Write the blocks into an empty cache's first positions; returns their last-layer states
-        ([positions, hidden]) when every block has them."""
+    def claim(self, tokens: list[int]) -> list[bytes]:
+        """Mark the whole blocks of a prompt about to be prefilled that the cache lacks as being
+        computed (until `release`), so that prompts beginning the same way can wait for them."""
+        keys = [key for key in self._chain(tokens, len(tokens) // self.block_tokens) if key not in self.blocks]
+        self.pending.update(keys)
+        return keys
+
+    def release(self, keys: list[bytes]) -> None:
+        self.pending.subtract(keys)
+        self.pending += Counter()  # drops the keys that reached zero
+
+    def awaits(self, tokens: list[int]) -> bool:
+        """Whether a prompt should wait for another generation's prefill: the blocks it would take
+        from the cache stop at one being computed now, and such blocks make at least half of what
+        it would prefill itself (waiting then costs no more than it saves, and the prefix is
+        computed once however many requests arrive with it)."""
+        if not self.pending:
+            return False
+        keys = list(self._chain(tokens, (len(tokens) - 1) // self.block_tokens))
+        first = next((i for i, key in enumerate(keys) if key not in self.blocks), len(keys))
+        coming = next((i for i, key in enumerate(keys[first:]) if key not in self.pending), len(keys) - first)
+        return coming > 0 and 2 * coming * self.block_tokens >= len(tokens) - first * self.block_tokens
+
+    def restore(self, blocks: list[Block], cache: KVCache, states_after: int | None = None) -> torch.Tensor | None:
+        """Write the blocks into an empty cache's first positions; returns their states after
+        `states_after` layers ([positions, hidden]) when asked for and every block has them."""
         for layer in range(cache.num_layers):
             cache.append(layer, torch.cat([b.keys[layer] for b in blocks], dim=1).transpose(0, 1),
                          torch.cat([b.values[layer] for b in blocks], dim=1).transpose(0, 1))
-        if any(b.hidden is None for b in blocks):
+        if states_after is None or any(states_after not in b.states for b in blocks):
             return None
-        return torch.cat([b.hidden for b in blocks])
+        return torch.cat([b.states[states_after] for b in blocks])
 
-    def store(self, tokens: list[int], cache: KVCache, hidden: torch.Tensor | None = None) -> None:
+    def store(self, tokens: list[int], cache: KVCache, states: dict[int, torch.Tensor] | None = None) -> None:
         """Keep the whole blocks of `tokens` whose K/V the cache holds in every layer (positions
-        before any deferred row), with their last-layer states where `hidden` has them (from
-        position 0). A block already cached gains states it lacked and becomes most recent."""
+        before any deferred row), with the states after each depth of `states` where they reach
+        (each from position 0). A block already cached gains states it lacked and becomes most recent."""
         if not self.enabled:
             return
         written = min(min(cache.lengths), len(tokens))
         if cache.deferred.positions:
             written = min(written, cache.deferred.positions[0])
         count = written // self.block_tokens
-        known = len(hidden) // self.block_tokens if hidden is not None else 0
+        states = states or {}
         keys = list(self._chain(tokens, count))
         for i, key in enumerate(keys):
             rows = slice(i * self.block_tokens, (i + 1) * self.block_tokens)
-            states = hidden[rows].clone() if i < known else None
+            known = {depth: s[rows].clone() for depth, s in states.items() if len(s) >= rows.stop}
             block = self.blocks.get(key)
             if block is not None:
-                if block.hidden is None and states is not None:
-                    block.hidden = states
-                    self.bytes += states.nbytes
+                for depth, rows_states in known.items():
+                    if depth not in block.states:
+                        block.states[depth] = rows_states
+                        self.bytes += rows_states.nbytes
                 continue
-            block = Block(cache.keys[:, :, rows].clone(), cache.values[:, :, rows].clone(), states)
+            block = Block(cache.keys[:, :, rows].clone(), cache.values[:, :, rows].clone(), known)
             self.blocks[key] = block
             self.bytes += block.nbytes
         self._touch(keys)

@@ -160,6 +160,7 @@ class Scripted:
 
     name = "scripted"
     lossless = True
+    reads_features = False
 
     def __init__(self, steps, fail: bool = False):
         self.steps, self.fail = steps, fail

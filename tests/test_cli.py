@@ -198,6 +198,54 @@ def test_chat_keeps_the_conversation(capsys, monkeypatch, default_engine):
     assert second[2]["content"] and second[2]["content"] in capsys.readouterr().out
 
 
+@pytest.mark.slow
+def test_each_chat_turn_prefills_only_what_the_last_turn_did_not(capsys, monkeypatch, default_engine):
+    """`specee chat` over four turns: every turn after the first takes the conversation so far from
+    the prefix cache (the last turn's prompt and answer, in whole blocks), says so on its speed
+    line, and answers exactly as the same turn without the cache."""
+    import builtins
+
+    import specee.cli as cli
+    from specee.prefix_cache import BLOCK_TOKENS
+
+    results, real_stream = [], default_engine.stream
+
+    def recording_stream(messages, *config, **options):
+        stream = real_stream(messages, *config, **options)
+        results.append(([dict(m) for m in messages], stream))
+        return stream
+
+    lines = iter(["Name three rivers.", "Which is longest?", "Where does it start?", "Thanks, summarise."])
+    monkeypatch.setattr(builtins, "input", lambda prompt="": _next_or_eof(lines))
+    monkeypatch.setattr(cli, "_load", lambda args: default_engine)
+    monkeypatch.setattr(default_engine, "stream", recording_stream)
+    default_engine.prefix_cache.clear()
+    assert main(["chat", "--max-tokens", "24", "--system", "Be brief."]) == 0
+    speed_lines = [line for line in capsys.readouterr().err.splitlines() if "prompt tokens" in line]
+    assert len(results) == len(speed_lines) == 4
+    for turn, ((messages, stream), line) in enumerate(zip(results, speed_lines)):
+        cached = stream.result.stats.cached_tokens
+        if turn == 0:
+            assert cached == 0 and "prefix cache" not in line
+            continue
+        # The last turn ran its prompt and all its answer but the last token; the cache serves the
+        # whole blocks of that which this prompt begins with.
+        before = default_engine.encode(results[turn - 1][0]) + results[turn - 1][1].result.token_ids
+        now = default_engine.encode(messages)
+        common = next((i for i, (a, b) in enumerate(zip(before, now)) if a != b), min(len(before), len(now)))
+        assert cached == min(common, len(before) - 1, len(now) - 1) // BLOCK_TOKENS * BLOCK_TOKENS > 0
+        assert f"({cached} from the prefix cache)" in line
+        alone = default_engine.generate(messages, max_tokens=24, prefix_cache=False)
+        assert alone.token_ids == stream.result.token_ids and alone.finish_reason == stream.result.finish_reason
+
+
+def _next_or_eof(lines):
+    try:
+        return next(lines)
+    except StopIteration:
+        raise EOFError from None
+
+
 class Terminal:
     """Stands in for stdin on a terminal."""
 

@@ -79,6 +79,7 @@ class ScriptedStrategy:
 
     name = "scripted"
     lossless = True
+    reads_features = False
 
     def __init__(self, steps):
         self.steps = steps

@@ -363,6 +363,27 @@ def test_a_shared_system_prompt_is_prefilled_once_with_the_same_answers(client, 
     assert after[("specee_prefix_cache_blocks", ())] > 0 and first.usage.prompt_tokens > 140
 
 
+def test_concurrent_clients_share_a_system_prompt_and_the_metrics_count_what_usage_says(client, model_id,
+                                                                                         default_server):
+    system = {"role": "system", "content": "You answer questions about a public library, briefly. " * 12}
+    first = client.chat.completions.create(model=model_id, max_tokens=4,
+                                           messages=[system, {"role": "user", "content": "Hello."}])
+    questions = ["Can I renew a book online?", "Do you lend e-books?", "Is there a quiet room?", "Are you open Sunday?"]
+    before = metrics(default_server)
+    with ThreadPoolExecutor(len(questions)) as pool:  # batched together by the scheduler
+        answers = list(pool.map(lambda q: client.chat.completions.create(
+            model=model_id, max_tokens=10, messages=[system, {"role": "user", "content": q}]), questions))
+    after = metrics(default_server)
+    cached = [a.usage.prompt_tokens_details.cached_tokens for a in answers]
+    assert min(cached) >= first.usage.prompt_tokens // 32 * 32 - 32 > 0  # the system prompt's blocks, each time
+    assert delta(after, before, "specee_prefix_cache_hit_tokens_total") == sum(cached)
+    assert delta(after, before, "specee_prefix_cache_lookups_total") == len(questions)
+    for q, answer in zip(questions, answers):
+        cold = client.chat.completions.create(model=model_id, max_tokens=10, extra_body={"specee": {"prefix_cache": False}},
+                                              messages=[system, {"role": "user", "content": q}])
+        assert cold.choices[0].message.content == answer.choices[0].message.content
+
+
 def test_logprobs_are_the_dense_passes_exactly_whole_streamed_and_speculative(client, model_id):
     """The kernels give a row the same bits in any pass, so a speculative pass's accepted rows
     report exactly the log-probabilities dense decoding's one-row passes do."""

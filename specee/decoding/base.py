@@ -1,7 +1,7 @@
 """What every decoding strategy receives and yields."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator, NamedTuple, Protocol
 
 import torch
@@ -29,6 +29,9 @@ class DecodeState:
     # Runs the target's passes (`run_pass`, and `run_layer` for a pass run layer by layer): the
     # model itself, at once, or a server batch's member, sharing them with the other generations.
     passes: Passes | None = None
+    # The last layer's states of the committed positions, in order, where the strategy has them
+    # (a feature drafter's: the prompt's, then each pass's accepted rows), for the prefix cache.
+    final_states: list[torch.Tensor] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.passes = self.passes or self.model
@@ -55,6 +58,9 @@ class Strategy(Protocol):
 
     name: str
     lossless: bool
+    # Whether its drafter reads the prompt's last-layer states (DecodeState.hidden): cached prompt
+    # blocks must then hold them.
+    reads_features: bool
     # False where tokens are chosen at a partial depth among a few candidates (early exits): the
     # request's penalties, logit bias and log-probabilities, all over the full vocabulary, then
     # do not apply.

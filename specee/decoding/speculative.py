@@ -114,6 +114,8 @@ class Speculative:
         the target over the root and the draft, accepts, and rewinds the cache to the accepted path."""
         tokens, stats = state.tokens, state.stats
         proposer = self.start_proposer(tokens, state.sampler, state.cache, state.hidden, state.shallow)
+        if proposer.wants_features:
+            state.final_states.append(state.hidden)
         verifier = verifier or FullPass(state, self.shallow_layers)
         length = DraftLength(self.num_draft_tokens, self.num_draft_tokens, self.adaptive)
         root = int(state.sampler.pick(state.sampler.adjusted(state.logits, tokens))[0])
@@ -135,7 +137,9 @@ class Speculative:
             accepted = verified.accepted
             new = [draft.tokens[node] for node in accepted] + [verified.next_token]
             if proposer.wants_features:  # the accepted path's states, where the pass ended
-                proposer.observe(verified.hidden[verified.rows])
+                accepted_states = verified.hidden[verified.rows]
+                proposer.observe(accepted_states)
+                state.final_states.append(accepted_states)
             tokens.extend(new)
             proposed = max(layout.depths, default=0)
             stats.record_pass(proposed, len(accepted))

@@ -28,6 +28,7 @@ class EarlyExit:
     name: str = "exit"
     lossless = False
     full_logits = False
+    reads_features = False
 
     def decode(self, state: DecodeState) -> Iterator[Step]:
         tokens, stats = state.tokens, state.stats

@@ -43,6 +43,10 @@ class SpeculativeExit:
     greedy_only = True  # acceptance compares argmaxes
 
     @property
+    def reads_features(self) -> bool:
+        return self.speculative.reads_features
+
+    @property
     def shallow_layers(self) -> int | None:
         return self.speculative.shallow_layers  # prefill hands the strategy these states
 

@@ -488,13 +488,14 @@ class Transformer(nn.Module):
         scored = hidden[part.logits_from :]
         return hidden, self.logits(self.norm(scored)) if len(scored) else hidden.new_empty(0, self.config.vocab_size)
 
-    def prefill(self, ids: list[int], cache: KVCache, shallow_layers: int | None = None
+    def prefill(self, ids: list[int], cache: KVCache, shallow_layers: int | None = None, start: int = 0
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Run a prompt through the model; returns the logits after its last token [1, vocab],
-        the last layer's states of every prompt token [len(ids), hidden] (feature drafters) and,
-        when `shallow_layers` is given, the states after that many layers (self-drafters that
-        share the target's shallow layers), taken on the way."""
-        positions = torch.arange(len(ids), device=self.device)
+        """Run a prompt (from position `start`, the cache holding the positions before it) through
+        the model; returns the logits after its last token [1, vocab], the last layer's states of
+        every token run [len(ids), hidden] (feature drafters) and, when `shallow_layers` is given,
+        the states after that many layers (self-drafters that share the target's shallow layers),
+        taken on the way."""
+        positions = torch.arange(start, start + len(ids), device=self.device)
         split = shallow_layers or 0
         shallow = self.hidden(torch.tensor(ids, device=self.device), positions, cache, layers=range(split))
         h = self.run_layers(shallow, positions, cache, layers=range(split, self.config.num_hidden_layers))
