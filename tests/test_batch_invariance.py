@@ -85,11 +85,16 @@ def check_rows(model, rng: random.Random, sizes, vocab: int) -> int:
             tokens = [rng.randrange(vocab) for _ in range(size)]
             parents = random_tree(rng, size, chain)
             together = tree_pass(model, prefix, tokens, parents)
-            # A chain's one-token passes give every row in one sequence; a tree node needs its path's.
-            chain_rows = one_token_passes(model, prefix, tokens) if chain else None
-            for node, path in enumerate(paths(parents)):
-                alone = chain_rows[node] if chain else one_token_passes(model, prefix, [tokens[i] for i in path])[-1]
-                assert torch.equal(together[node], alone), f"{'chain' if chain else 'tree'} of {size}, row {node}"
+            # One-token passes along each leaf's path give the rows of every node on it.
+            node_paths = paths(parents)
+            leaves = [path for node, path in enumerate(node_paths) if node not in parents]
+            alone = {}
+            for path in leaves:
+                for node, row in zip(path, one_token_passes(model, prefix, [tokens[i] for i in path])):
+                    alone.setdefault(node, row)
+            assert sorted(alone) == list(range(size))
+            for node in range(size):
+                assert torch.equal(together[node], alone[node]), f"{'chain' if chain else 'tree'} of {size}, row {node}"
                 compared += 1
     return compared
 
