@@ -293,23 +293,30 @@ def test_off_when_asked_and_where_kernels_are_not_batch_invariant(tiny_tokenizer
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("quantization", ["none", "int8", "gguf"])
+@pytest.mark.parametrize("quantization", ["none", "int8", "int4", "gguf"])
 def test_every_method_on_the_default_model_answers_the_same_with_the_cache(quantization):
-    """The real model in three formats: a second turn resent with its history gets the same tokens
-    from every lossless method with the cache as without, and reuses the history's blocks."""
+    """The real model in every CPU format: a second turn resent with its history gets the same
+    tokens from every method (early exits included; in the default format gguf, every drafter)
+    with the cache as without, and reuses the history's blocks."""
     import specee
 
     engine = specee.load(quantization=quantization)
     history = [{"role": "system", "content": "You answer in one short paragraph. " * 6},
                {"role": "user", "content": "Why is the sky blue?"}]
-    for method in (None, "prompt-lookup", "hybrid", "eagle", "kangaroo"):
+    drafters = ("prompt-lookup", "ngram", "hybrid", "eagle", "eagle-copy", "kangaroo") if quantization == "gguf" \
+        else ("hybrid", "eagle", "kangaroo")  # each kind of state a strategy keeps, in every format
+    methods = [{"spec_method": m} for m in (None, *drafters)] + [{"exit": "specee"}]
+    if quantization == "gguf":
+        methods += [{"spec_method": m, "draft_model": "self:4"} for m in ("draft", "staged")]
+    for method in methods:
         engine.prefix_cache.clear()
-        first = engine.generate(history, max_tokens=40, spec_method=method)
+        first = engine.generate(history, max_tokens=40, **method)
         turn = history + [{"role": "assistant", "content": first.text}, {"role": "user", "content": "And at sunset?"}]
-        cold = engine.generate(turn, max_tokens=16, spec_method=method, prefix_cache=False)
-        warm = engine.generate(turn, max_tokens=16, spec_method=method)
-        assert warm.token_ids == cold.token_ids, method
-        # Kangaroo reads its shared layers' states, which only the first turn's prefill kept: it
-        # reuses that prompt; every other method, the answer too.
-        least = {"kangaroo": 32}.get(method, 96)
+        cold = engine.generate(turn, max_tokens=16, prefix_cache=False, **method)
+        warm = engine.generate(turn, max_tokens=16, **method)
+        assert warm.token_ids == cold.token_ids and warm.finish_reason == cold.finish_reason, method
+        # Kangaroo reads its shared layers' states, which only the first turn's prefill kept, and
+        # early exits' own K/V is never kept: both reuse the first prompt; every other method, the
+        # answer too.
+        least = 32 if method.get("spec_method") == "kangaroo" or "exit" in method else 96
         assert warm.stats.cached_tokens >= least, method
