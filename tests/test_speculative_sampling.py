@@ -155,13 +155,10 @@ CASES = {
 }
 
 
-# The fast tier samples one tree with penalties (each row's own path counted); every other
-# drafter, shape and setting runs in the full run.
-FAST_CASES = ("static tree, penalties and bias",)
-
-
-@pytest.mark.parametrize("case", [pytest.param(case, marks=() if case in FAST_CASES else pytest.mark.slow)
-                                  for case in CASES])
+# Each case samples for about a minute: all run in the full run. The fast tier keeps the
+# acceptance rule's own distribution tests (tests/test_acceptance.py).
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES)
 def test_speculative_sampling_matches_plain_sampling(model, case):
     make_strategy, params = CASES[case]
     expected = exact_joint(model, params)
