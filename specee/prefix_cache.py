@@ -6,8 +6,8 @@ token before it (vLLM's hashed block chain: a block is found only after the same
 reuse is keyed by tokens alone). A block holds the K/V of every layer for its positions and, where
 they were at hand, the hidden states after some depth that a drafter reads: the last layer's
 (EAGLE, kept from prefill and from the accepted rows of verification) or its shared shallow
-layers' (Kangaroo, kept from prefill). Blocks are copied into a generation's own cache, never shared in place, so nothing a
-generation writes can change a cached block; they are evicted least recently used under a byte
+layers' (Kangaroo, kept from prefill). Blocks are copied into a generation's own cache, never
+shared in place, so nothing a generation writes can change a cached block; they are evicted least recently used under a byte
 budget. On the CPU kernels a row's bits do not depend on how the prompt was cut into passes, so a
 reused prefix is bit-identical to a recomputed one.
 """
@@ -129,15 +129,15 @@ class PrefixCache:
         keys = list(self._chain(tokens, count))
         for i, key in enumerate(keys):
             rows = slice(i * self.block_tokens, (i + 1) * self.block_tokens)
-            known = {depth: s[rows].clone() for depth, s in states.items() if len(s) >= rows.stop}
             block = self.blocks.get(key)
+            held = block.states if block is not None else {}
+            # Copied only where the block lacks them: a conversation's every turn stores its whole history.
+            new = {depth: s[rows].clone() for depth, s in states.items() if len(s) >= rows.stop and depth not in held}
             if block is not None:
-                for depth, rows_states in known.items():
-                    if depth not in block.states:
-                        block.states[depth] = rows_states
-                        self.bytes += rows_states.nbytes
+                block.states |= new
+                self.bytes += sum(s.nbytes for s in new.values())
                 continue
-            block = Block(cache.keys[:, :, rows].clone(), cache.values[:, :, rows].clone(), known)
+            block = Block(cache.keys[:, :, rows].clone(), cache.values[:, :, rows].clone(), new)
             self.blocks[key] = block
             self.bytes += block.nbytes
         self._touch(keys)
