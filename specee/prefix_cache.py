@@ -7,9 +7,9 @@ reuse is keyed by tokens alone). A block holds the K/V of every layer for its po
 they were at hand, the hidden states after some depth that a drafter reads: the last layer's
 (EAGLE, kept from prefill and from the accepted rows of verification) or its shared shallow
 layers' (Kangaroo, kept from prefill). Blocks are copied into a generation's own cache, never
-shared in place, so nothing a generation writes can change a cached block; they are evicted least recently used under a byte
-budget. On the CPU kernels a row's bits do not depend on how the prompt was cut into passes, so a
-reused prefix is bit-identical to a recomputed one.
+shared in place, so nothing a generation writes can change a cached block; they are evicted least
+recently used under a byte budget. On the CPU kernels a row's bits do not depend on how the prompt
+was cut into passes, so a reused prefix is bit-identical to a recomputed one.
 """
 from __future__ import annotations
 
