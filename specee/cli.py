@@ -34,6 +34,10 @@ _positive_int = _int_from(1, "a positive integer")
 _non_negative_int = _int_from(0, "a whole number >= 0")
 
 
+def _replicas(text: str) -> int | str:
+    return text if text == "auto" else _positive_int(text)
+
+
 def _non_negative_float(text: str) -> float:
     try:
         value = float(text)
@@ -142,6 +146,22 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--shutdown-grace", type=float, default=30.0,
                        help="after SIGTERM, seconds running requests may take to finish; streams still running "
                             "at the end get an error event and [DONE] (default 30)")
+    cluster = serve.add_argument_group("scale-out on Ray Serve (pip install -e \".[cluster]\")")
+    cluster.add_argument("--replicas", type=_replicas, default=None,
+                         help="serve through Ray Serve with N replicas, each with its own engine on --threads cores, "
+                              "or auto: as many as the load asks for, between --min-replicas and --max-replicas "
+                              "(default: one process, no Ray)")
+    cluster.add_argument("--min-replicas", type=_positive_int, default=1, help="--replicas auto: the fewest (default 1)")
+    cluster.add_argument("--max-replicas", type=_positive_int, default=4, help="--replicas auto: the most (default 4)")
+    cluster.add_argument("--target-ongoing", type=_positive_int, default=None,
+                         help="--replicas auto: ongoing requests per replica to scale at (default: --max-batch)")
+    cluster.add_argument("--routing", choices=("prefix", "fewest"), default="prefix",
+                         help="--replicas: prefix sends a request whose prompt begins as a replica's recent ones did "
+                              "to that replica (its prefix cache has them), unless it is busier than the others; "
+                              "fewest: always the replica with the fewest ongoing requests (default prefix)")
+    cluster.add_argument("--address", default=None,
+                         help="with --replicas: join this Ray cluster (auto, or the head's host:port); default: "
+                              "start a local Ray that stops with the command")
     bench = sub.add_parser("bench", help="speed and quality of every mode, side by side with baselines")
     _add_model_options(bench)
     bench.add_argument("--suite", default="quick", help="quick (a few minutes) or full (every category and dataset, about an hour on 2 cores; default quick)")
@@ -561,6 +581,22 @@ def cmd_chat(args) -> int:
 def cmd_serve(args) -> int:
     if any(importlib.util.find_spec(name) is None for name in ("fastapi", "uvicorn", "prometheus_client")):
         raise UsageError("specee serve needs its extra: pip install 'specee[serve]'")
+    validate_serve_args(args)
+    if args.replicas is not None:
+        return _serve_on_ray(args)
+    from .server.app import bind, serve
+
+    try:
+        listening = bind(args.host, args.port)  # a busy port fails now, not after the model loads
+    except OSError as e:
+        raise UsageError(str(e)) from None
+    with listening:
+        engine = _load_off_main_thread(args)
+        serve(engine, server_config(args, engine), listening)
+    return 0
+
+
+def validate_serve_args(args) -> None:
     _validate_sampling(args)
     for flag in ("request_timeout", "body_timeout", "keep_alive_timeout", "shutdown_grace"):
         if not getattr(args, flag) > 0:
@@ -570,10 +606,11 @@ def cmd_serve(args) -> int:
     if args.api_key is not None and not args.api_key.strip():
         raise UsageError("the API key is empty (--api-key or SPECEE_API_KEY): give a key, or unset it to serve "
                          "without one")
+    if args.replicas is None and args.address is not None:
+        raise UsageError("--address joins a Ray cluster and needs --replicas")
+    if args.min_replicas > args.max_replicas:
+        raise UsageError(f"--min-replicas {args.min_replicas} is above --max-replicas {args.max_replicas}")
     import ipaddress
-
-    from .server.app import ServerConfig, bind, serve
-    from .server.completions import Defaults
 
     try:
         loopback = args.host == "localhost" or ipaddress.ip_address(args.host).is_loopback
@@ -582,22 +619,70 @@ def cmd_serve(args) -> int:
     if not loopback and not args.api_key:
         print(f"specee: warning: serving on {args.host} without --api-key: anyone who can reach it may use it",
               file=sys.stderr)
-    try:
-        listening = bind(args.host, args.port)  # a busy port fails now, not after the model loads
-    except OSError as e:
-        raise UsageError(str(e)) from None
-    with listening:
-        engine = _load_off_main_thread(args)
-        source = engine.source
-        config = ServerConfig(
-            model_id=source.stem if source and source.is_file() else (source.name if source else "specee"),
-            defaults=Defaults(_sampling_kwargs(args), args.config),
-            api_key=args.api_key, max_queue=args.max_queue, request_timeout=args.request_timeout,
-            max_batch=args.max_batch, prefill_chunk=args.prefill_chunk, body_timeout=args.body_timeout,
-            keep_alive=args.keep_alive_timeout, shutdown_grace=args.shutdown_grace,
-        )
-        serve(engine, config, listening)
-    return 0
+
+
+def server_config(args, engine):
+    """The server's settings from `specee serve`'s flags, for the engine it serves."""
+    from .server.app import ServerConfig
+    from .server.completions import Defaults
+
+    source = engine.source
+    return ServerConfig(
+        model_id=source.stem if source and source.is_file() else (source.name if source else "specee"),
+        defaults=Defaults(_sampling_kwargs(args), args.config),
+        api_key=args.api_key, max_queue=args.max_queue, request_timeout=args.request_timeout,
+        max_batch=args.max_batch, prefill_chunk=args.prefill_chunk, body_timeout=args.body_timeout,
+        keep_alive=args.keep_alive_timeout, shutdown_grace=args.shutdown_grace,
+    )
+
+
+# `specee serve`'s flags that shape the deployment rather than each replica's server.
+CLUSTER_FLAGS = ("replicas", "min_replicas", "max_replicas", "target_ongoing", "address", "routing", "host", "port")
+
+
+def serve_parser() -> argparse.ArgumentParser:
+    subcommands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return subcommands.choices["serve"]
+
+
+def serve_flags(options: dict) -> list[str]:
+    """`specee serve` flags that give `options` (dests, as in a Ray Serve config's args), leaving
+    out what equals the default; the inverse of parsing them."""
+    actions = {a.dest: a for a in serve_parser()._actions if a.option_strings}
+    unknown = sorted(set(options) - set(actions))
+    if unknown:
+        raise UsageError(f"not a specee serve option: {', '.join(unknown)}")
+    flags: list[str] = []
+    for dest, value in options.items():
+        action = actions[dest]
+        if value == action.default:
+            continue
+        flag = max(action.option_strings, key=len)
+        if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+            flags.append(flag)
+        elif isinstance(action, argparse._AppendAction):
+            for item in value:
+                flags += [flag, str(item)]
+        else:
+            flags += [flag, str(value)]
+    return flags
+
+
+def parse_serve_flags(flags: list[str]) -> argparse.Namespace:
+    args = serve_parser().parse_args(flags)
+    validate_serve_args(args)
+    return args
+
+
+def _serve_on_ray(args) -> int:
+    if importlib.util.find_spec("ray") is None or importlib.util.find_spec("ray.serve") is None:
+        raise UsageError("--replicas serves through Ray Serve, which is not installed: pip install -e \".[cluster]\" "
+                         "(or pip install \"ray[serve]\")")
+    if args.model is not None and not Path(args.model).exists():
+        raise UsageError(f"--model {args.model!r} does not exist")  # before Ray starts, not in each replica
+    from .cluster.launch import run
+
+    return run(args)
 
 
 COMMANDS = {"generate": cmd_generate, "chat": cmd_chat, "serve": cmd_serve, "bench": cmd_bench,

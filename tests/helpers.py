@@ -79,10 +79,10 @@ def tiny_tokenizer(directory: Path) -> Tokenizer:
     return Tokenizer(directory, eos_token_ids=[])
 
 
-def tiny_model_directory(directory: Path, seed: int = 0) -> Path:
+def tiny_model_directory(directory: Path, seed: int = 0, **overrides) -> Path:
     """A tiny random model in Hugging Face layout (config.json, safetensors, tokenizer files)."""
     tokenizer = tiny_tokenizer(directory)
-    tiny_hf_model(seed, vocab_size=tokenizer.vocab_size).save_pretrained(directory)
+    tiny_hf_model(seed, vocab_size=tokenizer.vocab_size, **overrides).save_pretrained(directory)
     return directory
 
 

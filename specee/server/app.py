@@ -166,6 +166,7 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
 
     app = FastAPI(title="specee", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.scheduler = scheduler  # serve() drains it on SIGTERM
+    app.state.metrics = metrics  # a cluster replica reports them to its ingress
 
     async def require_key(request: Request) -> None:
         if config.api_key is None:

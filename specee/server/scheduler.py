@@ -90,6 +90,10 @@ class Scheduler:
     def start(self) -> None:
         self._thread.start()
 
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
     def stop(self, timeout: float = 30.0) -> None:
         """Cancel what waits and what runs, then let the worker exit."""
         self._stopping.set()

@@ -1,0 +1,91 @@
+"""`specee serve --replicas N`: start (or join) Ray, run the application until SIGTERM or Ctrl-C,
+then let every replica finish its running requests (--shutdown-grace) and stop."""
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+
+APP_NAME = "specee"
+
+
+def run(args) -> int:
+    import ray
+    from ray import serve
+    from ray.serve.context import _get_global_client
+
+    from ..cli import EXIT_BAD_INPUT, UsageError, serve_parser
+    from ..server.app import bind
+    from .app import application
+
+    options = {a.dest: getattr(args, a.dest) for a in serve_parser()._actions if a.option_strings and a.dest != "help"}
+    app = application(options)  # bad options fail before Ray starts
+    local = args.address is None
+    if local:
+        try:
+            bind(args.host, args.port).close()  # a busy port fails now, not inside Ray's proxy
+        except OSError as e:
+            raise UsageError(str(e)) from None
+    ray.init(address=args.address, include_dashboard=False, logging_level=logging.WARNING,
+             configure_logging=True, log_to_driver=True)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):  # after ray.init, which installs its own
+        signal.signal(signum, lambda *_: stop.set())
+    try:
+        ours = not serve_running()  # then Serve stops with this command, even on a cluster we joined
+        serve.start(http_options={"host": args.host, "port": args.port})
+        try:
+            serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
+        except Exception as e:  # a replica could not start: its error, not a hang
+            print(f"specee: error: the replicas did not start: {replica_error(e)}", file=sys.stderr)
+            stop_serving(ours)
+            return EXIT_BAD_INPUT
+        where = "a local Ray" if local else f"the Ray cluster at {args.address}"
+        http = _get_global_client().http_config  # a Serve already running keeps its own
+        if (http.host, http.port) != (args.host, args.port):
+            print(f"specee: warning: Ray Serve already runs on this cluster and keeps its address: "
+                  f"{http.host}:{http.port}, not --host {args.host} --port {args.port}", file=sys.stderr)
+        print(f"specee serving on http://{http.host}:{http.port} with {args.replicas} replica(s) on {where}",
+              file=sys.stderr, flush=True)
+        while not stop.wait(1.0):
+            pass
+        print("specee: stopping: replicas finish their running requests", file=sys.stderr, flush=True)
+        stop_serving(ours)
+    finally:
+        ray.shutdown()
+    return 0
+
+
+def stop_serving(ours: bool) -> None:
+    """Graceful: each replica finishes its running requests within --shutdown-grace."""
+    from ray import serve
+
+    serve.delete(APP_NAME)
+    if ours:
+        serve.shutdown()
+
+
+def serve_running() -> bool:
+    import ray
+    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+
+    try:
+        ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+        return True
+    except ValueError:
+        return False
+
+
+def replica_error(e: Exception) -> str:
+    """Why the replicas did not start: the last line of a failed deployment's own message (the
+    replica's exception, not Ray's frames), else Ray's."""
+    from ray import serve
+
+    try:
+        deployments = serve.status().applications[APP_NAME].deployments.values()
+        messages = [d.message for d in deployments if d.status in ("DEPLOY_FAILED", "UNHEALTHY") and d.message]
+    except Exception:  # the controller is gone too: Ray's own message is all there is
+        messages = []
+    lines = [line.strip() for text in messages or [str(e)] for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else type(e).__name__

@@ -1,0 +1,85 @@
+"""A two-node Ray cluster on this machine (one CPU per node, so one replica per node) and
+`specee serve --replicas 2` on it, for tests/test_cluster*.py. One specee application runs on a
+cluster at a time (Serve has one HTTP proxy and the app takes the root route)."""
+import os
+import sys
+import time
+
+import httpx
+import openai
+
+from serve_helpers import ROOT
+from specee.eval.server_process import ChildServer, free_port
+from tiers import require_slow
+
+ENV = dict(os.environ, PYTHONPATH=str(ROOT))
+PROMPTS = ["Name three colours.", "What is 2+2?", "Write a haiku about rain.", "Say hello in French."]
+# Six 128-character blocks of the router's table in common: prefix routing's threshold is two.
+SYSTEM = "You are a terse assistant for a hardware shop; answer in one line. " * 12
+
+
+def ray_cluster_fixture():
+    require_slow("a Ray cluster")
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    # Ray Serve keeps the first HTTP address it was started with on a cluster (for a while after
+    # `serve shutdown`, too): every application here uses the same one.
+    cluster.serve_port = free_port()
+    yield cluster
+    cluster.shutdown()
+
+
+class Replicated(ChildServer):
+    """`specee serve --replicas 2 --address <cluster>`, healthy once both replicas report."""
+
+    def __init__(self, cluster, *flags: str) -> None:
+        port, address = cluster.serve_port, cluster.address
+        command = [sys.executable, "-m", "specee.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+                   "--replicas", "2", "--threads", "1", "--address", address, *flags]
+        super().__init__(command, port, cwd=ROOT, env=ENV)
+        wait_for(lambda: len(self.replicas()) == 2, 180, "two replicas", self)
+
+    def replicas(self) -> list[dict]:
+        response = httpx.get(self.url + "/health", timeout=10)
+        return response.json()["replicas"] if response.status_code == 200 else []
+
+
+def wait_for(condition, seconds: float, what: str, server: ChildServer) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} within {seconds} s:\n{server.output()[-4000:]}")
+        time.sleep(0.5)
+
+
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+def answers(server, max_tokens: int) -> list:
+    """Greedy and seeded answers, whole and streamed, per prompt: (text, finish, completion tokens)."""
+    c = client(server)
+    out = []
+    for prompt in PROMPTS:
+        for sampling in ({}, {"temperature": 0.8, "seed": 11}):
+            messages = [{"role": "user", "content": prompt}]
+            whole = c.chat.completions.create(model=None, messages=messages, max_tokens=max_tokens, **sampling)
+            parts = list(c.chat.completions.create(model=None, messages=messages, max_tokens=max_tokens,
+                                                   stream=True, **sampling))
+            streamed = "".join(p.choices[0].delta.content or "" for p in parts if p.choices)
+            out.append((whole.choices[0].message.content, whole.choices[0].finish_reason,
+                        whole.usage.completion_tokens, streamed))
+    return out
+
+
+def counter(server, name: str, **labels) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(server.url + "/metrics", timeout=10).text
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+
+

@@ -1,0 +1,115 @@
+"""`specee serve --replicas 2` on a two-node Ray cluster with a tiny random model: Ray's own `serve
+run` of deploy/serve.yaml, a replica that cannot load, answers token-identical to one plain `specee
+serve`, load reaching both replicas and prefix-aware routing. The default model and faults:
+tests/test_cluster_faults.py."""
+import json
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from cluster_helpers import (ENV, PROMPTS, ROOT, SYSTEM, Replicated, answers, client, counter, ray_cluster_fixture,
+                             wait_for)
+from helpers import tiny_model_directory
+from serve_helpers import running_server
+from specee.eval.server_process import ChildServer
+
+pytestmark = pytest.mark.slow
+ray_cluster = pytest.fixture(scope="module")(ray_cluster_fixture)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> str:
+    # A context long enough for prompts that share several of the router's blocks.
+    return str(tiny_model_directory(tmp_path_factory.mktemp("tiny"), seed=3, max_position_embeddings=2048))
+
+
+@pytest.fixture(scope="module")
+def tiny_replicated(ray_cluster, tiny):
+    server = Replicated(ray_cluster, "--model", tiny)
+    yield server
+    assert server.stop() == 0, server.output()[-4000:]
+
+
+def test_the_serve_config_runs_with_rays_own_serve_run(ray_cluster, tiny, tmp_path):
+    config = yaml.safe_load((ROOT / "deploy" / "serve.yaml").read_text())
+    port = ray_cluster.serve_port
+    config["http_options"] = {"host": "127.0.0.1", "port": port}
+    config["applications"][0]["args"] |= {"model": tiny}
+    path = tmp_path / "serve.yaml"
+    path.write_text(yaml.safe_dump(config))
+    serve_cli = Path(sys.executable).with_name("serve")
+    server = ChildServer([str(serve_cli), "run", str(path), "--address", ray_cluster.address], port, cwd=ROOT, env=ENV)
+    try:
+        wait_for(lambda: len(httpx.get(server.url + "/health", timeout=10).json()["replicas"]) == 2, 180,
+                 "two replicas", server)
+        answer = client(server).completions.create(model=None, prompt="hello", max_tokens=4)
+        assert answer.usage.completion_tokens == 4
+    finally:
+        server.stop()
+        subprocess.run([str(serve_cli), "shutdown", "--address", ray_cluster.address, "-y"], env=ENV, timeout=120,
+                       capture_output=True)
+
+
+def test_a_replica_that_cannot_load_fails_the_start_with_its_error(ray_cluster, tiny, tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    config = json.loads((Path(tiny) / "config.json").read_text())
+    del config["hidden_size"]
+    (broken / "config.json").write_text(json.dumps(config))
+    for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        (broken / name).symlink_to(Path(tiny) / name)
+    done = subprocess.run([sys.executable, "-m", "specee.cli", "serve", "--port", str(ray_cluster.serve_port), "--model",
+                           str(broken), "--replicas", "2", "--threads", "1", "--address", ray_cluster.address],
+                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-3000:]
+    said = [line for line in done.stderr.splitlines() if line.startswith("specee: error:")]
+    assert len(said) == 1 and said[0].startswith("specee: error: the replicas did not start:"), done.stderr[-3000:]
+    assert "config.json: the model config lacks required field(s) hidden_size" in said[0], said[0]
+
+
+
+
+
+def test_tiny_answers_match_one_plain_server(tiny_replicated, tiny):
+    single = running_server("--model", tiny)
+    try:
+        expected = answers(single, 24)
+    finally:
+        assert single.stop() == 0
+    got = answers(tiny_replicated, 24)
+    assert got == expected
+    assert all(text == streamed for text, _, _, streamed in got)
+
+
+def test_concurrent_requests_reach_both_replicas_and_a_shared_prefix_sticks(tiny_replicated):
+    time.sleep(2.5)  # replicas report their metrics every second: let the last test's arrive
+    before = {r["replica"]: counter(tiny_replicated, "specee_requests_total", replica=r["replica"],
+                                    route="/v1/chat/completions") for r in tiny_replicated.replicas()}
+    c = client(tiny_replicated)
+
+    def ask(i: int) -> str:
+        return c.chat.completions.create(model=None, max_tokens=8, messages=[
+            {"role": "user", "content": f"{PROMPTS[i % 4]} ({i})"}]).choices[0].finish_reason
+
+    with ThreadPoolExecutor(16) as pool:
+        assert all(reason in ("stop", "length") for reason in pool.map(ask, range(16)))
+    time.sleep(2.5)  # replicas report their metrics every second
+    after = {r: counter(tiny_replicated, "specee_requests_total", replica=r, route="/v1/chat/completions")
+             for r in before}
+    served = {r: after[r] - before[r] for r in before}
+    assert sum(served.values()) == 16 and all(n > 0 for n in served.values()), served
+    assert counter(tiny_replicated, "specee_requests_total", replica="all", route="/v1/chat/completions") == \
+        sum(after.values())
+    # One conversation's turns share its long system message: after the first, prefix routing
+    # keeps them on one replica (the requests are sequential, so neither replica is busier).
+    prefix_before = counter(tiny_replicated, "specee_routed_requests_total", reason="prefix")
+    for prompt in PROMPTS:
+        c.chat.completions.create(model=None, max_tokens=4, messages=[
+            {"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}])
+    assert counter(tiny_replicated, "specee_routed_requests_total", reason="prefix") - prefix_before == 3
