@@ -48,12 +48,34 @@ def test_a_replica_killed_mid_stream_ends_its_stream_with_an_error_and_comes_bac
     assert error["code"] == "replica_failed" and error["type"] == "server_error"
     # The other replica answers at once; Ray starts a new one, and traffic returns to it.
     assert client(default_replicated).completions.create(model=None, prompt="Hi", max_tokens=4).usage.completion_tokens == 4
-    wait_for(lambda: len(default_replicated.replicas()) == 2 and victim["pid"] not in
-             {r["pid"] for r in default_replicated.replicas()}, 180, "a restarted replica", default_replicated)
-    new = next(r["replica"] for r in default_replicated.replicas() if r["pid"] not in pids)
+    restarted = []
+
+    def a_new_replica_reports() -> bool:
+        live = default_replicated.replicas()
+        restarted[:] = [r["replica"] for r in live if r["pid"] not in pids]
+        return len(live) == 2 and len(restarted) == 1
+
+    wait_for(a_new_replica_reports, 180, "a restarted replica", default_replicated)
+    new = restarted[0]
     c = client(default_replicated)
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(lambda i: c.completions.create(model=None, prompt=PROMPTS[i], max_tokens=16), range(4)))
     time.sleep(2.5)
     assert counter(default_replicated, "specee_requests_total", replica=new, route="/v1/completions") > 0
     assert counter(default_replicated, "specee_replica_failures_total") >= 1
+
+
+def test_sigterm_lets_a_running_stream_finish_then_exits_0(default_replicated):
+    body = {"messages": [{"role": "user", "content": "Count from one to twenty in words."}], "max_tokens": 64,
+            "stream": True}
+    with httpx.stream("POST", default_replicated.url + "/v1/chat/completions", json=body, timeout=120) as response:
+        lines = response.iter_lines()
+        for line in lines:
+            if line.startswith("data: {"):
+                break
+        default_replicated.process.send_signal(signal.SIGTERM)
+        events = [line for line in lines if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    last = json.loads(events[-2][6:])
+    assert "error" not in last and last["choices"][0]["finish_reason"] in ("stop", "length")
+    assert default_replicated.process.wait(120) == 0

@@ -159,3 +159,24 @@ def test_merged_metrics_label_each_replica_and_sum_them():
     assert samples[("specee_latency_seconds_bucket", (("le", "1.0"), ("replica", "all")))] == 1
     assert samples[("specee_latency_seconds_count", (("replica", "all"),))] == 2
     assert not any(name.endswith("_created") for name, _ in samples)
+
+
+def test_the_application_asks_ray_for_what_the_flags_say():
+    from specee.cluster.app import application
+
+    def replica_of(options: dict):
+        ingress = application(options)._bound_deployment
+        assert ingress.ray_actor_options["num_cpus"] == 0  # the ingress takes no core from a replica
+        replica = ingress.init_args[0]._bound_deployment
+        return replica, replica._deployment_config
+
+    replica, config = replica_of({"replicas": 3, "threads": 2, "max_batch": 4, "max_queue": 10})
+    assert config.num_replicas == 3 and replica.ray_actor_options["num_cpus"] == 2
+    assert config.max_ongoing_requests == 14  # beyond the batch, the replica's own queue answers 503
+    flags, _ = replica.init_args
+    assert parse_serve_flags(flags).max_batch == 4
+    replica, config = replica_of({"replicas": "auto", "min_replicas": 2, "max_replicas": 5, "target_ongoing": 6})
+    scaling = config.autoscaling_config
+    assert (scaling.min_replicas, scaling.max_replicas, scaling.target_ongoing_requests) == (2, 5, 6)
+    with pytest.raises(Exception, match="replicas must be a positive number or auto"):
+        application({"replicas": 0})

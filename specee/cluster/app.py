@@ -22,19 +22,20 @@ def application(options: dict) -> serve.Application:
     """options: `specee serve`'s option dests (as argparse names them) and values."""
     flags = serve_flags({k: v for k, v in options.items() if k not in CLUSTER_FLAGS})
     args = parse_serve_flags(flags)  # bad options fail here, before any replica starts
-    replicas = options.get("replicas") or 1
-    if args.threads is None:  # share this machine's cores
-        most = options.get("max_replicas", 4) if replicas == "auto" else replicas
-        args.threads = max(1, (os.cpu_count() or 1) // most)
-        flags += ["--threads", str(args.threads)]
+    replicas = options.get("replicas")
+    replicas = 1 if replicas is None else replicas
     if replicas == "auto":
         scaling = {"autoscaling_config": {"min_replicas": options.get("min_replicas", 1),
                                           "max_replicas": options.get("max_replicas", 4),
                                           "target_ongoing_requests": options.get("target_ongoing") or args.max_batch}}
-    elif isinstance(replicas, int) and replicas > 0:
+    elif isinstance(replicas, int) and not isinstance(replicas, bool) and replicas > 0:
         scaling = {"num_replicas": replicas}
     else:
         raise UsageError(f"replicas must be a positive number or auto, got {replicas!r}")
+    if args.threads is None:  # share this machine's cores
+        most = options.get("max_replicas", 4) if replicas == "auto" else replicas
+        args.threads = max(1, (os.cpu_count() or 1) // most)
+        flags += ["--threads", str(args.threads)]
     replica = serve.deployment(Replica, name="Replica").options(
         ray_actor_options={"num_cpus": args.threads},
         # Requests beyond a replica's batch wait in its own queue, which answers 503 when full.
