@@ -14,7 +14,7 @@ def load(model=None, dtype: str = "fp32", device: str = "cpu", threads: int | No
     which of their instruction-set tiers (avx512, avxvnni, avx2, neon, portable; default: the best
     this CPU runs, or $SPECEE_CPU_TIER); every tier gives the same bits. `ctx_size`: the longest
     prompt plus answer a generation may hold (default the model's context, at most 4096).
-    `prefix_cache_mb`: the prefix cache's memory (default 512 on the CPU kernels, else 0 = off)."""
+    `prefix_cache_mb`: the prefix cache's memory (default 1024 on the CPU kernels, else 0 = off)."""
     from .engine import load_engine
 
     return load_engine(model, dtype=dtype, device=device, threads=threads, quantization=quantization,

@@ -73,7 +73,7 @@ def _add_model_options(p: argparse.ArgumentParser, default_quantization: str = "
                         "context, at most 4096); the KV cache grows up to it, and the memory check counts it full")
     p.add_argument("--prefix-cache-mb", type=_non_negative_float, default=None,
                    help="memory for the prefix cache, which keeps earlier prompts' and answers' K/V so a "
-                        "prompt that begins the same way prefills only the rest (default 512 on the CPU kernels, "
+                        "prompt that begins the same way prefills only the rest (default 1024 on the CPU kernels, "
                         "0 = off; off by default elsewhere)")
     p.add_argument("--cpu-tier", choices=("auto",) + TIER_NAMES, default=None,
                    help="which instruction set specee's kernels use: auto (the best this CPU runs; or $SPECEE_CPU_TIER), "
@@ -584,7 +584,7 @@ def cmd_serve(args) -> int:
     validate_serve_args(args)
     if args.replicas is not None:
         return _serve_on_ray(args)
-    from .server.app import bind, serve
+    from .server.app import bind, model_id_of, serve
 
     try:
         listening = bind(args.host, args.port)  # a busy port fails now, not after the model loads
@@ -592,7 +592,7 @@ def cmd_serve(args) -> int:
         raise UsageError(str(e)) from None
     with listening:
         engine = _load_off_main_thread(args)
-        serve(engine, server_config(args, engine), listening)
+        serve(engine, server_config(args, model_id_of(engine)), listening)
     return 0
 
 
@@ -621,23 +621,17 @@ def validate_serve_args(args) -> None:
               file=sys.stderr)
 
 
-def server_config(args, engine):
-    """The server's settings from `specee serve`'s flags, for the engine it serves."""
+def server_config(args, model_id: str = "specee"):
+    """The server's settings from `specee serve`'s flags."""
     from .server.app import ServerConfig
     from .server.completions import Defaults
 
-    source = engine.source
     return ServerConfig(
-        model_id=source.stem if source and source.is_file() else (source.name if source else "specee"),
-        defaults=Defaults(_sampling_kwargs(args), args.config),
+        model_id=model_id, defaults=Defaults(_sampling_kwargs(args), args.config),
         api_key=args.api_key, max_queue=args.max_queue, request_timeout=args.request_timeout,
         max_batch=args.max_batch, prefill_chunk=args.prefill_chunk, body_timeout=args.body_timeout,
         keep_alive=args.keep_alive_timeout, shutdown_grace=args.shutdown_grace,
     )
-
-
-# `specee serve`'s flags that shape the deployment rather than each replica's server.
-CLUSTER_FLAGS = ("replicas", "min_replicas", "max_replicas", "target_ongoing", "address", "routing", "host", "port")
 
 
 def serve_parser() -> argparse.ArgumentParser:
@@ -674,6 +668,22 @@ def parse_serve_flags(flags: list[str]) -> argparse.Namespace:
     return args
 
 
+def cluster_application(args):
+    """The Ray Serve application `specee serve --replicas` runs (and a Ray Serve config builds:
+    `specee.deploy`)."""
+    from .cluster.app import ReplicaSpec, application
+
+    threads = args.threads
+    if threads is None:  # share this machine's cores among the replicas
+        most = args.max_replicas if args.replicas == "auto" else args.replicas
+        threads = max(1, (os.cpu_count() or 1) // max(1, most))
+    load = {"model": args.model, "dtype": args.dtype, "device": args.device, "threads": threads,
+            "quantization": args.quantization, "compile": args.compile, "cpu_tier": args.cpu_tier,
+            "ctx_size": args.ctx_size, "prefix_cache_mb": args.prefix_cache_mb}
+    return application(ReplicaSpec(load, server_config(args), threads), args.replicas, args.min_replicas,
+                       args.max_replicas, args.target_ongoing, args.routing)
+
+
 def _serve_on_ray(args) -> int:
     if importlib.util.find_spec("ray") is None or importlib.util.find_spec("ray.serve") is None:
         raise UsageError("--replicas serves through Ray Serve, which is not installed: pip install -e \".[cluster]\" "
@@ -682,7 +692,11 @@ def _serve_on_ray(args) -> int:
         raise UsageError(f"--model {args.model!r} does not exist")  # before Ray starts, not in each replica
     from .cluster.launch import run
 
-    return run(args)
+    app = cluster_application(args)
+    try:
+        return run(app, args.host, args.port, args.address, args.replicas)
+    except OSError as e:
+        raise UsageError(str(e)) from None
 
 
 COMMANDS = {"generate": cmd_generate, "chat": cmd_chat, "serve": cmd_serve, "bench": cmd_bench,

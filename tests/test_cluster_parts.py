@@ -162,21 +162,23 @@ def test_merged_metrics_label_each_replica_and_sum_them():
 
 
 def test_the_application_asks_ray_for_what_the_flags_say():
-    from specee.cluster.app import application
+    from specee.deploy import build
 
     def replica_of(options: dict):
-        ingress = application(options)._bound_deployment
+        ingress = build(options)._bound_deployment
         assert ingress.ray_actor_options["num_cpus"] == 0  # the ingress takes no core from a replica
         replica = ingress.init_args[0]._bound_deployment
         return replica, replica._deployment_config
 
-    replica, config = replica_of({"replicas": 3, "threads": 2, "max_batch": 4, "max_queue": 10})
+    replica, config = replica_of({"replicas": 3, "threads": 2, "max_batch": 4, "max_queue": 10, "temperature": 0.5})
     assert config.num_replicas == 3 and replica.ray_actor_options["num_cpus"] == 2
     assert config.max_ongoing_requests == 14  # beyond the batch, the replica's own queue answers 503
-    flags, _ = replica.init_args
-    assert parse_serve_flags(flags).max_batch == 4
+    spec, _ = replica.init_args
+    assert spec.load["threads"] == 2 and spec.server.max_batch == 4
+    assert spec.server.defaults.generation["temperature"] == 0.5
     replica, config = replica_of({"replicas": "auto", "min_replicas": 2, "max_replicas": 5, "target_ongoing": 6})
     scaling = config.autoscaling_config
     assert (scaling.min_replicas, scaling.max_replicas, scaling.target_ongoing_requests) == (2, 5, 6)
-    with pytest.raises(Exception, match="replicas must be a positive number or auto"):
-        application({"replicas": 0})
+    for bad in ({"replicas": 0}, {"max_batchh": 2}, {"min_replicas": 3, "max_replicas": 2}):
+        with pytest.raises(Exception, match="replicas|not a specee serve option"):
+            build(bad)

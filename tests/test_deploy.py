@@ -51,4 +51,4 @@ def test_serve_yaml_matches_ray_serve_schema():
     from ray.serve.schema import ServeDeploySchema
 
     config = ServeDeploySchema.model_validate(yaml.safe_load((DEPLOY / "serve.yaml").read_text()))
-    assert [app.import_path for app in config.applications] == ["specee.cluster.app:build"]
+    assert [app.import_path for app in config.applications] == ["specee.deploy:build"]

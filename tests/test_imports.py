@@ -16,7 +16,8 @@ import specee
 PACKAGE = Path(specee.__file__).parent
 # Each layer, from the top; a module sits in the first layer naming it or a package holding it.
 LAYERS = [
-    ("specee", "specee.cli", "specee.__main__", "specee.eval", "specee.train"),  # specee.load and the tools
+    ("specee", "specee.cli", "specee.__main__", "specee.eval", "specee.train", "specee.deploy"),  # the tools
+    ("specee.cluster",),  # the server on Ray Serve replicas; the CLI and a Ray Serve config start it
     ("specee.server",),  # the HTTP face of the engine; the CLI starts it, it never calls back up
     ("specee.batch",),  # generations of the engine sharing passes
     ("specee.engine",),
@@ -27,7 +28,7 @@ LAYERS = [
     ("specee.model", "specee.sampling", "specee.tokenizer", "specee.text_stream", "specee.stats",
      "specee.artifact_header", "specee.registry"),
 ]
-USER_FACING = ("specee.cli", "specee.__main__", "specee.server")
+USER_FACING = ("specee.cli", "specee.__main__", "specee.server", "specee.cluster", "specee.deploy")
 ON_THE_ENGINE = ("specee", "specee.engine", "specee.batch", "specee.eval", "specee.train", *USER_FACING)
 
 

@@ -10,43 +10,38 @@ import threading
 APP_NAME = "specee"
 
 
-def run(args) -> int:
+def run(app, host: str, port: int, address: str | None, replicas: int | str) -> int:
+    """Serve `app` (`specee.cluster.app.application`) until SIGTERM or Ctrl-C; the exit code.
+    Raises OSError for a busy port; a replica that cannot start is its error and exit code 2."""
     import ray
     from ray import serve
     from ray.serve.context import _get_global_client
 
-    from ..cli import EXIT_BAD_INPUT, UsageError, serve_parser
     from ..server.app import bind
-    from .app import application
 
-    options = {a.dest: getattr(args, a.dest) for a in serve_parser()._actions if a.option_strings and a.dest != "help"}
-    app = application(options)  # bad options fail before Ray starts
-    local = args.address is None
+    local = address is None
     if local:
-        try:
-            bind(args.host, args.port).close()  # a busy port fails now, not inside Ray's proxy
-        except OSError as e:
-            raise UsageError(str(e)) from None
-    ray.init(address=args.address, include_dashboard=False, logging_level=logging.WARNING,
+        bind(host, port).close()  # a busy port fails now, not inside Ray's proxy
+    ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING,
              configure_logging=True, log_to_driver=True)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):  # after ray.init, which installs its own
         signal.signal(signum, lambda *_: stop.set())
     try:
         ours = not serve_running()  # then Serve stops with this command, even on a cluster we joined
-        serve.start(http_options={"host": args.host, "port": args.port})
+        serve.start(http_options={"host": host, "port": port})
         try:
             serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
         except Exception as e:  # a replica could not start: its error, not a hang
             print(f"specee: error: the replicas did not start: {replica_error(e)}", file=sys.stderr)
             stop_serving(ours)
-            return EXIT_BAD_INPUT
-        where = "a local Ray" if local else f"the Ray cluster at {args.address}"
+            return 2  # as a model that cannot load in plain `specee serve`
+        where = "a local Ray" if local else f"the Ray cluster at {address}"
         http = _get_global_client().http_config  # a Serve already running keeps its own
-        if (http.host, http.port) != (args.host, args.port):
+        if (http.host, http.port) != (host, port):
             print(f"specee: warning: Ray Serve already runs on this cluster and keeps its address: "
-                  f"{http.host}:{http.port}, not --host {args.host} --port {args.port}", file=sys.stderr)
-        print(f"specee serving on http://{http.host}:{http.port} with {args.replicas} replica(s) on {where}",
+                  f"{http.host}:{http.port}, not --host {host} --port {port}", file=sys.stderr)
+        print(f"specee serving on http://{http.host}:{http.port} with {replicas} replica(s) on {where}",
               file=sys.stderr, flush=True)
         while not stop.wait(1.0):
             pass

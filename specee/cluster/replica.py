@@ -18,17 +18,22 @@ log = logging.getLogger("ray.serve")
 
 
 class Replica:
-    async def __init__(self, flags: list[str], ingress: str) -> None:
-        from ..cli import _load_off_main_thread, parse_serve_flags, server_config
-        from ..server.app import create_app
+    async def __init__(self, spec, ingress: str) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+        from dataclasses import replace
 
-        args = parse_serve_flags(flags)
-        engine = _load_off_main_thread(args)  # no OpenMP pool left on the event loop's thread
-        self.shutdown_grace = args.shutdown_grace
-        self.app = create_app(engine, server_config(args, engine))
+        from ..engine import load_engine
+        from ..server.app import create_app, model_id_of
+
+        # Loaded on a thread that then ends: no OpenMP pool left on the event loop's thread
+        # (a second pool slows the scheduler's passes; see specee.cli._load_off_main_thread).
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            engine = pool.submit(lambda: load_engine(**spec.load)).result()
+        config = replace(spec.server, model_id=model_id_of(engine))
+        self.app = create_app(engine, config)
         self.scheduler = self.app.state.scheduler
         self.scheduler.start()  # the app's lifespan would; nothing runs it here
-        self.max_batch = args.max_batch
+        self.max_batch = config.max_batch
         context = serve.get_replica_context()
         self.id = context.replica_id.unique_id
         self.ingress = serve.get_deployment_handle(ingress, app_name=context.app_name)

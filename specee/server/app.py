@@ -61,6 +61,12 @@ class ServerConfig:
     shutdown_grace: float = GRACEFUL_SHUTDOWN_S
 
 
+def model_id_of(engine: Engine) -> str:
+    """What /v1/models calls the served model: a file's stem or a directory's name."""
+    source = engine.source
+    return source.stem if source and source.is_file() else (source.name if source else "specee")
+
+
 class Inbox:
     """Where the worker thread delivers the events of a request's jobs (one per choice), for the
     handler's event loop."""

@@ -1,0 +1,89 @@
+"""Serving the default model through Ray Serve on this machine, against plain `specee serve`:
+each deployment in turn (plain with every core; Ray with 1 replica x all cores; Ray with N
+replicas x 1 core) is started, loaded by `specee bench-serve --url` (dense decoding, the requests
+scenario, 1 to 16 clients), and stopped; then, for routing, the chat scenario on the N-replica
+deployment with prefix-aware routing and with fewest-ongoing routing. One table at the end.
+
+    python benchmarks/cluster_scaling.py [--concurrency 1,2,4,8,16] [--out bench-cluster]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from specee.eval.server_process import ChildServer, free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def start(flags: list[str], replicas: int | None) -> ChildServer:
+    port = free_port()
+    command = [sys.executable, "-m", "specee.cli", "serve", "--host", "127.0.0.1", "--port", str(port), *flags]
+    server = ChildServer(command, port, cwd=ROOT)
+    deadline = time.monotonic() + 300
+    while replicas and len(httpx.get(server.url + "/health").json().get("replicas", [])) < replicas:
+        if time.monotonic() > deadline:
+            raise RuntimeError(server.output()[-3000:])
+        time.sleep(0.5)
+    return server
+
+
+def load(server: ChildServer, out: Path, *options: str) -> list[dict]:
+    subprocess.run([sys.executable, "-m", "specee.cli", "bench-serve", "--url", server.url, "--modes", "dense",
+                    "--out", str(out), *options], cwd=ROOT, check=True)
+    report = json.loads(out.read_text())
+    for row in report["load"]:
+        row["overhead"] = report["overhead"]
+    return report["load"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--concurrency", default="1,2,4,8,16")
+    parser.add_argument("--max-tokens", default="64")
+    parser.add_argument("--out", default="bench-cluster")
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(exist_ok=True)
+    cores = os.cpu_count() or 1
+    common = ["--max-batch", "8", "--max-queue", "64"]
+    deployments = [("plain", [*common, "--threads", str(cores)], None),
+                   (f"ray 1x{cores}", [*common, "--replicas", "1", "--threads", str(cores)], 1),
+                   (f"ray {cores}x1", [*common, "--replicas", str(cores), "--threads", "1"], cores)]
+    rows = []
+    for name, flags, replicas in deployments:
+        server = start(flags, replicas)
+        try:
+            for s in load(server, out / f"{name.replace(' ', '-')}.json", "--concurrency", args.concurrency,
+                          "--max-tokens", args.max_tokens):
+                rows.append((name, "requests", s))
+        finally:
+            server.stop()
+    for routing in ("prefix", "fewest"):
+        server = start([*common, "--replicas", str(cores), "--threads", "1", "--routing", routing], cores)
+        try:
+            for s in load(server, out / f"chat-{routing}.json", "--scenario", "chat", "--concurrency", "4",
+                          "--conversations", "8", "--max-tokens", "128"):
+                rows.append((f"ray {cores}x1 {routing}", "chat", s))
+        finally:
+            server.stop()
+    print(f"{'deployment':<20} {'scenario':<9} {'clients':>7} {'tok/s':>7} {'req/s':>6} {'TTFT p50':>9} {'TTFT p95':>9} "
+          f"{'cached':>6}")
+    for name, scenario, s in rows:
+        if scenario == "requests" and s["clients"] == 1:
+            o = s["overhead"]
+            print(f"{name}: one request served {o['server_s']:.3f} s vs {o['in_process_s']:.3f} s in process")
+    for name, scenario, s in rows:
+        cached = f"{s['cached_share']:.0%}" if s.get("cached_share") is not None else "-"
+        print(f"{name:<20} {scenario:<9} {s['clients']:>7} {s['tokens_per_s']:>7.1f} {s['requests_per_s']:>6.2f} "
+              f"{s['ttft_p50_s']:>8.3f}s {s['ttft_p95_s']:>8.3f}s {cached:>6}")
+    (out / "summary.json").write_text(json.dumps([{"deployment": n, "scenario": sc, **s} for n, sc, s in rows], indent=1))
+
+
+if __name__ == "__main__":
+    main()
