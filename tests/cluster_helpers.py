@@ -35,8 +35,10 @@ def ray_cluster_fixture():
 class Replicated(ChildServer):
     """`specee serve --replicas 2 --address <cluster>`, healthy once both replicas report."""
 
-    def __init__(self, cluster, *flags: str) -> None:
+    def __init__(self, cluster, *flags: str, api_key: str | None = None) -> None:
         port, address = cluster.serve_port, cluster.address
+        self.api_key = api_key or "unused"
+        flags = (*flags, "--api-key", api_key) if api_key else flags
         command = [sys.executable, "-m", "specee.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
                    "--replicas", "2", "--threads", "1", "--address", address, *flags]
         super().__init__(command, port, cwd=ROOT, env=ENV)
@@ -56,7 +58,8 @@ def wait_for(condition, seconds: float, what: str, server: ChildServer) -> None:
 
 
 def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=getattr(server, "api_key", "unused"), max_retries=0,
+                         timeout=300)
 
 
 def answers(server, max_tokens: int) -> list:

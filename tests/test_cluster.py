@@ -31,7 +31,7 @@ def tiny(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def tiny_replicated(ray_cluster, tiny):
-    server = Replicated(ray_cluster, "--model", tiny)
+    server = Replicated(ray_cluster, "--model", tiny, api_key="cluster-key-5d1")
     yield server
     assert server.stop() == 0, server.output()[-4000:]
 
@@ -85,6 +85,21 @@ def test_tiny_answers_match_one_plain_server(tiny_replicated, tiny):
     got = answers(tiny_replicated, 24)
     assert got == expected
     assert all(text == streamed for text, _, _, streamed in got)
+
+
+def test_the_key_the_live_page_and_the_slots_of_every_replica(tiny_replicated):
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    refused = httpx.post(tiny_replicated.url + "/v1/chat/completions", json=chat, timeout=60)
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+    assert httpx.get(tiny_replicated.url + "/slots", timeout=10).status_code == 401
+    key = {"Authorization": f"Bearer {tiny_replicated.api_key}"}
+    time.sleep(2.5)  # replicas report their slots every second: let the last test's end arrive
+    slots = httpx.get(tiny_replicated.url + "/slots", headers=key, timeout=10).json()
+    assert slots["max_batch"] == 2 * 8 and slots["slots"] == []  # two replicas' slots, none running
+    page = httpx.get(tiny_replicated.url + "/", timeout=10)
+    assert page.status_code == 200 and 'fetch("/slots"' in page.text
+    bad = httpx.post(tiny_replicated.url + "/v1/chat/completions", headers=key, json={"messages": []}, timeout=60)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages"  # the replica's own shape
 
 
 def test_concurrent_requests_reach_both_replicas_and_a_shared_prefix_sticks(tiny_replicated):
