@@ -694,7 +694,7 @@ def _serve_on_ray(args) -> int:
 
     app = cluster_application(args)
     try:
-        return run(app, args.host, args.port, args.address, args.replicas)
+        return run(app, args.host, args.port, args.address, args.replicas, args.shutdown_grace)
     except OSError as e:
         raise UsageError(str(e)) from None
 

@@ -3,6 +3,8 @@ run` of deploy/serve.yaml, a replica that cannot load, answers token-identical t
 serve`, load reaching both replicas and prefix-aware routing. The default model and faults:
 tests/test_cluster_faults.py."""
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -17,7 +19,7 @@ from cluster_helpers import (ENV, PROMPTS, ROOT, SYSTEM, Replicated, answers, cl
                              wait_for)
 from helpers import tiny_model_directory
 from serve_helpers import running_server
-from specee.eval.server_process import ChildServer
+from specee.eval.server_process import ChildServer, free_port
 
 pytestmark = pytest.mark.slow
 ray_cluster = pytest.fixture(scope="module")(ray_cluster_fixture)
@@ -128,3 +130,29 @@ def test_concurrent_requests_reach_both_replicas_and_a_shared_prefix_sticks(tiny
         c.chat.completions.create(model=None, max_tokens=4, messages=[
             {"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}])
     assert counter(tiny_replicated, "specee_routed_requests_total", reason="prefix") - prefix_before == 3
+
+
+def test_ctrl_c_in_a_terminal_stops_a_local_ray_gracefully(tiny):
+    """Ctrl-C reaches the whole foreground process group, where a local Ray's processes live too:
+    they must outlive it long enough for the replicas to stop in order, and then go."""
+    port = free_port()
+    command = [sys.executable, "-m", "specee.cli", "serve", "--port", str(port), "--model", tiny, "--replicas", "1",
+               "--threads", "1"]  # no --address: a local Ray that stops with the command
+    server = subprocess.Popen(command, cwd=ROOT, env=ENV, start_new_session=True, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert server.poll() is None, server.stderr.read()[-3000:]
+            time.sleep(0.5)
+        os.killpg(server.pid, signal.SIGINT)  # as a terminal does
+        assert server.wait(120) == 0
+        assert "replicas finish their running requests" in server.stderr.read()
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)

@@ -8,9 +8,10 @@ import sys
 import threading
 
 APP_NAME = "specee"
+STOP_MARGIN_S = 15  # beyond --shutdown-grace, for Ray to stop the replicas and the proxy
 
 
-def run(app, host: str, port: int, address: str | None, replicas: int | str) -> int:
+def run(app, host: str, port: int, address: str | None, replicas: int | str, grace: float) -> int:
     """Serve `app` (`specee.cluster.app.application`) until SIGTERM or Ctrl-C; the exit code.
     Raises OSError for a busy port; a replica that cannot start is its error and exit code 2."""
     import ray
@@ -46,7 +47,13 @@ def run(app, host: str, port: int, address: str | None, replicas: int | str) -> 
         while not stop.wait(1.0):
             pass
         print("specee: stopping: replicas finish their running requests", file=sys.stderr, flush=True)
-        stop_serving(ours)
+        # Bounded: a signal sent to the whole process group (systemd's control-group kill, `timeout`)
+        # also stops the local Ray's own processes, and Ray's deletion then waits forever.
+        stopping = threading.Thread(target=stop_serving, args=(ours,), daemon=True)
+        stopping.start()
+        stopping.join(grace + STOP_MARGIN_S)
+        if stopping.is_alive():
+            print("specee: warning: Ray did not confirm the replicas stopped (was it stopped too?)", file=sys.stderr)
     finally:
         ray.shutdown()
     return 0
