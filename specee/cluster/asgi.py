@@ -49,7 +49,7 @@ def routing_text(path: str, body: bytes) -> str:
 async def call(app, request: Forwarded) -> AsyncIterator[Start | bytes]:
     """Run `request` through `app`, yielding the response's Start, then its non-empty body chunks.
     Closing this generator early (the client left) disconnects the request, as a socket would."""
-    sent: asyncio.Queue[dict] = asyncio.Queue()
+    sent: asyncio.Queue[dict | None] = asyncio.Queue()
     disconnected = asyncio.Event()
     body_given = False
 
@@ -66,15 +66,13 @@ async def call(app, request: Forwarded) -> AsyncIterator[Start | bytes]:
              "query_string": request.query, "headers": request.headers, "client": ("ingress", 0),
              "server": ("replica", 0)}
     task = asyncio.create_task(app(scope, receive, sent.put))
+    task.add_done_callback(lambda _: sent.put_nowait(None))  # the app returned: nothing more will come
     try:
         while True:
-            getter = asyncio.create_task(sent.get())
-            await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
-            if not getter.done():  # the app returned (or raised) without finishing its response
-                getter.cancel()
+            message = await sent.get()
+            if message is None:  # returned (or raised) without finishing its response
                 task.result()
                 raise RuntimeError(f"{request.method} {request.path} ended without a whole response")
-            message = getter.result()
             if message["type"] == "http.response.start":
                 yield Start(message["status"], [(bytes(k), bytes(v)) for k, v in message.get("headers", [])])
             elif message["type"] == "http.response.body":

@@ -1,7 +1,6 @@
 """The ingress deployment: every HTTP request comes here and goes on to a replica (the router picks
 which), and its answer comes back as the replica's app wrote it. The ingress itself answers only
 what spans replicas: /health, /metrics, /slots and the live page."""
-import hmac
 import json
 import time
 from typing import AsyncIterator
@@ -14,7 +13,7 @@ from ray.exceptions import RayError
 from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException
 
-from ..server.app import MAX_BODY_BYTES, PAGE, RETRY_AFTER_S
+from ..server.app import MAX_BODY_BYTES, PAGE, RETRY_AFTER_S, WRONG_KEY, key_matches
 from ..server.schemas import error_body
 from . import metrics, router
 from .asgi import Forwarded, Start, routing_text
@@ -95,12 +94,9 @@ class Ingress:
 
     @api.get("/slots")
     async def slots(self, request: Request) -> JSONResponse:
-        if self.api_key is not None:
-            scheme, _, token = request.headers.get("authorization", "").partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), self.api_key.encode()):
-                return JSONResponse(error_body("a missing or wrong API key: send Authorization: Bearer KEY",
-                                               "invalid_request_error", code="invalid_api_key"), status_code=401,
-                                    headers={"WWW-Authenticate": "Bearer"})
+        if not key_matches(request, self.api_key):
+            return JSONResponse(error_body(WRONG_KEY, "invalid_request_error", code="invalid_api_key"),
+                                status_code=401, headers={"WWW-Authenticate": "Bearer"})
         live = self.live()
         return JSONResponse({"max_batch": sum(r["max_batch"] for r in live), "queued": sum(r["queued"] for r in live),
                              "slots": [slot for r in live for slot in r["slots"]]})

@@ -67,6 +67,17 @@ def model_id_of(engine: Engine) -> str:
     return source.stem if source and source.is_file() else (source.name if source else "specee")
 
 
+WRONG_KEY = "a missing or wrong API key: send Authorization: Bearer KEY"
+
+
+def key_matches(request: Request, api_key: str | None) -> bool:
+    """No key set, or the request's bearer token equals it (compared in constant time)."""
+    if api_key is None:
+        return True
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.encode(), api_key.encode())
+
+
 class Inbox:
     """Where the worker thread delivers the events of a request's jobs (one per choice), for the
     handler's event loop."""
@@ -175,12 +186,8 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
     app.state.metrics = metrics  # a cluster replica reports them to its ingress
 
     async def require_key(request: Request) -> None:
-        if config.api_key is None:
-            return
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), config.api_key.encode()):
-            raise BadRequest("a missing or wrong API key: send Authorization: Bearer KEY", code="invalid_api_key",
-                             status=401)
+        if not key_matches(request, config.api_key):
+            raise BadRequest(WRONG_KEY, code="invalid_api_key", status=401)
 
     @app.exception_handler(BadRequest)
     async def bad_request(request: Request, e: BadRequest) -> JSONResponse:
