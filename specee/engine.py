@@ -332,7 +332,7 @@ class Generation:
     def _prefill(self, cache: KVCache, passes: Passes, chunk: int | None, stats: GenerationStats):
         """Run the prompt: (logits after its last token [1, vocab], the last layer's states of every
         prompt token, the states after the drafter's shared layers or None)."""
-        model, layers = self.engine.model, self.engine.model.config.num_hidden_layers
+        layers = self.engine.model.config.num_hidden_layers
         shallow_layers = getattr(self.strategy, "shallow_layers", None)
         # The states the strategy reads besides K/V, which cached blocks must then hold.
         depth = shallow_layers or (layers if self.strategy.reads_features else None)
