@@ -194,6 +194,27 @@ def test_modes_rotate_from_prompt_to_prompt(tiny_engine, tmp_path):
     assert orders[2] == {"prompt-lookup-tree": 0, "dense": 1, "prompt-lookup": 2}
 
 
+def test_repeats_keep_each_modes_fastest_run(tiny_engine, tmp_path, monkeypatch):
+    from specee.eval.modes import EngineMode
+
+    # The warm-up's two runs, then prompt 0's rounds: (dense, prompt-lookup), (prompt-lookup, dense), (dense, ...).
+    decode_times = iter([1.0, 1.0, 0.3, 0.2, 0.5, 0.1, 0.4, 0.6] + [1.0] * 100)
+    real_run = EngineMode.run
+
+    def run(self, *args, **kwargs):
+        result = real_run(self, *args, **kwargs)
+        result.decode_s = next(decode_times)
+        return result
+
+    monkeypatch.setattr(EngineMode, "run", run)
+    config = BenchConfig(datasets=[str(write_prompts(tmp_path / "q.jsonl"))], num_prompts=1, max_tokens=3,
+                         modes=["dense", "prompt-lookup"], repeats=3, out=tmp_path / "out")
+    run_bench(tiny_engine, config, explicit_datasets=True)
+    records = [json.loads(line) for line in (tmp_path / "out" / "records.jsonl").read_text().splitlines()]
+    first = {r["mode"]: r["decode_s"] for r in records if r["prompt_id"] == "0"}
+    assert first == {"dense": 0.1, "prompt-lookup": 0.2}  # rounds: (dense, pl), (pl, dense), (dense, pl)
+
+
 def test_skip_first_takes_later_prompts_of_each_category(tiny_engine, tmp_path):
     lines = [{"question_id": i, "category": cat, "turns": [f"Question {i}?"]}
              for i, cat in enumerate(["coding", "coding", "coding", "writing", "writing"])]

@@ -233,9 +233,33 @@ def test_specee_serve_gets_the_threads_and_max_batch_only_when_given(monkeypatch
     assert options["--threads"] == "3" and "--quantization=gguf" in FakeServer.last.flags
     assert options.get("--max-batch") == (str(max_batch) if max_batch else None)
     assert FakeServer.last.stopped
-    assert [(t.system, c) for t, c in no_requests] == [("specee dense", 1), ("specee dense", 2),
-                                                       ("specee hybrid-tree", 1), ("specee hybrid-tree", 2)]
+    # Modes interleave at each concurrency, the first mode rotating.
+    assert [(t.system, c) for t, c in no_requests] == [("specee dense", 1), ("specee hybrid-tree", 1),
+                                                       ("specee hybrid-tree", 2), ("specee dense", 2)]
     assert {t.pid for t, _ in no_requests} == {4321}
+
+
+def test_each_mode_keeps_its_fastest_round(monkeypatch):
+    monkeypatch.setattr(serve_bench, "ServerProcess", FakeServer)
+    monkeypatch.setattr(serve_bench, "warm_up", lambda target: target)
+    monkeypatch.setattr(serve_bench, "measure_overhead", lambda target, engine, max_tokens: {})
+    speeds = iter([1.0, 2.0, 3.0, 4.0, 8.0, 0.5, 0.25, 9.0])  # (mode, clients) in the order they run
+    ran = []
+
+    def run_load(target, clients, config):
+        ran.append((target.system, clients))
+        return summarize_load(target, clients, [RequestRecord(0, 0, 0.1, 1, 8)], 8 / next(speeds))
+
+    monkeypatch.setattr(serve_bench, "run_load", run_load)
+    config = ServeBenchConfig(concurrency=[1, 2], modes=["dense", "auto"], rounds=2)
+    summaries, _ = serve_bench.bench_specee(None, config, [])
+    assert len(ran) == 8 and len(set(ran)) == 4  # every mode at every concurrency, twice
+    best = {}
+    for (system, clients), speed in zip(ran, [1.0, 2.0, 3.0, 4.0, 8.0, 0.5, 0.25, 9.0]):
+        best[system, clients] = max(best.get((system, clients), 0), speed)
+    assert [(s.system, s.clients) for s in summaries] == [("specee dense", 1), ("specee dense", 2),
+                                                           ("specee auto", 1), ("specee auto", 2)]
+    assert [s.tokens_per_s for s in summaries] == pytest.approx([best[s.system, s.clients] for s in summaries])
 
 
 @pytest.mark.parametrize("parallel, slots", [(None, 8), (2, 2)])
