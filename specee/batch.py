@@ -34,11 +34,13 @@ class Member:
     """One generation in a batch: the rows it parked for the next pass (or layer), or the output it
     resumes with. It is the generation's `Passes`."""
 
-    def __init__(self, generation: Generation, prefill_chunk: int | None, home: greenlet) -> None:
+    def __init__(self, batch: "Batch", generation: Generation, prefill_chunk: int | None, home: greenlet) -> None:
+        self.batch = batch
         self.generation = generation
         self.prefill_chunk = prefill_chunk
         self.parked: PassRows | LayerRows | None = None
         self.reply: tuple[torch.Tensor, torch.Tensor] | torch.Tensor | Exception | None = None
+        self.rows = 0  # the rows it ran in the batch's last pass
         self._greenlet = greenlet(self._run, home)
 
     def _run(self) -> None:
@@ -56,6 +58,9 @@ class Member:
 
     def run_layer(self, rows: LayerRows) -> torch.Tensor:
         return self._greenlet.parent.switch(rows)  # resumed with this member's rows after the layer
+
+    def sharing(self) -> tuple[int, int]:
+        return len(self.batch.members) - 1, max(0, self.batch.last_rows - self.rows)
 
     def resume(self) -> Event | PassRows | LayerRows | None:
         """Run until the next event or parked rows (None: the generation has ended)."""
@@ -85,10 +90,11 @@ class Batch:
         self.model = model
         self.prefill_chunk = prefill_chunk
         self.members: list[Member] = []
+        self.last_rows = 0  # rows of the last pass
         self._made: list[tuple[Member, Event | Exception]] = []  # made while a pass ran, told next round
 
     def add(self, generation: Generation) -> Member:
-        member = Member(generation, self.prefill_chunk, greenlet.getcurrent())
+        member = Member(self, generation, self.prefill_chunk, greenlet.getcurrent())
         self.members.append(member)
         return member
 
@@ -131,6 +137,8 @@ class Batch:
         whole = [m for m in self.members if isinstance(m.parked, PassRows)]
         layered = [m for m in self.members if isinstance(m.parked, LayerRows)]
         parts = [m.parked for m in whole]
+        for member in self.members:
+            member.rows = len(member.parked.ids) if member in whole else 0
         for member in whole:
             member.parked = None
         rows = sum(len(part.ids) for part in parts)
@@ -142,6 +150,7 @@ class Batch:
                     outputs = self.model.end_passes(parts, h) if parts else []
                 else:
                     outputs = self.model.run_passes(parts) if parts else []
+            self.last_rows = rows
         except Exception as error:  # a bug or a device error: each member fails with it
             outputs = [error] * len(whole)
             for member in [m for m in layered if isinstance(m.parked, LayerRows)]:

@@ -98,6 +98,9 @@ def _add_sampling_options(p: argparse.ArgumentParser) -> None:
     add_flags(p, tuple(METHODS))
 
 
+VERBOSE_HELP = "after each answer, list the passes by drafting method and auto's switches with their reasons"
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .batch import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK
 
@@ -110,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling_options(gen)
     gen.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     gen.add_argument("--json", action="store_true", help="end stdout with one JSON object of the result")
+    gen.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     constraint = gen.add_mutually_exclusive_group()
     constraint.add_argument("--json-schema", metavar="SCHEMA",
                             help="the answer is JSON matching this schema (JSON text, or a file holding it); "
@@ -121,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_options(chat)
     _add_sampling_options(chat)
     chat.add_argument("--system", help="system message")
+    chat.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with a live page at /")
     _add_model_options(serve)
     _add_sampling_options(serve)  # the defaults of requests that leave these out
@@ -179,6 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--skip-first", type=_non_negative_int, default=0,
                        help="leave out each category's first N prompts: tune on --skip-first 5 --num-prompts 5, "
                             "report on the first prompts (default 0)")
+    bench.add_argument("--repeats", type=_positive_int, default=1,
+                       help="run every mode N times on each prompt, in rotated rounds, and count its fastest run "
+                            "(other work on the machine only slows a run down) (default 1)")
     bench.add_argument("--out", default="bench-out", help="output folder (default bench-out)")
     load = sub.add_parser("bench-serve", help="load-test `specee serve` side by side with llama.cpp's server: requests/s, "
                           "tokens/s, time to first token and peak memory at 1 to 16 clients")
@@ -202,6 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="llama-server's slots, -np (default: the largest --concurrency)")
     load.add_argument("--llama-server", help="llama.cpp's llama-server executable (default: where "
                       "scripts/build_llama_server.sh installs it; without one, llama-cpp-python's server if installed)")
+    load.add_argument("--rounds", type=_positive_int, default=1,
+                      help="run specee's modes at every concurrency N times, interleaved, each keeping its fastest "
+                           "round (default 1)")
     load.add_argument("--out", default="bench-serve.json", help="JSON output file, the plot beside it (default bench-serve.json)")
     train = sub.add_parser("train", help="train drafter artifacts")
     train_sub = train.add_subparsers(dest="artifact", required=True)
@@ -362,7 +373,7 @@ def cmd_bench(args) -> int:
     config = BenchConfig(
         suite=args.suite, datasets=args.dataset, num_prompts=args.num_prompts, categories=split(args.categories),
         max_tokens=args.max_tokens, modes=split(args.modes), temperature=args.temperature, seed=args.seed,
-        ignore_eos=args.ignore_eos, skip_first=args.skip_first,
+        ignore_eos=args.ignore_eos, skip_first=args.skip_first, repeats=args.repeats,
         out=args.out, threads=args.threads or __import__("torch").get_num_threads(),
         command="specee " + " ".join(sys.argv[1:]),
     )
@@ -395,7 +406,7 @@ def cmd_bench_serve(args) -> int:
         modes=args.modes.split(","), url=args.url, out=Path(args.out),
         threads=args.threads or __import__("torch").get_num_threads(), max_batch=args.max_batch, parallel=args.parallel,
         gguf=model_gguf(args.model), llama_server=Path(args.llama_server) if args.llama_server else None,
-        scenario=args.scenario, conversations=args.conversations)
+        scenario=args.scenario, conversations=args.conversations, rounds=args.rounds)
     model_flags = [f"--{name}={value}" for name, value in (("model", args.model), ("dtype", args.dtype),
                                                           ("device", args.device), ("quantization", args.quantization))
                    if value]
@@ -494,6 +505,25 @@ def _speed_line(result, engine) -> str:
     )
 
 
+def _choices(stats) -> str:
+    """The passes by the method that drafted them, and auto's switches with the acceptance behind each."""
+    passes = ", ".join(f"{method} {count}" for method, count in sorted(stats.method_passes.items(), key=lambda m: -m[1]))
+    lines = [f"[passes by drafting method: {passes or 'none'}; {stats.switches} switches]"]
+    for s in stats.switch_log:
+        measured = ", ".join(f"{source} {rate:.0%}" for source, rate in s["acceptance"].items()) or "nothing yet"
+        others, rows = s["sharing"]
+        load = f", sharing the pass with {others} ({rows} rows)" if others else ""
+        offer = s["offer"]
+        why = "no draft offered" if offer is None else (
+            f"best offer {offer['source']} x{offer['draft']}: {offer['expected']:.2f} tokens expected, "
+            f"{offer['gain']:.2f}x a dense step's tokens per cost")
+        lines.append(f"  token {s['at']}: {s['from']} -> {s['to']} ({why} at a row cost of {s['row_cost']:.2f}{load}; "
+                     f"accepted so far: {measured})")
+    if stats.switches > len(stats.switch_log):
+        lines.append(f"  ... {stats.switches - len(stats.switch_log)} more")
+    return "\n".join(lines)
+
+
 def read_prompt(argument: str | None) -> str:
     """The prompt text: the argument, or stdin when it is "-" or absent. A terminal is read only
     when asked with "-" (and says so); with no argument it is an error, not a silent wait."""
@@ -550,6 +580,8 @@ def cmd_generate(args) -> int:
     result = stream.result
     sys.stdout.write("\n")
     print(_speed_line(result, engine), file=sys.stderr)
+    if args.verbose:
+        print(_choices(result.stats), file=sys.stderr)
     if args.json:
         print(json.dumps(result.to_dict() | {"cpu_tier": engine.cpu_tier}))
     return 0
@@ -574,6 +606,8 @@ def cmd_chat(args) -> int:
             sys.stdout.flush()
         sys.stdout.write("\n")
         print(_speed_line(stream.result, engine), file=sys.stderr)
+        if args.verbose:
+            print(_choices(stream.result.stats), file=sys.stderr)
         messages.append({"role": "assistant", "content": stream.result.text})
     return 0
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,7 @@ class Event:
     # when it ran them all.
     exit_layer: int | None = None
     logprobs: list[TokenLogprob] | None = None  # per token, when the request asked for them
+    method: str | None = None  # the method that drafted the pass behind these tokens (Step.method)
 
 
 @dataclass
@@ -161,11 +163,17 @@ class Engine:
         """Options: max_tokens, temperature, top_k, top_p, seed, stop, ignore_eos, chat, presence_penalty,
         frequency_penalty, logit_bias ({token id: bias}), logprobs, grammar (a Grammar), and either a
         ready `strategy` or a decoding configuration: a SpecConfig, or its keywords (spec_method,
-        tree, ..., exit, exit_kv, ...; decoding/config.py declares them all)."""
+        tree, ..., exit, exit_kv, ...; decoding/config.py declares them all). Without any, the
+        default method (`auto`); spec_method="none" decodes densely."""
         spec = {k: v for k in list(options) if k not in GENERATION_OPTIONS and (v := options.pop(k)) is not None}
         if config is not None or spec:
             options["strategy"] = self.strategy(config, **spec)
         return Generation(self, prompt, **options)
+
+    @functools.cached_property
+    def default_strategy(self) -> Strategy:
+        """What a generation runs when it names no decoding options (`DEFAULT_METHOD`)."""
+        return self.strategy(SpecConfig())
 
     def strategy(self, config: SpecConfig | str | None = None, **keywords) -> Strategy:
         """The decoding strategy for a configuration, given whole or as keywords (a method name
@@ -223,7 +231,7 @@ class Generation:
         self.max_tokens = min(max_tokens, engine.context_length - len(self.prompt_ids))
         self.stop = [stop] if isinstance(stop, str) else list(stop)
         self.eos = set() if ignore_eos else set(engine.tokenizer.eos_token_ids)
-        self.strategy = strategy or Autoregressive()
+        self.strategy = strategy or engine.default_strategy
         if getattr(self.strategy, "greedy_only", False) and temperature > 0:
             raise ValueError(f"{self.strategy.name} runs greedy only: use temperature 0")
         if not getattr(self.strategy, "full_logits", True):
@@ -277,7 +285,7 @@ class Generation:
         text = TextStream(engine.tokenizer, self.stop)
         output: list[int] = []
         logprobs: list[TokenLogprob] | None = [] if self.logprobs is not None else None
-        finish, new, delta, drafted, exit_layer, new_logprobs = "length", [], "", 0, None, None
+        finish, new, delta, drafted, exit_layer, new_logprobs, method = "length", [], "", 0, None, None, None
         # Inference mode is entered per step, never held across a yield: interleaved generations
         # would otherwise unwind each other's mode.
         start = time.perf_counter()
@@ -310,13 +318,14 @@ class Generation:
                     break
                 new, delta, finish = self._commit(step.tokens, output, text)
                 drafted, exit_layer = min(len(new), step.drafted), step.exit_layer  # cut short: fewer drafts
+                method = step.method
                 if logprobs is not None:
                     new_logprobs = token_logprobs(step, len(new), self.logprobs)
                     logprobs += new_logprobs
                 if finish != "continue":
                     break
                 stats.decode_s = time.perf_counter() - start
-                yield Event(new, delta, drafted=drafted, exit_layer=exit_layer, logprobs=new_logprobs)
+                yield Event(new, delta, drafted=drafted, exit_layer=exit_layer, logprobs=new_logprobs, method=method)
                 start = time.perf_counter() - stats.decode_s  # time spent by the consumer is not decoding
         finally:
             steps.close()
@@ -326,7 +335,7 @@ class Generation:
                 with torch.inference_mode():
                     engine.prefix_cache.store(state.tokens, cache, final)
         stats.generated_tokens = len(output)
-        yield Event(new, delta + text.finish(), finish, drafted, exit_layer, new_logprobs)
+        yield Event(new, delta + text.finish(), finish, drafted, exit_layer, new_logprobs, method)
         self.result = Result(text.text, output, len(self.prompt_ids), len(output), finish, stats, logprobs)
 
     def _prefill(self, cache: KVCache, passes: Passes, chunk: int | None, stats: GenerationStats):

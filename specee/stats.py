@@ -4,6 +4,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
+MAX_LOGGED_SWITCHES = 32  # a long answer may switch hundreds of times; the first ones explain it
+
 
 @dataclass
 class GenerationStats:
@@ -30,6 +32,12 @@ class GenerationStats:
     predictors_run: int = 0
     exit_checks: int = 0
     exit_checks_agreed: int = 0
+    # Passes by the method that drafted them ("none": a pass with nothing drafted, a dense step).
+    method_passes: dict[str, int] = field(default_factory=dict)
+    # `auto`: how often its choice of method changed between passes, and the first changes, each
+    # with the measured acceptance and cost behind it (Switch.to_dict).
+    switches: int = 0
+    switch_log: list[dict] = field(default_factory=list)
 
     @property
     def tokens_per_s(self) -> float:
@@ -91,6 +99,14 @@ class GenerationStats:
     def check_agreement(self) -> float | None:
         """Share of full-head checks whose argmax was a candidate (None: no check ran)."""
         return self.exit_checks_agreed / self.exit_checks if self.exit_checks else None
+
+    def record_method(self, method: str) -> None:
+        self.method_passes[method] = self.method_passes.get(method, 0) + 1
+
+    def record_switch(self, switch: dict) -> None:
+        self.switches += 1
+        if len(self.switch_log) < MAX_LOGGED_SWITCHES:
+            self.switch_log.append(switch)
 
     def record_pass(self, proposed: int, accepted: int) -> None:
         """One verification pass: `proposed` draft tokens along the checked path(s), `accepted`

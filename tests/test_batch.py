@@ -141,7 +141,7 @@ def test_followers_of_a_leader_dropped_before_its_prefill_prefill_alone(engine):
 
 def test_a_long_prompt_is_prefilled_in_chunks_beside_decoding(engine):
     long_prompt = " ".join(PROMPTS * 2)
-    requests = [dict(max_tokens=60, ignore_eos=True), dict(max_tokens=5)]
+    requests = [dict(max_tokens=60, ignore_eos=True, spec_method="none"), dict(max_tokens=5, spec_method="none")]
     alone = [engine.generate(p, **r) for p, r in zip([PROMPTS[1], long_prompt], requests)]
     generations = [engine.stream(p, **r) for p, r in zip([PROMPTS[1], long_prompt], requests)]
     join = -(-len(engine.encode(PROMPTS[1])) // 8) + 2  # once the first decodes
@@ -191,8 +191,10 @@ def test_a_member_without_shared_passes_advances_and_a_failing_one_fails_alone(e
 
 
 def test_a_dropped_member_leaves_at_once_and_the_others_go_on(engine):
-    alone = engine.generate(PROMPTS[0], max_tokens=24)
-    generations = [engine.stream(PROMPTS[0], max_tokens=24), engine.stream(PROMPTS[1], max_tokens=200, ignore_eos=True)]
+    dense = dict(spec_method="none")  # a row a pass
+    alone = engine.generate(PROMPTS[0], max_tokens=24, **dense)
+    generations = [engine.stream(PROMPTS[0], max_tokens=24, **dense),
+                   engine.stream(PROMPTS[1], max_tokens=200, ignore_eos=True, **dense)]
     batch = Batch(engine.model, prefill_chunk=None)
     keep, drop = batch.add(generations[0]), batch.add(generations[1])
     for _ in range(4):

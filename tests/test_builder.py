@@ -89,7 +89,7 @@ def test_padded_draft_vocabulary_scores_the_targets_tokens(engine):
     target = tiny_model(seed=6, vocab_size=97)
     padded = tiny_model(seed=5, vocab_size=128)
     prompt = [1, 2, 3, 1, 2]
-    dense = Engine(target, engine.tokenizer).generate(prompt, max_tokens=12, ignore_eos=True, chat=False)
+    dense = Engine(target, engine.tokenizer).generate(prompt, max_tokens=12, ignore_eos=True, chat=False, spec_method="none")
     for params in (dict(), dict(temperature=1.0, seed=0)):
         strategy = Speculative(lambda: DraftModel(padded, vocab_size=97), num_draft_tokens=3)
         result = Engine(target, engine.tokenizer).generate(prompt, max_tokens=12, ignore_eos=True, strategy=strategy,

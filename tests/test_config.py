@@ -51,7 +51,9 @@ def test_keywords_round_trip_and_a_request_adjusts_or_replaces_the_servers_optio
 
 
 @pytest.mark.parametrize("keywords,message", [
-    ({"tree": "auto"}, "tree: no spec_method to read them"),
+    ({"spec_method": "none", "tree": "auto"}, "tree: no spec_method to read them"),
+    ({"tree": "auto"}, "tree: auto sizes its own drafts"),
+    ({"tree_budget": 3, "tree_node_cost": 0.5}, "tree_budget, tree_node_cost: auto sizes its own drafts"),
     ({"exit": "rule", "tree_budget": 3}, "tree_budget: no spec_method"),
     ({"exit_kv": "approx"}, "exit_kv need exit specee or exit rule"),
     ({"exit": "warp"}, "unknown exit 'warp'"),

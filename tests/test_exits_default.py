@@ -30,7 +30,7 @@ def test_exits_that_never_fire_equal_dense(default_engine, options):
     proposed and accepted as the speculative mode without exits."""
     accepted = 0
     for prompt in PROMPTS:
-        dense = default_engine.generate(prompt, max_tokens=40)
+        dense = default_engine.generate(prompt, max_tokens=40, spec_method="none")
         result = default_engine.generate(prompt, max_tokens=40, **options)
         assert (result.text, result.token_ids, result.finish_reason) == (dense.text, dense.token_ids, dense.finish_reason)
         assert result.stats.predictors_run > 0 and set(result.stats.exit_layers) == {30}
@@ -46,7 +46,7 @@ def test_exits_that_never_fire_equal_dense(default_engine, options):
 def test_bundled_predictors_exit_early_on_the_default_model_and_refuse_other_weights(default_engine):
     """What the bundled file promises: on the default model its predictors end passes early while
     the answer starts as dense's; trained for these weights, it refuses others with a clear message."""
-    dense = default_engine.generate(PROMPTS[0], max_tokens=32, ignore_eos=True)
+    dense = default_engine.generate(PROMPTS[0], max_tokens=32, ignore_eos=True, spec_method="none")
     early = default_engine.generate(PROMPTS[0], max_tokens=32, ignore_eos=True, exit="specee")
     assert min(early.stats.exit_layers) < 30
     assert early.token_ids[:FAITHFUL_PREFIX] == dense.token_ids[:FAITHFUL_PREFIX]
@@ -80,7 +80,7 @@ def test_a_registered_exit_kind_runs_from_the_engine_and_the_command_line(defaul
     the CLI take it by name."""
     kind = register_exit(ExitKind("from-layer", lambda config, artifacts, layers: (lambda: FromLayer(27, layers), 4)))
     try:
-        dense = default_engine.generate(PROMPTS[0], max_tokens=24)
+        dense = default_engine.generate(PROMPTS[0], max_tokens=24, spec_method="none")
         result = default_engine.generate(PROMPTS[0], max_tokens=24, exit="from-layer")
         assert result.token_ids == dense.token_ids
         assert set(result.stats.exit_layers) <= {28, 30} and 28 in result.stats.exit_layers  # layer 27 ran: 28 layers
@@ -134,7 +134,7 @@ def test_train_exits_from_the_command_line(tmp_path, default_engine):
     assert artifact.info["files"] == [str(corpus)] and artifact.info["steps"] > 0 and artifact.info["tokens"] >= 600
     assert len(artifact.info["positive_share_per_layer"]) == 29
     assert 0.5 <= artifact.settings.threshold < 1
-    dense = default_engine.generate("What is 3 plus 3?", max_tokens=12)
+    dense = default_engine.generate("What is 3 plus 3?", max_tokens=12, spec_method="none")
     never = default_engine.generate("What is 3 plus 3?", max_tokens=12, exit="specee", exit_predictors=str(out),
                                     exit_threshold=1.5)
     assert never.token_ids == dense.token_ids

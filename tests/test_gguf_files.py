@@ -78,7 +78,7 @@ def test_a_q4_k_m_mix_runs_as_the_dequantized_model_does(tmp_path, tiny_tokenize
     error = (ours - theirs).abs().max() / theirs.abs().max()
     assert 0 < error < 0.05  # int8 activations: about 1%; a wrong block layout: about 100%
     # Speculation is lossless on the file's own blocks too.
-    plain = quantized.generate("the cat sat on the mat and the cat sat", max_tokens=16, ignore_eos=True)
+    plain = quantized.generate("the cat sat on the mat and the cat sat", max_tokens=16, ignore_eos=True, spec_method="none")
     lookup = quantized.generate("the cat sat on the mat and the cat sat", max_tokens=16, ignore_eos=True,
                                 spec_method="prompt-lookup")
     assert lookup.token_ids == plain.token_ids and lookup.text == plain.text
@@ -126,7 +126,7 @@ def test_a_second_load_maps_the_packed_weights_cached_by_the_first(tmp_path, tin
     assert torch.equal(down.packed, first.model.layers[0].mlp.down_proj.packed)
     assert second.model.source_fingerprint == first.model.source_fingerprint
     prompt = "the cat sat on the mat and the cat sat"
-    expected = first.generate(prompt, max_tokens=12, ignore_eos=True)
+    expected = first.generate(prompt, max_tokens=12, ignore_eos=True, spec_method="none")
     for spec_method in (None, "prompt-lookup"):
         result = second.generate(prompt, max_tokens=12, ignore_eos=True, spec_method=spec_method)
         assert result.token_ids == expected.token_ids
@@ -149,11 +149,11 @@ def test_an_untied_quantized_embedding_is_cached_with_its_own_matrix(tmp_path, t
 
 def test_a_damaged_cache_is_rebuilt_with_a_warning(tmp_path, tiny_tokenizer, cache, capsys):
     path = gguf_file(tmp_path, tiny_tokenizer, {"default": "Q4_0"})
-    expected = specee.load(path, threads=1).generate("Hello", max_tokens=6, ignore_eos=True)
+    expected = specee.load(path, threads=1).generate("Hello", max_tokens=6, ignore_eos=True, spec_method="none")
     [cached] = cache.rglob("packed-*.pt")
     cached.write_bytes(cached.read_bytes()[:1000])
     capsys.readouterr()
-    result = specee.load(path, threads=1).generate("Hello", max_tokens=6, ignore_eos=True)
+    result = specee.load(path, threads=1).generate("Hello", max_tokens=6, ignore_eos=True, spec_method="none")
     err = capsys.readouterr().err
     assert "packed-weights cache" in err and "is damaged" in err and "caching the packed weights" in err
     assert result.token_ids == expected.token_ids
@@ -164,7 +164,7 @@ def test_a_smaller_gguf_drafts_for_a_gguf_target_losslessly(tmp_path, tiny_token
     target = specee.load(gguf_file(tmp_path, tiny_tokenizer, Q4_K_M), threads=1)
     draft = write_llama_gguf(tmp_path / "draft.gguf", {"default": "Q8_0"}, tiny_tokenizer.directory, seed=3)
     prompt = "the cat sat on the mat and the cat sat"
-    dense = target.generate(prompt, max_tokens=16, ignore_eos=True)
+    dense = target.generate(prompt, max_tokens=16, ignore_eos=True, spec_method="none")
     for tree in (None, "auto"):
         drafted = target.generate(prompt, max_tokens=16, ignore_eos=True, spec_method="draft", draft_model=str(draft),
                                   tree=tree)

@@ -37,7 +37,7 @@ def test_each_token_has_its_logprob_and_the_top_alternatives(engine):
 @pytest.mark.parametrize("options", [dict(spec_method="draft", draft_model="self:2", num_draft_tokens=3),
                                      dict(spec_method="draft", draft_model="self:3", tree="0;1;0,0;0,1;1,0")])
 def test_speculative_passes_report_the_rows_that_chose_each_token(engine, options):
-    dense = engine.generate(PROMPT, max_tokens=16, ignore_eos=True, logprobs=2)
+    dense = engine.generate(PROMPT, max_tokens=16, ignore_eos=True, logprobs=2, spec_method="none")
     speculative = engine.generate(PROMPT, max_tokens=16, ignore_eos=True, logprobs=2, **options)
     assert speculative.token_ids == dense.token_ids and speculative.stats.draft_tokens_accepted > 0
     for a, b in zip(speculative.logprobs, dense.logprobs):

@@ -232,7 +232,7 @@ def test_concurrent_prompts_with_one_prefix_prefill_it_once(engine):
     generations = [engine.stream(p, max_tokens=6, ignore_eos=True) for p in prompts]
     rows, _ = run_batch(engine, generations, prefill_chunk=32)
     assert [g.result.stats.cached_tokens for g in generations] == [0, 6 * BLOCK, 6 * BLOCK]
-    decoded = sum(g.result.stats.target_passes for g in generations)
+    decoded = sum(g.result.stats.target_passes + g.result.stats.draft_nodes for g in generations)
     assert sum(rows) == len(prompts[0]) + 5 + 5 + decoded  # the system prompt ran once
     for p, g in zip(prompts, generations):
         assert g.result.token_ids == engine.generate(p, max_tokens=6, ignore_eos=True, prefix_cache=False).token_ids

@@ -115,7 +115,7 @@ def test_weights_read_per_token_shrink(default_engine, engines):
 def speculative_runs(engine, prompts, max_tokens, configs=SPECULATIVE) -> dict[str, tuple[int, int]]:
     """For each speculative configuration: (prompts whose output equals dense decoding's in the
     same format, draft tokens accepted)."""
-    dense = [engine.generate(p, max_tokens=max_tokens, ignore_eos=True).token_ids for p in prompts]
+    dense = [engine.generate(p, max_tokens=max_tokens, ignore_eos=True, spec_method="none").token_ids for p in prompts]
     found = {}
     for config, options in configs.items():
         identical = accepted = 0
@@ -153,7 +153,7 @@ def test_early_exits_run_on_quantized_weights(engines, name):
     """The bundled predictors load in every format; exits that never fire leave the output as
     dense's (inside verification too), and a low threshold stops passes early."""
     engine = engines[name]
-    dense = engine.generate(COPY_PROMPT, max_tokens=24, ignore_eos=True)
+    dense = engine.generate(COPY_PROMPT, max_tokens=24, ignore_eos=True, spec_method="none")
     never = engine.generate(COPY_PROMPT, max_tokens=24, ignore_eos=True, spec_method="hybrid", exit="specee",
                             exit_threshold=1.5)
     assert never.token_ids == dense.token_ids and never.stats.predictors_run > 0

@@ -65,16 +65,20 @@ def test_chat_greedy_equals_specee_generate(client, model_id, capsys):
     assert response.usage.total_tokens == expected["prompt_tokens"] + expected["completion_tokens"]
 
 
+DENSE = {"specee": {"spec_method": "none"}}
+
+
 def test_speculative_modes_through_the_extension_field_match_dense(client, model_id):
-    dense = chat(client, model_id, max_tokens=32).choices[0].message.content
-    for spec in ({"spec_method": "hybrid", "tree": "auto"}, {"spec_method": "prompt-lookup"}):
+    dense = chat(client, model_id, max_tokens=32, extra_body=DENSE).choices[0].message.content
+    for spec in ({"spec_method": "hybrid", "tree": "auto"}, {"spec_method": "prompt-lookup"}, {}):
         response = chat(client, model_id, max_tokens=32, extra_body={"specee": spec})
         assert response.choices[0].message.content == dense, spec
 
 
 def test_streamed_chat_equals_the_whole_answer_and_ends_with_usage(client, model_id):
-    whole = chat(client, model_id, max_tokens=20)
-    chunks = list(chat(client, model_id, max_tokens=20, stream=True, stream_options={"include_usage": True}))
+    whole = chat(client, model_id, max_tokens=20, extra_body=DENSE)
+    chunks = list(chat(client, model_id, max_tokens=20, stream=True, stream_options={"include_usage": True},
+                       extra_body=DENSE))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
@@ -83,6 +87,25 @@ def test_streamed_chat_equals_the_whole_answer_and_ends_with_usage(client, model
     assert len(provenance) == whole.usage.completion_tokens
     assert {t["source"] for t in provenance} == {"target"}  # dense: every token is the target's own
     assert {t["exit_layer"] for t in provenance} == {None}  # and ran every layer
+
+
+def test_the_default_is_auto_and_each_streamed_token_names_the_method_of_its_pass(default_server, client,
+                                                                                model_id):
+    before = metrics(default_server)
+    content = "Repeat exactly: the quick brown fox jumps over the lazy dog."
+    chunks = list(chat(client, model_id, content=content, max_tokens=32, stream=True,
+                       stream_options={"include_usage": True}))
+    after = metrics(default_server)
+    tokens = [t for c in chunks if c.choices for t in c.model_extra["specee"]["tokens"]]
+    stats = chunks[-1].model_extra["specee"]["stats"]
+    assert tokens[0]["method"] is None  # from the prompt's pass
+    assert {t["method"] for t in tokens[1:]} == stats["method_passes"].keys() <= {"prompt-lookup", "ngram", "none"}
+    assert all(t["method"] != "none" for t in tokens if t["source"] == "draft")
+    assert stats["draft_tokens_accepted"] == sum(t["source"] == "draft" for t in tokens) > 0
+    for method, passes in stats["method_passes"].items():
+        assert delta(after, before, "specee_method_passes_total", mode="auto", method=method) == passes
+    assert delta(after, before, "specee_auto_switches_total", mode="auto") == stats["switches"] > 0
+    assert len(stats["switch_log"]) == min(stats["switches"], 32)
 
 
 def test_early_exit_through_the_extension_field_reports_each_tokens_exit_layer(client, model_id):
@@ -388,7 +411,7 @@ def test_logprobs_are_the_dense_passes_exactly_whole_streamed_and_speculative(cl
     """The kernels give a row the same bits in any pass, so a speculative pass's accepted rows
     report exactly the log-probabilities dense decoding's one-row passes do."""
     content = "Repeat exactly: the quick brown fox jumps over the lazy dog."
-    dense = chat(client, model_id, content=content, max_tokens=16, logprobs=True, top_logprobs=3)
+    dense = chat(client, model_id, content=content, max_tokens=16, logprobs=True, top_logprobs=3, extra_body=DENSE)
     hybrid = chat(client, model_id, content=content, max_tokens=16, logprobs=True, top_logprobs=3,
                   extra_body={"specee": {"spec_method": "hybrid", "tree": "auto"}})
     entries = dense.choices[0].logprobs.content
@@ -445,6 +468,8 @@ def test_metrics_parse_and_count_the_requests_made(default_server, client, model
     assert delta(after, before, "specee_draft_tokens_proposed_total", mode="hybrid") == stats["draft_tokens_proposed"]
     reached = delta(after, before, "specee_draft_position_reached_total", mode="hybrid", position="0")
     assert 0 < reached <= stats["target_passes"]
+    for method, passes in stats["method_passes"].items():
+        assert delta(after, before, "specee_method_passes_total", mode="hybrid", method=method) == passes
     assert after[("specee_queue_length", ())] == 0
     from specee.model.kernels import supported_tiers
 

@@ -22,7 +22,7 @@ MAX_TOKENS = 96
 
 @pytest.fixture(scope="module")
 def dense(default_engine):
-    return {p: default_engine.generate(p, max_tokens=MAX_TOKENS, ignore_eos=True).token_ids for p in PROMPTS}
+    return {p: default_engine.generate(p, max_tokens=MAX_TOKENS, ignore_eos=True, spec_method="none").token_ids for p in PROMPTS}
 
 
 @pytest.fixture(scope="module")
@@ -47,22 +47,25 @@ CONFIGS = {
     # Shallow drafts are cheap but weak: few draft tokens keep these runs short.
     "draft self:3 chain": dict(spec_method="draft", draft_model="self:3", num_draft_tokens=2),
     "staged self:3 + prompt lookup": dict(spec_method="staged", draft_model="self:3", num_draft_tokens=3),
+    "auto (the default)": dict(),
 }
 # Drafters that copy from the prompt, and trees, get whole runs of drafts right on the copy-heavy
 # prompts, so acceptance past a pass's first draft is exercised. Shallow drafts and chains from a
 # table of unrelated text rarely keep two drafts in a row.
-DEEP_ACCEPTS = {name for name in CONFIGS if name.startswith(("prompt-lookup", "hybrid")) or name.endswith("tree")}
+DEEP_ACCEPTS = {name for name in CONFIGS if name.startswith(("prompt-lookup", "hybrid", "auto")) or name.endswith("tree")}
 
 
 @pytest.mark.parametrize("config", CONFIGS)
 def test_greedy_speculative_equals_plain_greedy(default_engine, dense, ngram_table, config):
     options = dict(CONFIGS[config])
-    if options["spec_method"] == "ngram":
+    if options.get("spec_method") == "ngram":
         options["ngram_model"] = ngram_table
     proposed = accepted = longest = 0
+    methods = set()
     for prompt in PROMPTS:
         result = default_engine.generate(prompt, max_tokens=MAX_TOKENS, ignore_eos=True, **options)
         assert result.token_ids == dense[prompt], f"{config} differs on {prompt!r}"
+        methods |= result.stats.method_passes.keys()
         proposed += result.stats.draft_tokens_proposed
         accepted += result.stats.draft_tokens_accepted
         longest = max(longest, *result.stats.accept_lengths)
@@ -70,6 +73,8 @@ def test_greedy_speculative_equals_plain_greedy(default_engine, dense, ngram_tab
     assert 0 < accepted < proposed, f"{config}: {accepted} of {proposed} draft tokens accepted"
     if config in DEEP_ACCEPTS:
         assert longest > 2, f"{config}: no pass kept more than {longest - 1} drafts"
+    if not options:  # auto copied, drafted from the table and drafted nothing, by turns
+        assert methods == {"prompt-lookup", "ngram", "none"}
 
 
 def test_a_draft_identical_to_the_target_is_always_accepted(default_engine, dense):

@@ -19,6 +19,8 @@ from specee.drafters.draft_model import DraftModel
 from specee.drafters.eagle import EagleArtifact, EagleDrafter, EagleHead, EagleModel
 from specee.drafters.kangaroo import Adapter, KangarooArtifact, KangarooDrafter, KangarooModel, KangarooSettings
 from specee.model.fingerprint import weights_fingerprint
+from specee.drafters.auto import AutoDrafter
+from specee.drafters.ngram import NgramModel
 from specee.drafters.prompt_lookup import PromptLookup
 from specee.sampling import Sampler, SamplingParams, processed_probs
 from specee.stats import GenerationStats
@@ -101,6 +103,13 @@ def prompt_lookup_chain(model):
     return Speculative(lambda: PromptLookup(max_ngram=3), num_draft_tokens=3, adaptive=False)
 
 
+def auto_copy_and_table(model):
+    """`auto` choosing between the copy, a table trained on the prompt's own pattern and nothing,
+    with rows priced so that both drafters' chains and dense steps all occur."""
+    table = NgramModel.train([PROMPT * 4], VOCAB, progress=False)
+    return Speculative(lambda: AutoDrafter(PromptLookup(), table, row_cost=0.1, max_tokens=3), 3, adaptive=False)
+
+
 def eagle_tree(model):
     """An untrained feature head over a reduced vocabulary (tokens 0-7 of 12): deterministic top-k
     tree drafts that are often wrong, and never tokens 8-11."""
@@ -147,6 +156,7 @@ CASES = {
     # Penalties count each row's own path: t3's row in a tree counts the t2 above it.
     "static tree, penalties and bias": (static_tree_from_the_whole_target, PENALIZED),
     "prompt lookup, top-k and top-p": (prompt_lookup_chain, SamplingParams(temperature=1.1, top_k=6, top_p=0.9)),
+    "auto, temperature": (auto_copy_and_table, SamplingParams(temperature=0.9)),
     "eagle tree, reduced vocabulary, temperature": (eagle_tree, SamplingParams(temperature=0.9)),
     "eagle tree mixed with the copy, temperature": (eagle_copy(1.0), SamplingParams(temperature=0.9)),
     "copy alone in eagle-copy, top-p": (eagle_copy(0.0), SamplingParams(temperature=1.0, top_p=0.9)),

@@ -21,9 +21,10 @@ class Autoregressive:
         while True:
             token = int(state.sampler.pick(state.sampler.adjusted(logits, state.tokens))[0])
             state.tokens.append(token)
-            yield Step([token], logits=logits)
+            yield Step([token], logits=logits, method="none")
             ids = torch.tensor([token], device=model.device)
             positions = torch.tensor([cache.length], device=model.device)
             _, logits = state.passes.run_pass(PassRows(ids, positions, cache))
             state.stats.target_passes += 1
+            state.stats.record_method("none")
             state.stats.weight_bytes += model.weight_bytes

@@ -48,6 +48,9 @@ class Step(NamedTuple):
     # (rows None: row i), for the log-probabilities a request may ask for.
     logits: torch.Tensor | None = None
     rows: list[int] | None = None
+    # The method that drafted the pass behind these tokens ("none": nothing was drafted); None for
+    # tokens no pass of a drafting loop made (the first, from the prompt's pass).
+    method: str | None = None
 
 
 class Strategy(Protocol):

@@ -40,6 +40,8 @@ def resolve(config: SpecConfig, model: Transformer) -> SpecConfig:
     """`config` with its unset sizes filled: what the model's extra rows cost asks for, then the
     defaults. A trained drafter's sizes are its artifact's: its build reads them where still unset."""
     method = find_method(config.method)
+    if method.sizes_itself:
+        return config
     defaults = {k: v for k, v in DEFAULTS.items() if not (method.trained and k in ARTIFACT_SIZES)}
     filled = defaults | sized_for_weights(model, method, config)
     return replace(config, **{k: v for k, v in filled.items() if getattr(config, k) is None})

@@ -9,6 +9,17 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Literal
 
 MAX_DRAFT_NODES = 64  # verification writes this many cache slots past the output at most
+# What runs when no method is named: `auto` (speculation that drafts only where it pays), or
+# dense decoding under an early exit (exits inside verification are a choice, never a default).
+DEFAULT_METHOD = "auto"
+
+
+# What shapes a draft; a method that sizes its own (`auto`) takes none of them.
+DRAFT_SHAPE = ("tree", "tree_budget", "tree_width", "tree_min_prob", "tree_node_cost", "confidence_threshold")
+
+
+def default_method(exit_kind: str) -> str:
+    return DEFAULT_METHOD if exit_kind == "none" else "none"
 
 
 def option(default: Any = None, help: str = "", *, flag: str | None = "", keyword: str | None = None,
@@ -54,7 +65,8 @@ class ExitConfig:
 
 @dataclass(frozen=True)
 class SpecConfig:
-    method: str = option("none", keyword="spec_method")  # help: the registered methods, read when flags are made
+    # None: the default for the exit (default_method); help: the registered methods, read when flags are made.
+    method: str | None = option(None, keyword="spec_method")
     num_draft_tokens: int | None = option(help="draft tokens per step (default 8, adapted; kangaroo: gamma, its "
                                                "artifact's)", ge=1, le=MAX_DRAFT_NODES)
     tree: str | None = option(help='verify a tree: "auto" (best-first under --tree-budget) or rank paths "0;1;0,0"',
@@ -87,6 +99,10 @@ class SpecConfig:
     adaptive: bool = option(True, flag=None, http=False)  # chains grow and shrink with acceptance
     exit: ExitConfig = field(default_factory=ExitConfig)
 
+    def __post_init__(self) -> None:
+        if self.method is None:
+            object.__setattr__(self, "method", default_method(self.exit.kind))
+
     @classmethod
     def from_keywords(cls, keywords: dict) -> "SpecConfig":
         """The checked configuration for keywords as `Engine.stream` and HTTP requests spell them
@@ -96,9 +112,13 @@ class SpecConfig:
         return config
 
     def keywords(self) -> dict:
-        """The options set, by keyword (what `from_keywords` takes back)."""
-        return {keyword(f): getattr(owner, f.name) for owner in (self, self.exit) for f in fields(owner)
-                if f.name != "exit" and getattr(owner, f.name) != f.default}
+        """The options set, by keyword (what `from_keywords` takes back); the method only where it is
+        not the default, so options merged over these may still pick an exit's default."""
+        chosen = {keyword(f): getattr(owner, f.name) for owner in (self, self.exit) for f in fields(owner)
+                  if f.name != "exit" and getattr(owner, f.name) != f.default}
+        if chosen["spec_method"] == default_method(self.exit.kind):
+            del chosen["spec_method"]
+        return chosen
 
     def merged(self, keywords: dict) -> "SpecConfig":
         """These options with `keywords` over them; keywords naming a method of their own keep only
@@ -128,12 +148,17 @@ class SpecConfig:
                 check_value(spell(keyword(f)), getattr(owner, f.name), f.metadata)
         self.exit.check(spell)
         if self.method == "none":  # files may be named for the methods a request picks
-            unread = [spell(keyword(f)) for f in fields(self)
-                      if f.name != "exit" and not f.metadata["path"] and getattr(self, f.name) != f.default]
+            unread = [spell(keyword(f)) for f in fields(self) if f.name not in ("exit", "method")
+                      and not f.metadata["path"] and getattr(self, f.name) != f.default]
             if unread:
                 raise ValueError(f"{', '.join(unread)}: no spec_method to read them")
             return
         method = find_method(self.method, spell("spec_method"))
+        if method.sizes_itself:
+            shapes = [spell(keyword(f)) for f in fields(self) if f.name in DRAFT_SHAPE and getattr(self, f.name) is not None]
+            if shapes:
+                raise ValueError(f"{', '.join(shapes)}: {self.method} sizes its own drafts (only "
+                                 f"{spell('num_draft_tokens')} applies, as their longest); name a method to shape them")
         if self.tree is not None and not self.tree.strip():
             raise ValueError('an empty tree: write --tree auto or rank paths like "0;1;0,0" (or leave it out for a chain)')
         if method.own_tree and self.tree is not None:
@@ -191,7 +216,8 @@ def add_flags(parser, methods: tuple[str, ...]) -> None:
     for f in all_fields():
         if flag(f) is None:
             continue
-        help_text = f.metadata["help"] or f"none, {', '.join(methods)} (all lossless)"
+        help_text = f.metadata["help"] or (f"none (dense), {', '.join(methods)} (all lossless; default "
+                                           f"{DEFAULT_METHOD}: drafts only where it pays; none with --exit)")
         default = f.default if f.default is not None and value_type(f) is str else None
         parser.add_argument(flag(f), dest=keyword(f), type=value_type(f), default=default, help=help_text)
 

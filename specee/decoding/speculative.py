@@ -98,11 +98,12 @@ class Speculative:
                                 min_prob=self.tree_min_prob, node_cost=self.node_cost)
         return self.tree.fill(expand)
 
-    def start_proposer(self, tokens: list[int], sampler, cache, hidden, shallow) -> Proposer:
+    def start_proposer(self, tokens: list[int], sampler, cache, hidden, shallow, passes=None, stats=None) -> Proposer:
         """A fresh proposer after the prefill of `tokens`, given the target's states a drafter
         reads (`hidden`, the last layer's) or shares (`shallow`, with the cache they are in)."""
         proposer = self.make_proposer()
         proposer.reset(tokens, sampler)
+        proposer.watch(passes, stats)
         if proposer.wants_features:
             proposer.observe(hidden)
         if self.shallow_layers:
@@ -113,7 +114,8 @@ class Speculative:
         """Draft, verify, extend: the one speculative loop. `verifier` (default: one full pass) runs
         the target over the root and the draft, accepts, and rewinds the cache to the accepted path."""
         tokens, stats = state.tokens, state.stats
-        proposer = self.start_proposer(tokens, state.sampler, state.cache, state.hidden, state.shallow)
+        proposer = self.start_proposer(tokens, state.sampler, state.cache, state.hidden, state.shallow,
+                                       state.passes, stats)
         if proposer.wants_features:
             state.final_states.append(state.hidden)
         verifier = verifier or FullPass(state, self.shallow_layers)
@@ -128,9 +130,11 @@ class Speculative:
             # target's layers drafts every step, since its drafts extend the target's cache.
             forced = [] if self.shallow_layers else state.sampler.forced(tokens)
             if forced:
-                draft = Draft.chain(forced[:MAX_DRAFT_NODES])
+                draft, method = Draft.chain(forced[:MAX_DRAFT_NODES]), "grammar"
             else:
-                draft = state.sampler.admissible(tokens, self.draft(proposer, tokens, length.current))
+                proposed_draft = self.draft(proposer, tokens, length.current)
+                method = proposed_draft.source or self.name
+                draft = state.sampler.admissible(tokens, proposed_draft)
             drafted = time.perf_counter()
             layout = TreeLayout.of(draft)
             verified = verifier.verify(tokens, draft, layout)
@@ -143,6 +147,7 @@ class Speculative:
             tokens.extend(new)
             proposed = max(layout.depths, default=0)
             stats.record_pass(proposed, len(accepted))
+            stats.record_method(method if len(draft) else "none")
             stats.draft_s += drafted - began
             stats.verify_s += time.perf_counter() - drafted
             stats.draft_nodes += len(draft)
@@ -151,7 +156,8 @@ class Speculative:
                 length.update(proposed, len(accepted))
             proposer.update(tokens, len(accepted))
             verifier.update(tokens, len(accepted))
-            yield Step(new, len(accepted), verified.exit_layer, verified.logits, verified.rows)
+            yield Step(new, len(accepted), verified.exit_layer, verified.logits, verified.rows,
+                       method if len(draft) else "none")
 
 
 class Verified(NamedTuple):

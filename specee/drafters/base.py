@@ -38,6 +38,11 @@ class Proposer:
         """The target's last-layer hidden states ([n, hidden]) of the next n committed positions:
         first the whole prompt, then after each pass the root and the accepted tokens."""
 
+    def watch(self, passes, stats) -> None:
+        """Before the first draft: what runs the generation's passes (`sharing()` says what the other
+        generations of a batch put in them) and its GenerationStats, for a policy that sizes drafts by
+        what a row costs now and reports its choices (`auto`)."""
+
     def share_target(self, cache: KVCache, prompt_states: torch.Tensor) -> None:
         """For a self-drafter that runs the target's first layers (the strategy's `shallow_layers`):
         the target's cache, which it extends for those layers as it drafts, and the prompt's states

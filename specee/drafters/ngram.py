@@ -28,6 +28,7 @@ HEADER = ArtifactKind("specee-ngram", 1, "n-gram table", "specee train ngram", f
 # Keeps the estimated discount away from 0 (no mass left for unseen continuations) and from 1.
 DISCOUNT_RANGE = (0.1, 0.9)
 FALLBACK_DISCOUNT = 0.5  # when the data has no n-grams seen once or twice to estimate it from
+BEST_MEMO = 1 << 16  # contexts whose best continuation `best` remembers
 
 
 @dataclass
@@ -65,6 +66,7 @@ class NgramModel:
         # The unigram is the last level of every backoff chain, with every token "seen".
         by_prob = np.argsort(-self.unigram, kind="stable")
         self._unigram_level = Level(by_prob, self.unigram[by_prob], backoff=0.0)
+        self._best: dict[tuple[int, ...], tuple[int, float]] = {}
 
     @staticmethod
     def train(
@@ -130,6 +132,26 @@ class NgramModel:
             dist *= level.backoff
             dist[level.tokens] = level.probs
         return torch.from_numpy(dist)
+
+    def best(self, context: Sequence[int]) -> tuple[int, float]:
+        """The most probable next token and its probability (remembered: chains drafted pass after
+        pass ask for the same contexts again)."""
+        key = tuple(context[len(context) - (self.order - 1) :])
+        found = self._best.get(key)
+        if found is None:
+            if len(self._best) >= BEST_MEMO:
+                self._best.clear()
+            found = self._best[key] = self._find_best(key)
+        return found
+
+    def _find_best(self, context: Sequence[int]) -> tuple[int, float]:
+        """Usually the longest context's first continuation, which no shorter context can beat once
+        its share is above their best."""
+        levels = self._levels(context)
+        first = levels[0]
+        if len(levels) == 1 or first.probs[0] >= first.backoff * levels[1].probs[0]:
+            return int(first.tokens[0]), float(first.probs[0])
+        return self.top_k(context, 1)[0]
 
     def top_k(self, context: Sequence[int], k: int) -> list[tuple[int, float]]:
         """The k most probable next tokens, without building the whole distribution.

@@ -34,6 +34,7 @@ class SpecMethod:
     build: Callable[[Any, Any], Drafting]
     scored: bool = False  # a probability per drafted token, which confidence_threshold reads
     own_tree: bool = False  # drafts its own dynamic tree: the tree option does not apply
+    sizes_itself: bool = False  # sizes every draft itself (`auto`): no default draft sizes apply
     options: tuple[str, ...] = ()  # options only some methods read; any other method refuses them
     bench: dict[str, dict] = field(default_factory=dict)  # `specee bench` modes: name -> options
 

@@ -45,7 +45,7 @@ def engine_mode(name: str, **defaults) -> StrategySpec:
                                  lambda engine, options: engine.strategy(**(defaults | options))))
 
 
-engine_mode("dense")  # one target pass per token
+engine_mode("dense", spec_method="none")  # one target pass per token
 for _method in METHODS.values():  # the modes each drafter module declares (drafters/registry.py)
     for _name, _options in _method.bench.items():
         engine_mode(_name, spec_method=_method.name, **_options)

@@ -245,6 +245,9 @@ class Passes(Protocol):
 
     def run_pass(self, part: PassRows) -> tuple[torch.Tensor, torch.Tensor]: ...
     def run_layer(self, rows: LayerRows) -> torch.Tensor: ...
+    def sharing(self) -> tuple[int, int]:
+        """(other generations sharing this one's passes, the rows they ran in the last one)."""
+        ...
 
 
 def full_attention_mask(mask: torch.Tensor | None, T: int, S: int, device) -> torch.Tensor:
@@ -373,6 +376,12 @@ class Transformer(nn.Module):
         return self.kernels is not None
 
     @property
+    def rows_exact(self) -> bool:
+        """Whether a row of a multi-row pass has the bits it has alone (the CPU kernels; fp32), so
+        greedy speculation gives dense decoding's tokens. bf16 passes round by their row count."""
+        return self.uses_kernels or self.dtype == torch.float32
+
+    @property
     def dtype(self) -> torch.dtype:
         """The activations' dtype (norms stay in it when the matrices are quantized)."""
         return self.norm.weight.dtype
@@ -480,6 +489,10 @@ class Transformer(nn.Module):
     def run_layer(self, rows: LayerRows) -> torch.Tensor:
         """One layer over one sequence's rows (a pass run layer by layer)."""
         return self.layers[rows.layer](rows.h, rows.angles, rows.cache, rows.bias)
+
+    def sharing(self) -> tuple[int, int]:
+        """A generation run on the model directly shares its passes with nobody."""
+        return 0, 0
 
     def run_pass(self, part: PassRows) -> tuple[torch.Tensor, torch.Tensor]:
         """One sequence's pass: its last layer's states [T, hidden] and the logits of its rows from

@@ -180,7 +180,7 @@ class Shaper:
         state = self._choices[index]
         tokens = [
             {"id": t, "text": state.pieces.add([t]), "source": "draft" if i < event.drafted else "target",
-             "exit_layer": event.exit_layer}
+             "exit_layer": event.exit_layer, "method": event.method}
             for i, t in enumerate(event.token_ids)
         ]
         if self.chat:
@@ -245,4 +245,5 @@ def stats_summary(result: Result) -> dict:
     return {"target_passes": s.target_passes, "draft_tokens_proposed": s.draft_tokens_proposed,
             "draft_tokens_accepted": s.draft_tokens_accepted, "mean_acceptance_length": s.mean_acceptance_length,
             "prefill_s": s.prefill_s, "decode_s": s.decode_s, "tokens_per_s": s.tokens_per_s,
-            "avg_forward_layers": s.avg_forward_layers, "exit_histogram": s.exit_histogram}
+            "avg_forward_layers": s.avg_forward_layers, "exit_histogram": s.exit_histogram,
+            "method_passes": s.method_passes, "switches": s.switches, "switch_log": s.switch_log}

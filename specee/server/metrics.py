@@ -50,6 +50,10 @@ class Metrics:
                                         "drafted and every earlier position accepted", ["mode", "position"], registry=r)
         self.position_accepted = Counter("specee_draft_position_accepted", "Passes whose draft position k "
                                          "was accepted", ["mode", "position"], registry=r)
+        self.method_passes = Counter("specee_method_passes", "Target passes by the method that drafted them (none: "
+                                     "nothing drafted; auto chooses per pass)", ["mode", "method"], registry=r)
+        self.switches = Counter("specee_auto_switches", "Changes of auto's drafting method between passes",
+                                ["mode"], registry=r)
         self.exit_layers = Counter("specee_exit_layer_tokens", "Tokens by the layer their pass exited at "
                                    "(early-exit modes)", ["mode", "layer"], registry=r)
 
@@ -87,6 +91,10 @@ class Metrics:
         for k, (reached, accepted) in enumerate(zip(stats.position_reached, stats.position_accepted)):
             self.position_reached.labels(mode, str(k)).inc(reached)
             self.position_accepted.labels(mode, str(k)).inc(accepted)
+        for method, passes in stats.method_passes.items():
+            self.method_passes.labels(mode, method).inc(passes)
+        if stats.switches:
+            self.switches.labels(mode).inc(stats.switches)
         for layer in stats.exit_layers:
             self.exit_layers.labels(mode, str(layer)).inc()
 

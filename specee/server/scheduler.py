@@ -46,6 +46,7 @@ class Job:
     cancelled: threading.Event = field(default_factory=threading.Event)
     tokens: int = 0  # generated so far
     text: str = ""  # the answer's last TEXT_TAIL characters (for the live page's view of every stream)
+    methods: dict[str, int] = field(default_factory=dict)  # passes so far by the method that drafted them
 
     def cancel(self) -> None:
         """Called from the handler (a client went away): the worker stops at the next step."""
@@ -57,7 +58,7 @@ class Job:
         rate = (self.tokens - 1) / (now - started) if started and self.tokens > 1 and now > started else 0.0
         return {"slot": index, "mode": self.generation.strategy.name, "prompt_tokens": len(self.generation.prompt_ids),
                 "tokens": self.tokens, "tokens_per_s": round(rate, 1), "state": "decoding" if started else "prefill",
-                "text": self.text}
+                "methods": dict(self.methods), "text": self.text}
 
 
 class Scheduler:
@@ -173,6 +174,8 @@ class Scheduler:
             job.first_token_at = time.monotonic()
         job.tokens += len(made.token_ids)
         job.text = (job.text + made.text)[-TEXT_TAIL:]
+        if made.method is not None:
+            job.methods[made.method] = job.methods.get(made.method, 0) + 1
         job.deliver(made)
         if made.finish_reason is not None:
             self._end(member, Ended("finished", job.generation.result))

@@ -26,6 +26,8 @@ class Draft:
     # Double early exit: the states of [root] + nodes after the target's first layers, which the
     # drafter already ran in the target's own cache, so verification starts above them.
     shallow: torch.Tensor | None = None  # [n + 1, hidden]
+    # The method that drafted it, where a policy chooses among several (`auto`); None: the strategy's own.
+    source: str | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -36,8 +38,8 @@ class Draft:
 
     @staticmethod
     def chain(tokens: list[int], q: torch.Tensor | None = None, sampled: bool = False,
-              shallow: torch.Tensor | None = None) -> "Draft":
-        return Draft(list(tokens), list(range(-1, len(tokens) - 1)), q, sampled, shallow)
+              shallow: torch.Tensor | None = None, source: str | None = None) -> "Draft":
+        return Draft(list(tokens), list(range(-1, len(tokens) - 1)), q, sampled, shallow, source)
 
     @staticmethod
     def empty() -> "Draft":

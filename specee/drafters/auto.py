@@ -1,0 +1,227 @@
+"""`auto`: speculation that pays for itself, request by request and pass by pass.
+
+Each pass it weighs what the cheap drafters offer (prompt lookup's copy, the n-gram table's chain)
+against what rows cost now, and drafts the offer and length that give the most tokens per unit
+of pass cost, or nothing (a dense step) when no draft beats one token for one row. A node's chance
+of acceptance is the drafter's own estimate (the copy's measured reliability for its match
+length, the table's probability) times this request's calibration: accepted over expected draft
+tokens of that drafter so far. So a request whose copies keep failing stops drafting, and one
+whose text becomes copyable (a match appears) starts again. Every draft is verified by the
+target, so the output is dense decoding's, whatever it chooses.
+
+A row's price is the model's `extra_row_cost` (of a one-token pass). In a server batch the pass
+also carries the other generations' rows and tokens, and the draft maximises the whole pass's
+tokens per cost: the more rows already share a pass, the surer a draft token must be.
+
+Where a multi-row pass rounds differently from one-row passes (bf16), greedy speculation could
+change the answer, so `auto` drafts nothing there: it always gives dense decoding's output.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..verification.draft import Draft
+from .base import Proposer
+from .copy_reliability import MAX_MATCH
+from .ngram import NgramModel
+from .prompt_lookup import PromptLookup
+from .registry import Drafting, SpecMethod, register
+
+# A draft must promise this much more than a dense step's tokens per cost: the model of a pass's
+# cost leaves out verification's own overhead (tuning slice, BENCHMARKS.md "Speculation on by default").
+MARGIN = 0.05
+# A drafter's calibration starts at its prior and weighs as much as this many expected draft tokens.
+# The priors are accepted over expected draft tokens on the tuning slice (BENCHMARKS.md): the copy's
+# rates are measured ones, the table's probabilities are its corpus's, twice what this model accepts.
+CALIBRATION_WEIGHT = 8.0
+PRIORS = {"prompt-lookup": 1.0, "ngram": 0.5}
+DRAFT_LIMIT = 8  # the longest chain, unless the user sets num_draft_tokens
+
+
+@dataclass
+class Offer:
+    """A chain one drafter offers, with the chance that its first i + 1 nodes are all accepted:
+    calibrated (`reach`) and as the drafter estimates it (`estimated`)."""
+
+    source: str
+    tokens: list[int]
+    reach: list[float]
+    estimated: list[float]
+
+
+class Calibration:
+    """How a drafter's estimates fare in this request: accepted draft tokens over the drafter's own
+    expectation of them, starting from `prior`."""
+
+    def __init__(self, prior: float) -> None:
+        self.prior = prior
+        self.expected = 0.0
+        self.accepted = 0
+        self.drafted = 0
+
+    @property
+    def factor(self) -> float:
+        return (CALIBRATION_WEIGHT * self.prior + self.accepted) / (CALIBRATION_WEIGHT + self.expected)
+
+    def record(self, expected: float, drafted: int, accepted: int) -> None:
+        self.expected += expected
+        self.drafted += drafted
+        self.accepted += accepted
+
+    @property
+    def acceptance(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+
+@dataclass
+class Choice:
+    source: str  # the drafter whose chain is drafted, or "none"
+    tokens: list[int]
+    expected: float  # draft tokens expected to be accepted
+    estimated: float  # ... as the drafter estimates it (before this request's calibration)
+    gain: float  # tokens per unit of pass cost it promises, over a dense step's
+    # The best offer, taken or not: (source, nodes, expected, gain).
+    best: tuple[str, int, float, float] | None = None
+
+
+class AutoDrafter(Proposer):
+    margin = MARGIN
+
+    def __init__(self, lookup: PromptLookup, table: NgramModel | None, row_cost: float,
+                 max_tokens: int = DRAFT_LIMIT) -> None:
+        self.lookup = lookup
+        self.table = table
+        self.row_cost = row_cost
+        self.max_tokens = max_tokens
+        self.passes = None
+        self.stats = None
+        self.reproducible = False
+        self.prompt_tokens = 0
+        self.calibrations: dict[str, Calibration] = {}
+        self.last: Choice | None = None  # the latest choice (a switch is a change of source)
+        self.pending: Choice | None = None  # the choice verification has not yet answered
+        self.offers_made: list[Offer] = []
+
+    def reset(self, prompt: list[int], sampler=None) -> None:
+        # A seeded sample depends on the drafts it was verified against, so a seeded request
+        # prices rows as if alone: its answer is the same in any batch. Greedy answers are
+        # dense decoding's whatever is drafted.
+        self.reproducible = sampler is not None and not sampler.greedy and sampler.params.seed is not None
+        self.lookup.reset(prompt)
+        self.prompt_tokens = len(prompt)
+        self.calibrations = {source: Calibration(prior) for source, prior in PRIORS.items()}
+        self.last = self.pending = None
+
+    def watch(self, passes, stats) -> None:
+        self.passes, self.stats = passes, stats
+
+    def sharing(self) -> tuple[int, int]:
+        """(other generations in the pass, their rows): what this draft's rows are priced against."""
+        if self.passes is None or self.reproducible:
+            return 0, 0
+        return self.passes.sharing()
+
+    def offers(self, context: list[int], limit: int, floor: float) -> list[Offer]:
+        """What each drafter offers, each chain cut where a node's reach falls below `floor` (reaches
+        only fall, so no later node could pay for its row)."""
+        offers = self.offers_made = []
+        n, follows = self.lookup.match(context)
+        if n:
+            copied = self.lookup.chain(context, follows, limit).tokens
+            length = self.lookup.match_length(context, follows, n)
+            rates = [self.lookup.reliability.rate(min(length + i, MAX_MATCH)) for i in range(len(copied))]
+            reach = reaching(rates, self.calibrations["prompt-lookup"].factor, floor)
+            offers.append(Offer("prompt-lookup", copied[:len(reach)], reach, reaching(rates, 1.0)[:len(reach)]))
+        if self.table is not None:
+            factor, tail = self.calibrations["ngram"].factor, list(context[len(context) - (self.table.order - 1):])
+            tokens, probs, reach = [], [], [1.0]
+            while len(tokens) < limit:
+                token, prob = self.table.best(tail + tokens)
+                if reach[-1] * min(1.0, prob * factor) < floor:
+                    break
+                tokens.append(token)
+                probs.append(prob)
+                reach.append(reach[-1] * min(1.0, prob * factor))
+            if tokens:
+                offers.append(Offer("ngram", tokens, reach[1:], reaching(probs, 1.0)))
+        return offers
+
+    def choose(self, context: list[int], limit: int) -> Choice:
+        """The offer and length with the most tokens per unit of pass cost, or none."""
+        others, other_rows = self.sharing()
+
+        def value(drafted: int, expected: float) -> float:  # the pass's tokens over its cost
+            return (others + 1 + expected) / (1 + self.row_cost * (other_rows + drafted))
+
+        dense = value(0, 0.0)
+        best = None
+        # A node adds to the tokens per cost only if its reach is above a row's price times the
+        # value so far, which a draft worth taking has above the dense step's.
+        for offer in self.offers(context, limit, floor=self.row_cost * dense):
+            expected = 0.0
+            for k, reach in enumerate(offer.reach, start=1):
+                expected += reach
+                gain = value(k, expected) / dense
+                if best is None or gain > best[3]:
+                    best = (offer.source, k, expected, gain)
+        if best is None or best[3] <= 1 + self.margin:
+            return Choice("none", [], 0.0, 0.0, 1.0, best)
+        source, k, expected, gain = best
+        offer = next(offer for offer in self.offers_made if offer.source == source)
+        return Choice(source, offer.tokens[:k], expected, sum(offer.estimated[:k]), gain, best)
+
+    def propose(self, context: list[int], max_tokens: int) -> Draft:
+        choice = self.choose(context, min(max_tokens, self.max_tokens))
+        if self.last is not None and choice.source != self.last.source and self.stats is not None:
+            self.stats.record_switch(self.explain(context, choice))
+        self.last = self.pending = choice
+        return Draft.chain(choice.tokens, source=choice.source)
+
+    def explain(self, context: list[int], choice: Choice) -> dict:
+        """A switch, with what this request measured that made it: the best offer (taken, or not
+        worth its rows) and each drafter's acceptance so far."""
+        acceptance = {source: round(c.acceptance, 3) for source, c in self.calibrations.items()
+                      if c.acceptance is not None}
+        offer = None if choice.best is None else dict(zip(("source", "draft", "expected", "gain"), choice.best))
+        if offer is not None:
+            offer["expected"], offer["gain"] = round(offer["expected"], 2), round(offer["gain"], 3)
+        return {"at": len(context) - self.prompt_tokens, "from": self.last.source, "to": choice.source,
+                "offer": offer, "acceptance": acceptance, "row_cost": self.row_cost,
+                "sharing": list(self.sharing())}
+
+    def update(self, context: list[int], num_accepted: int) -> None:
+        self.lookup.update(context, num_accepted)
+        if self.pending is not None and self.pending.tokens:
+            self.calibrations[self.pending.source].record(self.pending.estimated, len(self.pending.tokens),
+                                                          num_accepted)
+        self.pending = None
+
+
+def reaching(rates: list[float], factor: float, floor: float = 0.0) -> list[float]:
+    """The chance that every node up to each one is accepted, node by node, while it is at least
+    `floor`."""
+    reach, out = 1.0, []
+    for rate in rates:
+        reach *= min(1.0, rate * factor)
+        if reach < floor:
+            break
+        out.append(reach)
+    return out
+
+
+def _auto_method(config, artifacts) -> Drafting:
+    table = None
+    try:  # the table is used where one exists for this model's tokenizer
+        table = artifacts.ngram(config.ngram_model)
+    except ValueError:
+        if config.ngram_model is not None:
+            raise
+    limit = config.num_draft_tokens or DRAFT_LIMIT
+    row_cost = artifacts.model.extra_row_cost
+    if not artifacts.model.rows_exact:
+        limit = 0  # drafts would not be lossless here: every pass is a dense step
+    return Drafting(lambda: AutoDrafter(PromptLookup(num_draft_tokens=max(limit, 1)), table, row_cost, limit),
+                    num_draft_tokens=max(limit, 1), adaptive=False)
+
+
+register(SpecMethod("auto", _auto_method, sizes_itself=True, bench={"auto": {}}))

@@ -1,0 +1,184 @@
+"""`auto`, the default method: it drafts the copy or the n-gram table's chain, or nothing, pass by
+pass, from this request's measured acceptance and what a row costs now (alone, or in a batch), and
+its output is dense decoding's through every switch."""
+import json
+
+import pytest
+
+from helpers import tiny_model, tiny_model_directory
+from specee.batch import Batch
+from specee.cli import main
+from specee.decoding.config import SpecConfig
+from specee.drafters.auto import MARGIN, AutoDrafter
+from specee.drafters.ngram import NgramModel
+from specee.drafters.prompt_lookup import PromptLookup
+from specee.engine import Engine
+from specee.sampling import Sampler, SamplingParams
+from specee.stats import GenerationStats
+
+PROMPTS = ["Repeat exactly: the red fox, the red fox, the red fox.", "Count from one to ten in words.",
+           "the cat sat on the mat and looked at the dog.", "Hello there, name three colours: red, green"]
+TABLE_TEXT = "the red fox ran. the cat sat on the mat. one two three four five six seven eight nine ten. " * 8
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_tokenizer):
+    return Engine(tiny_model(seed=5, vocab_size=tiny_tokenizer.vocab_size, num_hidden_layers=2), tiny_tokenizer)
+
+
+@pytest.fixture(scope="module")
+def table_path(tiny_tokenizer, tmp_path_factory):
+    path = tmp_path_factory.mktemp("ngram") / "table.pt"
+    NgramModel.train([tiny_tokenizer.encode(TABLE_TEXT)], tiny_tokenizer.vocab_size, progress=False).save(
+        path, tiny_tokenizer.fingerprint)
+    return str(path)
+
+
+class Sharing:
+    """What a batch member reports: other generations in the pass and their rows."""
+
+    def __init__(self, others: int, rows: int) -> None:
+        self.others, self.rows = others, rows
+
+    def sharing(self) -> tuple[int, int]:
+        return self.others, self.rows
+
+
+def drafter(row_cost: float = 0.2, table=None, passes=None, sampler=None) -> tuple[AutoDrafter, GenerationStats]:
+    auto, stats = AutoDrafter(PromptLookup(), table, row_cost), GenerationStats()
+    auto.reset(PATTERN, sampler)
+    auto.watch(passes, stats)
+    return auto, stats
+
+
+PATTERN = [5, 6, 7, 8, 9, 10, 11, 12] * 3  # copies after it: 5, 6, 7, ...
+
+
+def test_without_options_generations_run_auto_and_equal_dense_through_every_switch(engine, table_path):
+    methods, switches = {}, 0
+    for prompt in PROMPTS:
+        dense = engine.generate(prompt, max_tokens=40, ignore_eos=True, spec_method="none")
+        for options in ({}, {"spec_method": "auto", "ngram_model": table_path}):
+            result = engine.generate(prompt, max_tokens=40, ignore_eos=True, **options)
+            assert result.stats.method_passes.keys() <= {"prompt-lookup", "ngram", "none"}
+            assert (result.text, result.token_ids, result.completion_tokens, result.finish_reason) == \
+                (dense.text, dense.token_ids, dense.completion_tokens, dense.finish_reason), (prompt, options)
+            assert sum(result.stats.method_passes.values()) == result.stats.target_passes
+            for method, count in result.stats.method_passes.items():
+                methods[method] = methods.get(method, 0) + count
+            switches += result.stats.switches
+        assert dense.stats.method_passes == {"none": dense.stats.target_passes}
+    # Every kind of pass was chosen somewhere, and the choice changed within requests.
+    assert {"prompt-lookup", "ngram", "none"} <= methods.keys()
+    assert switches > 4
+    assert engine.default_strategy.name == "auto"
+
+
+def test_each_switch_is_explained_by_the_offer_and_acceptance_behind_it(engine, table_path):
+    result = engine.generate(PROMPTS[0], max_tokens=40, ignore_eos=True, spec_method="auto", ngram_model=table_path)
+    log = result.stats.switch_log
+    assert 0 < len(log) == min(result.stats.switches, 32)
+    for before, after in zip(log, log[1:]):
+        assert after["from"] == before["to"] and after["at"] > before["at"]
+    for switch in log:
+        if switch["to"] == "none":  # nothing offered, or the best offer was not worth its rows
+            assert switch["offer"] is None or switch["offer"]["gain"] <= 1 + MARGIN
+        else:
+            assert switch["offer"]["source"] == switch["to"] and switch["offer"]["gain"] > 1 + MARGIN
+        assert switch["row_cost"] == engine.model.extra_row_cost
+
+
+def test_a_copy_is_drafted_alone_but_not_when_the_pass_is_full():
+    context = PATTERN + [5, 6, 7]
+    alone, _ = drafter()
+    choice = alone.choose(context, 8)
+    assert choice.source == "prompt-lookup" and choice.tokens == (PATTERN[3:] * 2)[:len(choice.tokens)]
+    crowded, _ = drafter(passes=Sharing(7, 7))  # eight dense rows: a row must be surer than a copy here
+    assert crowded.choose(context, 8).source == "none"
+    # Three others' rows: still drafted, but shorter than alone.
+    shared, _ = drafter(passes=Sharing(3, 3))
+    assert 0 < len(shared.choose(context, 8).tokens) < len(choice.tokens)
+    # A seeded sample prices rows as if alone, so its answer is the same in any batch.
+    seeded, _ = drafter(passes=Sharing(7, 7), sampler=Sampler(SamplingParams(temperature=0.8, seed=1)))
+    assert seeded.choose(context, 8).tokens == choice.tokens
+    # Where a row costs a whole pass (the portable tier), even a good copy does not pay.
+    assert drafter(row_cost=1.0)[0].choose(context, 8).source == "none"
+
+
+def test_failing_copies_turn_drafting_off_until_a_longer_match_appears():
+    auto, stats = drafter()
+    context = PATTERN + [5]
+    for wrong in range(40, 52):  # each copy is refused: the text goes elsewhere
+        draft = auto.propose(context, 8)
+        if not draft.tokens:
+            break
+        context = context + [wrong]
+        auto.update(context, 0)
+    else:
+        pytest.fail("the drafter kept copying after a dozen refusals")
+    assert auto.calibrations["prompt-lookup"].factor < 1
+    assert auto.propose(context + [5], 8).tokens == []  # a one-token match is no longer worth a row
+    # The text starts repeating a long stretch: the copy is worth drafting again.
+    stretch = [60, 61, 62, 63, 64, 65, 66, 67]
+    repeated = context + stretch + [70] + stretch[:7]
+    auto.lookup.update(repeated, 0)
+    draft = auto.propose(repeated, 8)
+    assert draft.source == "prompt-lookup" and draft.tokens[0] == 67
+    assert [s["to"] for s in stats.switch_log][-2:] == ["none", "prompt-lookup"]
+
+
+def test_in_a_batch_auto_answers_as_alone_and_drafts_less(engine):
+    prompt = PROMPTS[0]
+    alone = engine.generate(prompt, max_tokens=40, ignore_eos=True)
+    model = engine.model
+    cost, model.extra_row_cost = model.extra_row_cost, 0.1  # a row dearer than this tiny model's
+    try:
+        priced = engine.strategy("auto")
+        alone_priced = engine.generate(prompt, max_tokens=40, ignore_eos=True, strategy=priced)
+        generations = [engine.stream(prompt, max_tokens=40, ignore_eos=True, strategy=priced)] + [
+            engine.stream(p, max_tokens=50, ignore_eos=True, spec_method="none") for p in PROMPTS[1:] * 2]
+        batch = Batch(model)
+        for generation in generations:
+            batch.add(generation)
+        while batch.members:
+            batch.advance()
+            batch.run_pass()
+    finally:
+        model.extra_row_cost = cost
+    crowded = generations[0].result
+    assert crowded.token_ids == alone_priced.token_ids == alone.token_ids
+    drafted = lambda r: sum(n for m, n in r.stats.method_passes.items() if m != "none")  # noqa: E731
+    assert drafted(crowded) < drafted(alone_priced)
+
+
+def test_the_default_depends_on_the_exit_and_merges_as_requests_expect():
+    assert SpecConfig().method == SpecConfig.from_keywords({}).method == "auto"
+    assert SpecConfig.from_keywords({"exit": "rule"}).method == "none"  # exits alone: plain decoding
+    assert SpecConfig.from_keywords({"num_draft_tokens": 4}).num_draft_tokens == 4  # auto's longest draft
+    server = SpecConfig.from_keywords({})
+    assert server.keywords() == {}
+    assert server.merged({"exit": "rule"}).method == "none"
+    assert server.merged({"spec_method": "none"}).method == "none"
+    dense_server = SpecConfig.from_keywords({"spec_method": "none"})
+    assert dense_server.merged({"exit": "rule"}).method == "none"
+    assert dense_server.keywords() == {"spec_method": "none"}
+
+
+def test_the_command_line_runs_auto_unless_told_and_explains_it(tmp_path, capsys):
+    directory = tiny_model_directory(tmp_path / "tiny", seed=5)
+    common = ["generate", PROMPTS[0], "--model", str(directory), "--quantization", "none", "--no-compile",
+              "--max-tokens", "30", "--ignore-eos", "--json"]
+    answers = {}
+    for name, flags in (("default", ["--verbose"]), ("dense", ["--spec-method", "none"])):
+        assert main(common + flags) == 0
+        out, err = capsys.readouterr()
+        answers[name] = json.loads(out.strip().splitlines()[-1])
+        answers[name]["err"] = err
+    default, dense = answers["default"], answers["dense"]
+    assert default["token_ids"] == dense["token_ids"] and default["text"] == dense["text"]
+    assert dense["stats"]["method_passes"] == {"none": dense["stats"]["target_passes"]}
+    assert sum(default["stats"]["method_passes"].values()) == default["stats"]["target_passes"]
+    assert default["stats"]["method_passes"].get("prompt-lookup", 0) > 0
+    assert f"{default['stats']['switches']} switches]" in default["err"]
+    assert "passes by drafting method" not in dense["err"]
+    assert "-> prompt-lookup (best offer prompt-lookup x" in default["err"]
