@@ -177,7 +177,10 @@ class FullPass:
         self.passes = state.passes
         self.shallow_layers = shallow_layers or 0
         self.deep = range(self.shallow_layers, self.model.config.num_hidden_layers)
-        self.deep_bytes = self.model.layers_bytes(self.deep) + self.model.head_bytes
+        # Counting the deep layers' bytes walks their parameters: done once per generation only
+        # where a self-drafter shares the first layers (every other pass reads the whole model).
+        self.deep_bytes = (self.model.layers_bytes(self.deep) + self.model.head_bytes if self.shallow_layers
+                           else self.model.weight_bytes)
 
     def verify(self, tokens: list[int], draft: Draft, layout: TreeLayout) -> Verified:
         model, cache = self.model, self.cache

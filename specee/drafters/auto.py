@@ -9,9 +9,12 @@ tokens of that drafter so far. So a request whose copies keep failing stops draf
 whose text becomes copyable (a match appears) starts again. Every draft is verified by the
 target, so the output is dense decoding's, whatever it chooses.
 
-A row's price is the model's `extra_row_cost` (of a one-token pass). In a server batch the pass
-also carries the other generations' rows and tokens, and the draft maximises the whole pass's
-tokens per cost: the more rows already share a pass, the surer a draft token must be.
+A row's price, as a share of a one-row pass, starts at the model's `extra_row_cost` and follows
+this request's own passes (their verification time against their rows): a row attends to the
+whole context, so at a few thousand tokens it costs several times what it does at a hundred. In a
+server batch the pass also carries the other generations' rows and tokens, and the draft
+maximises the whole pass's tokens per cost: the more rows already share a pass, the surer a draft
+token must be.
 
 Where a multi-row pass rounds differently from one-row passes (bf16), greedy speculation could
 change the answer, so `auto` drafts nothing there: it always gives dense decoding's output.
@@ -35,7 +38,17 @@ MARGIN = 0.05
 # rates are measured ones, the table's probabilities are its corpus's, twice what this model accepts.
 CALIBRATION_WEIGHT = 8.0
 PRIORS = {"prompt-lookup": 1.0, "ngram": 0.5}
-DRAFT_LIMIT = 8  # the longest chain, unless the user sets num_draft_tokens
+# The longest chain, unless the user sets num_draft_tokens; where a row costs at least DEAR_ROW of
+# a pass (the quantized formats), chains of 4 matched or beat 8 on the tuning slice: a long copy
+# rejected at its first token wastes several passes' work.
+DRAFT_LIMIT = 8
+DEAR_ROW = 0.1
+DEAR_DRAFT_LIMIT = 4
+# The row price's estimate: each pass weighs this much less than the next, and the model's price
+# starts as two pseudo-passes of this weight (dense, and with PRIOR_ROWS extra rows).
+PRICE_DECAY = 0.95
+PRICE_PRIOR_WEIGHT = 2.0
+PRIOR_ROWS = 4
 
 
 @dataclass
@@ -71,6 +84,37 @@ class Calibration:
     @property
     def acceptance(self) -> float | None:
         return self.accepted / self.drafted if self.drafted else None
+
+
+class RowPrice:
+    """One more row's cost as a share of a one-row pass: a least-squares line through this
+    request's verification times against their extra rows (recent passes weigh more), pulled
+    toward the model's price by two pseudo-passes on its line."""
+
+    def __init__(self, prior: float) -> None:
+        self.prior = prior
+        self.sums: list[float] | None = None  # weights, x, y, x*x, x*y
+        self.cost = prior
+
+    def record(self, extra_rows: int, seconds: float) -> None:
+        if self.sums is None:
+            one_row = seconds / (1 + self.prior * extra_rows)
+            self.sums = [0.0] * 5
+            for rows in (0, PRIOR_ROWS):
+                self._add(rows, one_row * (1 + self.prior * rows), PRICE_PRIOR_WEIGHT)
+        self.sums = [s * PRICE_DECAY for s in self.sums]
+        self._add(extra_rows, seconds, 1.0)
+        w, x, y, xx, xy = self.sums
+        spread = w * xx - x * x
+        if spread > 1e-6 * w * w:
+            per_row = (w * xy - x * y) / spread
+            one_row = (y - per_row * x) / w
+            if one_row > 0:
+                self.cost = max(0.01, per_row / one_row)
+
+    def _add(self, rows: float, seconds: float, weight: float) -> None:
+        for i, value in enumerate((1.0, rows, seconds, rows * rows, rows * seconds)):
+            self.sums[i] += weight * value
 
 
 @dataclass
@@ -111,6 +155,8 @@ class AutoDrafter(Proposer):
         self.prompt_tokens = len(prompt)
         self.calibrations = {source: Calibration(prior) for source, prior in PRIORS.items()}
         self.last = self.pending = None
+        self.price = RowPrice(self.row_cost)
+        self.timed = 0.0  # the stats' verification seconds already read
 
     def watch(self, passes, stats) -> None:
         self.passes, self.stats = passes, stats
@@ -150,14 +196,16 @@ class AutoDrafter(Proposer):
         """The offer and length with the most tokens per unit of pass cost, or none."""
         others, other_rows = self.sharing()
 
+        row_cost = self.price.cost
+
         def value(drafted: int, expected: float) -> float:  # the pass's tokens over its cost
-            return (others + 1 + expected) / (1 + self.row_cost * (other_rows + drafted))
+            return (others + 1 + expected) / (1 + row_cost * (other_rows + drafted))
 
         dense = value(0, 0.0)
         best = None
         # A node adds to the tokens per cost only if its reach is above a row's price times the
         # value so far, which a draft worth taking has above the dense step's.
-        for offer in self.offers(context, limit, floor=self.row_cost * dense):
+        for offer in self.offers(context, limit, floor=row_cost * dense):
             expected = 0.0
             for k, reach in enumerate(offer.reach, start=1):
                 expected += reach
@@ -186,7 +234,7 @@ class AutoDrafter(Proposer):
         if offer is not None:
             offer["expected"], offer["gain"] = round(offer["expected"], 2), round(offer["gain"], 3)
         return {"at": len(context) - self.prompt_tokens, "from": self.last.source, "to": choice.source,
-                "offer": offer, "acceptance": acceptance, "row_cost": self.row_cost,
+                "offer": offer, "acceptance": acceptance, "row_cost": round(self.price.cost, 3),
                 "sharing": list(self.sharing())}
 
     def update(self, context: list[int], num_accepted: int) -> None:
@@ -194,6 +242,10 @@ class AutoDrafter(Proposer):
         if self.pending is not None and self.pending.tokens:
             self.calibrations[self.pending.source].record(self.pending.estimated, len(self.pending.tokens),
                                                           num_accepted)
+        if self.stats is not None:
+            seconds, self.timed = self.stats.verify_s - self.timed, self.stats.verify_s
+            if self.pending is not None and self.sharing() == (0, 0):  # a pass of its own: its time is its rows'
+                self.price.record(len(self.pending.tokens), seconds)
         self.pending = None
 
 
@@ -216,8 +268,8 @@ def _auto_method(config, artifacts) -> Drafting:
     except ValueError:
         if config.ngram_model is not None:
             raise
-    limit = config.num_draft_tokens or DRAFT_LIMIT
     row_cost = artifacts.model.extra_row_cost
+    limit = config.num_draft_tokens or (DRAFT_LIMIT if row_cost < DEAR_ROW else DEAR_DRAFT_LIMIT)
     if not artifacts.model.rows_exact:
         limit = 0  # drafts would not be lossless here: every pass is a dense step
     return Drafting(lambda: AutoDrafter(PromptLookup(num_draft_tokens=max(limit, 1)), table, row_cost, limit),
