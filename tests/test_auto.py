@@ -4,12 +4,13 @@ its output is dense decoding's through every switch."""
 import json
 
 import pytest
+import torch
 
 from helpers import tiny_model, tiny_model_directory
 from specee.batch import Batch
 from specee.cli import main
 from specee.decoding.config import SpecConfig
-from specee.drafters.auto import MARGIN, AutoDrafter, RowPrice
+from specee.drafters.auto import MARGIN, AutoDrafter, Choice, RowPrice
 from specee.drafters.ngram import NgramModel
 from specee.drafters.prompt_lookup import PromptLookup
 from specee.engine import Engine
@@ -101,6 +102,15 @@ def test_a_copy_is_drafted_alone_but_not_when_the_pass_is_full():
     # A seeded sample prices rows as if alone, so its answer is the same in any batch.
     seeded, _ = drafter(passes=Sharing(7, 7), sampler=Sampler(SamplingParams(temperature=0.8, seed=1)))
     assert seeded.choose(context, 8).tokens == choice.tokens
+    # Nor does it follow measured times, which differ from run to run: only the unseeded price moves.
+    unseeded, unseeded_stats = drafter()
+    seeded_stats = seeded.stats
+    for auto, stats in ((seeded, seeded_stats), (unseeded, unseeded_stats)):
+        for rows in (0, 2, 0, 3) * 5:
+            auto.pending = Choice("prompt-lookup", context[:rows], 0.0, 0.0, 1.0)
+            stats.verify_s += 0.010 + 0.006 * rows
+            auto.update(context, 0)
+    assert seeded.price.cost == 0.2 and unseeded.price.cost > 0.4
     # Where a row costs a whole pass (the portable tier), even a good copy does not pay.
     assert drafter(row_cost=1.0)[0].choose(context, 8).source == "none"
 
@@ -164,6 +174,17 @@ def test_in_a_batch_auto_answers_as_alone_and_drafts_less(engine):
     assert crowded.token_ids == alone_priced.token_ids == alone.token_ids
     drafted = lambda r: sum(n for m, n in r.stats.method_passes.items() if m != "none")  # noqa: E731
     assert drafted(crowded) < drafted(alone_priced)
+
+
+def test_where_rows_round_by_their_count_auto_drafts_nothing(tiny_tokenizer):
+    """bf16 passes round by their row count, so a draft could change a greedy answer there."""
+    model = tiny_model(seed=5, pack=False, vocab_size=tiny_tokenizer.vocab_size, num_hidden_layers=2).to(torch.bfloat16)
+    engine = Engine(model, tiny_tokenizer)
+    assert not model.rows_exact
+    result = engine.generate(PROMPTS[0], max_tokens=30, ignore_eos=True)
+    assert result.stats.method_passes == {"none": result.stats.target_passes}
+    assert result.token_ids == engine.generate(PROMPTS[0], max_tokens=30, ignore_eos=True,
+                                               spec_method="none").token_ids
 
 
 def test_the_default_depends_on_the_exit_and_merges_as_requests_expect():

@@ -38,12 +38,12 @@ MARGIN = 0.05
 # rates are measured ones, the table's probabilities are its corpus's, twice what this model accepts.
 CALIBRATION_WEIGHT = 8.0
 PRIORS = {"prompt-lookup": 1.0, "ngram": 0.5}
-# The longest chain, unless the user sets num_draft_tokens; where a row costs at least DEAR_ROW of
-# a pass (the quantized formats), chains of 4 matched or beat 8 on the tuning slice: a long copy
+# The longest chain, unless the user sets num_draft_tokens; where a row costs at least COSTLY_ROW
+# of a pass (the quantized formats), chains of 4 matched or beat 8 on the tuning slice: a long copy
 # rejected at its first token wastes several passes' work.
 DRAFT_LIMIT = 8
-DEAR_ROW = 0.1
-DEAR_DRAFT_LIMIT = 4
+COSTLY_ROW = 0.1
+COSTLY_DRAFT_LIMIT = 4
 # The row price's estimate: each pass weighs this much less than the next, and the model's price
 # starts as two pseudo-passes of this weight (dense, and with PRIOR_ROWS extra rows).
 PRICE_DECAY = 0.95
@@ -145,11 +145,13 @@ class AutoDrafter(Proposer):
         self.last: Choice | None = None  # the latest choice (a switch is a change of source)
         self.pending: Choice | None = None  # the choice verification has not yet answered
         self.offers_made: list[Offer] = []
+        self.price = RowPrice(row_cost)
+        self.timed = 0.0  # the stats' verification seconds already read
 
     def reset(self, prompt: list[int], sampler=None) -> None:
         # A seeded sample depends on the drafts it was verified against, so a seeded request
-        # prices rows as if alone: its answer is the same in any batch. Greedy answers are
-        # dense decoding's whatever is drafted.
+        # prices rows at the model's price, as if alone: its answer is the same in any batch and
+        # on any run (measured times vary). Greedy answers are dense decoding's whatever is drafted.
         self.reproducible = sampler is not None and not sampler.greedy and sampler.params.seed is not None
         self.lookup.reset(prompt)
         self.prompt_tokens = len(prompt)
@@ -195,7 +197,6 @@ class AutoDrafter(Proposer):
     def choose(self, context: list[int], limit: int) -> Choice:
         """The offer and length with the most tokens per unit of pass cost, or none."""
         others, other_rows = self.sharing()
-
         row_cost = self.price.cost
 
         def value(drafted: int, expected: float) -> float:  # the pass's tokens over its cost
@@ -244,7 +245,8 @@ class AutoDrafter(Proposer):
                                                           num_accepted)
         if self.stats is not None:
             seconds, self.timed = self.stats.verify_s - self.timed, self.stats.verify_s
-            if self.pending is not None and self.sharing() == (0, 0):  # a pass of its own: its time is its rows'
+            alone = self.sharing() == (0, 0)  # a pass of its own: its time is its rows'
+            if self.pending is not None and alone and not self.reproducible:
                 self.price.record(len(self.pending.tokens), seconds)
         self.pending = None
 
@@ -269,7 +271,7 @@ def _auto_method(config, artifacts) -> Drafting:
         if config.ngram_model is not None:
             raise
     row_cost = artifacts.model.extra_row_cost
-    limit = config.num_draft_tokens or (DRAFT_LIMIT if row_cost < DEAR_ROW else DEAR_DRAFT_LIMIT)
+    limit = config.num_draft_tokens or (DRAFT_LIMIT if row_cost < COSTLY_ROW else COSTLY_DRAFT_LIMIT)
     if not artifacts.model.rows_exact:
         limit = 0  # drafts would not be lossless here: every pass is a dense step
     return Drafting(lambda: AutoDrafter(PromptLookup(num_draft_tokens=max(limit, 1)), table, row_cost, limit),
