@@ -339,7 +339,8 @@ def test_tool_calls_forced_parsed_streamed_and_answered(client, model_id):
 
 
 def test_n_choices_share_the_prefill_each_as_a_single_request_with_its_seed(client, model_id, default_server):
-    options = dict(content="Write a short poem about rain.", max_tokens=16, temperature=0.9, seed=21)
+    # Dense, so that the rows below are one per later token of each choice.
+    options = dict(content="Write a short poem about rain.", max_tokens=16, temperature=0.9, seed=21, extra_body=DENSE)
     before = metrics(default_server)
     three = chat(client, model_id, n=3, **options)
     after = metrics(default_server)
