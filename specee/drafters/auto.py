@@ -144,7 +144,6 @@ class AutoDrafter(Proposer):
         self.calibrations: dict[str, Calibration] = {}
         self.last: Choice | None = None  # the latest choice (a switch is a change of source)
         self.pending: Choice | None = None  # the choice verification has not yet answered
-        self.offers_made: list[Offer] = []
         self.price = RowPrice(row_cost)
         self.timed = 0.0  # the stats' verification seconds already read
 
@@ -172,7 +171,7 @@ class AutoDrafter(Proposer):
     def offers(self, context: list[int], limit: int, floor: float) -> list[Offer]:
         """What each drafter offers, each chain cut where a node's reach falls below `floor` (reaches
         only fall, so no later node could pay for its row)."""
-        offers = self.offers_made = []
+        offers = []
         n, follows = self.lookup.match(context)
         if n:
             copied = self.lookup.chain(context, follows, limit).tokens
@@ -212,12 +211,14 @@ class AutoDrafter(Proposer):
                 expected += reach
                 gain = value(k, expected) / dense
                 if best is None or gain > best[3]:
-                    best = (offer.source, k, expected, gain)
-        if best is None or best[3] <= 1 + self.margin:
-            return Choice("none", [], 0.0, 0.0, 1.0, best)
-        source, k, expected, gain = best
-        offer = next(offer for offer in self.offers_made if offer.source == source)
-        return Choice(source, offer.tokens[:k], expected, sum(offer.estimated[:k]), gain, best)
+                    best = (offer, k, expected, gain)
+        if best is None:
+            return Choice("none", [], 0.0, 0.0, 1.0)
+        offer, k, expected, gain = best
+        summary = (offer.source, k, expected, gain)
+        if gain <= 1 + self.margin:
+            return Choice("none", [], 0.0, 0.0, 1.0, summary)
+        return Choice(offer.source, offer.tokens[:k], expected, sum(offer.estimated[:k]), gain, summary)
 
     def propose(self, context: list[int], max_tokens: int) -> Draft:
         choice = self.choose(context, min(max_tokens, self.max_tokens))
