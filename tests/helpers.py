@@ -19,17 +19,36 @@ TINY = dict(
 )
 
 
+# model_type -> (transformers' config class, its causal LM)
+HF_CLASSES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
+    "mistral": ("MistralConfig", "MistralForCausalLM"),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+    "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
+}
+# Gemma 3's shape in small: sliding layers of a window of 6 keys (five of six layers), their own
+# RoPE base, an attention scale that is not 1 / sqrt(head_dim), q/k and sandwich norms, GeGLU.
+TINY_GEMMA = dict(model_type="gemma3_text", num_hidden_layers=7, head_dim=32, sliding_window=6,
+                  query_pre_attn_scalar=24, pad_token_id=0, eos_token_id=1, bos_token_id=2)
+# Every architecture specee runs, as a tiny random config (`tiny_hf_model(**TINY_ARCHITECTURES[name])`).
+TINY_ARCHITECTURES = {
+    "llama": dict(),
+    "qwen2": dict(model_type="qwen2"),  # biases on q, k and v
+    "qwen3": dict(model_type="qwen3", head_dim=32),  # q/k norms; head_dim not hidden / heads
+    "mistral": dict(model_type="mistral", sliding_window=5),  # every layer sliding
+    "gemma3": TINY_GEMMA,
+}
+
+
 def tiny_hf_model(seed: int = 0, model_type: str = "llama", **overrides):
     """A randomly initialised HF causal LM (weights scaled up so logits are far from uniform)."""
     import transformers
 
     settings = {**TINY, **overrides}
-    if model_type == "qwen2":
-        hf_config = transformers.Qwen2Config(**settings)
-        cls = transformers.Qwen2ForCausalLM
-    else:
-        hf_config = transformers.LlamaConfig(**settings)
-        cls = transformers.LlamaForCausalLM
+    config_class, cls = HF_CLASSES[model_type]
+    hf_config = getattr(transformers, config_class)(**settings)
+    cls = getattr(transformers, cls)
     torch.manual_seed(seed)
     model = cls(hf_config).eval()
     with torch.no_grad():
@@ -38,6 +57,8 @@ def tiny_hf_model(seed: int = 0, model_type: str = "llama", **overrides):
                 p.normal_(0, 0.2)
             else:
                 p.add_(torch.randn_like(p) * 0.1)
+        if model_type == "gemma3_text":  # Gemma multiplies its embeddings by sqrt(hidden): real ones are small
+            model.model.embed_tokens.weight.div_(hf_config.hidden_size ** 0.25)
     return model
 
 

@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from helpers import cpu_tier_params, tiny_hf_model
+from helpers import TINY_ARCHITECTURES, cpu_tier_params, tiny_hf_model
 from specee.model.config import LlamaConfig
 from specee.model.cpu_packing import pack_linears
 from specee.model.kernels import cpu_kernels, load_tier
@@ -20,12 +20,12 @@ FORMATS = ["none", "int8", "int4"]
 
 
 def kernel_model(quantization: str, seed: int = 0, dtype=torch.float32, tier: str | None = None,
-                 model_type: str = "llama"):
-    """A tiny random model on the CPU kernels, in `tier` (default: the best this CPU runs; the
-    matrices' inputs split into blocks of 32)."""
+                 architecture: str = "llama"):
+    """A tiny random model of `architecture` (TINY_ARCHITECTURES) on the CPU kernels, in `tier`
+    (default: the best this CPU runs; the matrices' inputs split into blocks of 32)."""
     kernels = load_tier(tier) if tier else cpu_kernels()
     assert kernels is not None
-    hf = tiny_hf_model(seed, model_type, intermediate_size=128, vocab_size=160)
+    hf = tiny_hf_model(seed, **TINY_ARCHITECTURES[architecture], intermediate_size=128, vocab_size=160)
     config = LlamaConfig.from_dict(hf.config.to_dict())
     state = {k: v.detach().clone() for k, v in hf.state_dict().items()}
     model = build_model(LoadedWeights(config, state, None), dtype, "cpu", kernels)
@@ -111,12 +111,27 @@ def test_every_row_of_a_pass_equals_its_one_token_pass(quantization, tier):
 @pytest.mark.parametrize("tier", cpu_tier_params())
 @pytest.mark.parametrize("quantization", FORMATS)
 def test_every_tier_gives_the_portable_tiers_logits(quantization, tier):
-    """The same bits on every CPU: a pass over a tree in `tier` equals the portable tier's, row for row."""
+    """The same bits on every CPU: a pass over a tree in `tier` equals the portable tier's, row for
+    row; for Gemma 3's shape too (sliding layers, q/k and sandwich norms, GeGLU)."""
     rng = random.Random(7)
     prefix, tokens = [rng.randrange(160) for _ in range(20)], [rng.randrange(160) for _ in range(9)]
     parents = random_tree(rng, 9, chain=False)
-    logits = tree_pass(kernel_model(quantization, tier=tier), prefix, tokens, parents)
-    assert torch.equal(logits, tree_pass(kernel_model(quantization, tier="portable"), prefix, tokens, parents))
+    for architecture in ("llama", "gemma3"):
+        logits = tree_pass(kernel_model(quantization, tier=tier, architecture=architecture), prefix, tokens, parents)
+        expected = tree_pass(kernel_model(quantization, tier="portable", architecture=architecture), prefix, tokens,
+                             parents)
+        assert torch.equal(logits, expected), architecture
+
+
+@pytest.mark.parametrize("architecture", ["qwen3", "mistral", "gemma3"])
+@pytest.mark.parametrize("quantization", FORMATS)
+def test_every_architectures_rows_equal_their_one_token_passes(quantization, architecture):
+    """Batch invariance for the architectures' differences, sliding windows (of 5 and 6 keys) under
+    chains and trees deeper than the window included."""
+    model = kernel_model(quantization, architecture=architecture)
+    rng = random.Random(architecture)
+    compared = check_rows(model, rng, sizes=[1, 2, 3, 7, 12, 20], vocab=model.config.vocab_size)
+    assert compared == 2 * (1 + 2 + 3 + 7 + 12 + 20)
 
 
 def test_rows_differ_between_paths_so_the_check_has_teeth():
@@ -154,13 +169,13 @@ def test_eager_fp32_decodes_the_compiled_tokens(default_engine):
         assert eager.generate(prompt, max_tokens=64, ignore_eos=True).token_ids == expected, prompt
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen2"])  # qwen2: biases on q, k and v
+@pytest.mark.parametrize("architecture", list(TINY_ARCHITECTURES))
 @pytest.mark.parametrize("quantization", ["int8", "int4"])
-def test_fused_layers_give_the_bits_of_the_layers_part_by_part(quantization, model_type):
+def test_fused_layers_give_the_bits_of_the_layers_part_by_part(quantization, architecture):
     """On the integer formats a pass runs all its layers in one kernel call (`run_fused`); the same
     pass part by part (norm, matrices, attention, adds as separate calls) gives the same bits, for a
     chain, a tree, and a pass over some of the layers."""
-    model = kernel_model(quantization, model_type=model_type)
+    model = kernel_model(quantization, architecture=architecture)
     assert model.fused_stack is not None and all(layer.fused is not None for layer in model.layers)
     rng = random.Random(3)
     prefix, tokens = [rng.randrange(160) for _ in range(25)], [rng.randrange(160) for _ in range(7)]

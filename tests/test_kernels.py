@@ -172,18 +172,44 @@ def attention_inputs(T: int, past: int, seed: int = 0):
 
 
 NO_MASK = torch.empty(0, dtype=torch.uint8)
+SCALE = 64 ** -0.5
+
+
+def test_a_sliding_row_sees_its_last_window_keys_and_the_scale_is_applied(kernels):
+    """window > 0: a causal row attends to its last `window` keys, a tree row to the last `window`
+    of the keys its mask shows (the prefix's last ones, then its ancestors), as a row alone over
+    exactly those keys; the scale multiplies q . k."""
+    past, T, window = 60, 6, 9
+    q, keys, values = attention_inputs(T, past, seed=2)
+    visible = torch.arange(past + 1, past + T + 1)
+    out = kernels.attention(q, keys, values, visible, NO_MASK, 0, past + T, window, 0.3)
+    for t in range(T):
+        S = past + t + 1
+        expected = F.scaled_dot_product_attention(q[t].view(3, 3, 64)[None], keys[None, :, S - window:S],
+                                                  values[None, :, S - window:S], scale=0.3)
+        torch.testing.assert_close(out[t], expected.reshape(-1), rtol=1e-5, atol=1e-5)
+    chain = torch.tril(torch.ones(T, T, dtype=torch.uint8))
+    chain[:, 1] = 0  # a path that skips a node: the window counts the keys each row sees
+    chain.fill_diagonal_(1)
+    tree = kernels.attention(q, keys, values, torch.empty(0, dtype=torch.long), chain, past, past + T, window, 0.3)
+    for t in range(T):
+        index = torch.cat((torch.arange(past), past + chain[t].nonzero().flatten()))[-window:]
+        expected = F.scaled_dot_product_attention(q[t].view(3, 3, 64)[None], keys[None][:, :, index],
+                                                  values[None][:, :, index], scale=0.3)
+        torch.testing.assert_close(tree[t], expected.reshape(-1), rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(out, kernels.attention(q, keys, values, visible, NO_MASK, 0, past + T, 0, 0.3))
 
 
 def test_attention_equals_pytorch_and_each_row_alone(kernels):
     past, T = 100, 13
     q, keys, values = attention_inputs(T, past)
     visible = torch.arange(past + 1, past + T + 1)
-    out = kernels.attention(q, keys, values, visible, NO_MASK, 0, past + T)
+    out = kernels.attention(q, keys, values, visible, NO_MASK, 0, past + T, 0, SCALE)
     for t in range(T):
         S = past + t + 1
         expected = F.scaled_dot_product_attention(q[t].view(3, 3, 64)[None], keys[None, :, :S], values[None, :, :S])
         torch.testing.assert_close(out[t], expected.reshape(-1), rtol=1e-5, atol=1e-5)
-        alone = kernels.attention(q[t:t + 1].contiguous(), keys, values, visible[t:t + 1], NO_MASK, 0, S)
+        alone = kernels.attention(q[t:t + 1].contiguous(), keys, values, visible[t:t + 1], NO_MASK, 0, S, 0, SCALE)
         assert torch.equal(alone[0], out[t]), f"row {t}"
 
 
@@ -200,13 +226,13 @@ def test_a_tree_row_attends_as_it_would_after_its_path_was_compacted(kernels):
             mask[i, node] = 1
             node = parents[node]
     assert mask.sum(1).max() > 2, "the tree must have paths deeper than one node"
-    out = kernels.attention(q, keys, values, torch.empty(0, dtype=torch.long), mask, past, past + T)
+    out = kernels.attention(q, keys, values, torch.empty(0, dtype=torch.long), mask, past, past + T, 0, SCALE)
     for i in range(T):
         index = torch.cat((torch.arange(past), past + mask[i].nonzero().flatten()))
         compact_k, compact_v = torch.zeros_like(keys), torch.zeros_like(values)
         compact_k[:, :len(index)], compact_v[:, :len(index)] = keys[:, index], values[:, index]
         alone = kernels.attention(q[i:i + 1].contiguous(), compact_k, compact_v, torch.tensor([len(index)]), NO_MASK, 0,
-                                  len(index))
+                                  len(index), 0, SCALE)
         assert torch.equal(alone[0], out[i]), f"row {i}"
 
 
@@ -233,9 +259,13 @@ def test_norm_and_gate_equal_pytorch_and_each_row_alone(kernels):
     gate_up = rows(7, 2 * 1536, seed=5)
     gated = kernels.silu_mul(gate_up)
     torch.testing.assert_close(gated, F.silu(gate_up[:, :1536]) * gate_up[:, 1536:], rtol=1e-5, atol=1e-5)
+    geglu = kernels.gelu_mul(gate_up)
+    torch.testing.assert_close(geglu, F.gelu(gate_up[:, :1536], approximate="tanh") * gate_up[:, 1536:], rtol=1e-5,
+                               atol=1e-5)
     for t in range(7):
         assert torch.equal(kernels.rms_norm(x[t:t + 1].contiguous(), weight, 1e-5), normed[t:t + 1])
         assert torch.equal(kernels.silu_mul(gate_up[t:t + 1].contiguous()), gated[t:t + 1])
+        assert torch.equal(kernels.gelu_mul(gate_up[t:t + 1].contiguous()), geglu[t:t + 1])
 
 
 def run_python(code: str, cwd=None, **env) -> subprocess.CompletedProcess:
@@ -355,11 +385,15 @@ def test_every_tier_attends_with_the_portable_tiers_bits(kernels, portable):
     past, T = 77, 11  # key counts that are not multiples of 16
     q, keys, values = attention_inputs(T, past, seed=5)
     visible = torch.arange(past + 1, past + T + 1)
-    assert torch.equal(kernels.attention(q, keys, values, visible, NO_MASK, 0, past + T),
-                       portable.attention(q, keys, values, visible, NO_MASK, 0, past + T))
+    for window in (0, 20):
+        assert torch.equal(kernels.attention(q, keys, values, visible, NO_MASK, 0, past + T, window, SCALE),
+                           portable.attention(q, keys, values, visible, NO_MASK, 0, past + T, window, SCALE))
     mask = (torch.rand(T, T, generator=torch.Generator().manual_seed(6)) < 0.5).to(torch.uint8) | torch.eye(T, dtype=torch.uint8)
-    assert torch.equal(kernels.attention(q * 30, keys, values, torch.empty(0, dtype=torch.long), mask, past, past + T),
-                       portable.attention(q * 30, keys, values, torch.empty(0, dtype=torch.long), mask, past, past + T))
+    for window in (0, 20):
+        assert torch.equal(kernels.attention(q * 30, keys, values, torch.empty(0, dtype=torch.long), mask, past, past + T,
+                                             window, SCALE),
+                           portable.attention(q * 30, keys, values, torch.empty(0, dtype=torch.long), mask, past,
+                                              past + T, window, SCALE))
 
 
 def test_every_tier_rotates_stores_and_attends_several_sequences_with_the_portable_tiers_bits(kernels, portable):
@@ -373,7 +407,8 @@ def test_every_tier_rotates_stores_and_attends_several_sequences_with_the_portab
         caches = [torch.randn(2, kv_heads, 64, hd, generator=torch.Generator().manual_seed(s)) for s in (8, 9)]
         out = tier.rotate_store_attend(qkv, cos, sin, [c[0] for c in caches], [c[1] for c in caches], [40, 20], rows_of,
                                        [torch.arange(41, 44), torch.empty(0, dtype=torch.long)],
-                                       [NO_MASK, torch.tril(torch.ones(5, 5, dtype=torch.uint8))], [0, 20], [43, 25], heads)
+                                       [NO_MASK, torch.tril(torch.ones(5, 5, dtype=torch.uint8))], [0, 20], [43, 25], heads,
+                                       12, hd ** -0.5)
         results.append((out, caches))
     (out, caches), (expected, expected_caches) = results
     assert torch.equal(out, expected)
@@ -389,3 +424,7 @@ def test_every_tier_normalizes_and_gates_with_the_portable_tiers_bits(kernels, p
     gated = kernels.silu_mul(gate_up)
     assert torch.equal(gated, portable.silu_mul(gate_up))
     torch.testing.assert_close(gated, F.silu(gate_up[:, :width]) * gate_up[:, width:], rtol=1e-5, atol=1e-5)
+    geglu = kernels.gelu_mul(gate_up)
+    assert torch.equal(geglu, portable.gelu_mul(gate_up))
+    torch.testing.assert_close(geglu, F.gelu(gate_up[:, :width], approximate="tanh") * gate_up[:, width:], rtol=1e-5,
+                               atol=1e-5)

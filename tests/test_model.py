@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from helpers import specee_from_hf, tiny_hf_model
+from helpers import TINY_ARCHITECTURES, TINY_GEMMA, specee_from_hf, tiny_hf_model
 
 CONFIGS = {
     "gqa-untied": dict(),
@@ -14,6 +14,10 @@ CONFIGS = {
     ),
     "linear-rope": dict(rope_scaling={"rope_type": "linear", "factor": 2.0}),
     "qwen2-bias": dict(model_type="qwen2"),
+    "qwen3-qk-norms": TINY_ARCHITECTURES["qwen3"],
+    "mistral-sliding": TINY_ARCHITECTURES["mistral"],
+    "gemma3": TINY_GEMMA,
+    "gemma3-tied-odd-window": dict(TINY_GEMMA, sliding_window=11, num_key_value_heads=4),
 }
 
 
@@ -74,3 +78,63 @@ def test_weight_bytes_counts_every_matrix_once():
     # HF's parameters minus the embedding table (only one row is read per token).
     expected = sum(p.numel() for n, p in hf.named_parameters() if "embed_tokens" not in n) * 4
     assert ours.weight_bytes == expected
+
+
+def greedy_tokens(model, prompt: list[int], steps: int) -> list[int]:
+    """Plain greedy decoding on our model, one token per pass after the prompt's."""
+    cache = model.new_cache(len(prompt) + steps)
+    with torch.no_grad():
+        logits = model(torch.tensor(prompt), torch.arange(len(prompt)), cache)[-1]
+        tokens = []
+        for step in range(steps):
+            tokens.append(int(logits.argmax()))
+            logits = model(torch.tensor(tokens[-1:]), torch.tensor([len(prompt) + step]), cache)[-1]
+    return tokens
+
+
+@pytest.mark.parametrize("architecture", list(TINY_ARCHITECTURES))
+def test_greedy_tokens_match_hugging_face_generate(architecture):
+    """30 greedy tokens, past every sliding window, exactly as transformers' generate picks them."""
+    hf = tiny_hf_model(seed=4, **TINY_ARCHITECTURES[architecture])
+    ours = specee_from_hf(hf)
+    prompt = torch.randint(3, 97, (12,), generator=torch.Generator().manual_seed(5)).tolist()
+    with torch.no_grad():
+        expected = hf.generate(torch.tensor([prompt]), max_new_tokens=30, min_new_tokens=30, do_sample=False,
+                               pad_token_id=0)[0, len(prompt):].tolist()
+    got = greedy_tokens(ours, prompt, 30)
+    assert len(set(got)) > 3, "a degenerate model would match trivially"
+    assert got == expected
+
+
+@pytest.mark.parametrize("architecture", list(TINY_ARCHITECTURES))
+def test_the_cpu_kernels_match_hugging_face(architecture):
+    """The same models on specee's CPU kernels (fp32 weights; their own exp and reductions): HF's
+    logits to fp32 tolerance."""
+    from specee.model.kernels import cpu_kernels
+
+    hf = tiny_hf_model(seed=6, **TINY_ARCHITECTURES[architecture])
+    ours = specee_from_hf(hf)
+    ours.use_kernels(cpu_kernels())
+    assert ours.uses_kernels
+    ids = torch.randint(0, 97, (40,), generator=torch.Generator().manual_seed(7)).tolist()
+    with torch.no_grad():
+        expected = hf(torch.tensor([ids])).logits[0]
+        got = full_forward(ours, ids)
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("setting", ["sliding_window", "rope_local_base_freq", "query_pre_attn_scalar"])
+def test_gemmas_differences_change_logits(setting):
+    """Guards the Gemma cases above against passing because a setting was silently ignored."""
+    changed = {"sliding_window": 1000, "rope_local_base_freq": 5000.0, "query_pre_attn_scalar": 32}[setting]
+    ids = list(range(3, 43))
+    plain = specee_from_hf(tiny_hf_model(seed=1, **TINY_GEMMA))
+    hf = tiny_hf_model(seed=1, **TINY_GEMMA)
+    config = hf.config
+    if setting == "rope_local_base_freq":
+        config.rope_parameters["sliding_attention"]["rope_theta"] = changed
+    else:
+        setattr(config, setting, changed)
+    other = specee_from_hf(hf)
+    with torch.no_grad():
+        assert not torch.allclose(full_forward(plain, ids), full_forward(other, ids), atol=1e-3)

@@ -1,8 +1,12 @@
-"""A Llama-family decoder whose pieces strategies can call one by one.
+"""A Llama-family decoder whose pieces strategies can call one by one; the other families it runs
+(Qwen 2 and 3, Mistral, Gemma 3) differ by the named fields of `LlamaConfig`.
 
 Parameter names follow Hugging Face (`model.` prefix dropped), except that q/k/v and gate/up
 are stored fused (`qkv_proj`, `gate_up_proj`, as in vLLM) so a batch-1 step runs one matmul
-where HF runs three: the loader concatenates them.
+where HF runs three: the loader concatenates them. Gemma's four norms of a layer keep Llama's
+two names for the norms before attention and before the MLP (`input_layernorm`,
+`post_attention_layernorm`, Gemma's `pre_feedforward_layernorm`); its norms of the two outputs are
+`attention_output_norm` (Gemma's `post_attention_layernorm`) and `mlp_output_norm`.
 """
 from __future__ import annotations
 
@@ -47,15 +51,22 @@ class Attention(nn.Module):
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
+        self.window = config.layer_window(layer_index)  # a sliding layer's keys per row; None: all
+        self.rope_index = config.rope_index(layer_index)
+        self.scale = config.attention_scale
         qkv_dim = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
         self.qkv_proj = nn.Linear(config.hidden_size, qkv_dim, bias=config.attention_bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+        # Qwen 3, Gemma 3: each query and key head RMS-normed before RoPE.
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
 
     def forward(self, x: torch.Tensor, angles: RopeAngles, cache: KVCache | list[Segment],
                 mask: torch.Tensor | AttentionBias | None = None) -> torch.Tensor:
         """x [T, hidden] are one sequence's new rows (its `cache`, `mask`), or the rows of several
         sequences one after another (`cache`: their segments), each attending to its own keys only."""
-        qkv = self.qkv_proj(x)  # [T, (nh + 2 nkv) hd]
+        qkv = self.normed_heads(self.qkv_proj(x))  # [T, (nh + 2 nkv) hd]
+        angles = angles.for_layer(self.rope_index)
         if isinstance(cache, list):
             return self.o_proj(self._attend_segments(qkv, angles, cache).to(x.dtype))
         T = len(x)
@@ -65,7 +76,18 @@ class Attention(nn.Module):
         start, keys, values = cache.extend(self.layer_index, T)
         q = self.kernels.rotate_and_store(qkv.float().contiguous(), *angles_rows(angles, T), keys, values, start,
                                           self.num_heads)
-        return self.o_proj(self.kernels.attention(q, keys, values, *bias.for_kernel(start + T)).to(x.dtype))
+        return self.o_proj(self.kernels.attention(q, keys, values, *bias.for_kernel(start + T), self.window or 0,
+                                                  self.scale).to(x.dtype))
+
+    def normed_heads(self, qkv: torch.Tensor) -> torch.Tensor:
+        """qkv [T, (nh + 2 nkv) hd] with each query and key head RMS-normed (where the model has q/k
+        norms): rows of head_dim, so the kernels' norm takes them as it takes a layer's rows."""
+        if self.q_norm is None:
+            return qkv
+        T, nh, nkv, hd = len(qkv), self.num_heads, self.num_kv_heads, self.head_dim
+        q = self.q_norm(qkv[:, : nh * hd].reshape(T * nh, hd)).reshape(T, nh * hd)
+        k = self.k_norm(qkv[:, nh * hd : (nh + nkv) * hd].reshape(T * nkv, hd)).reshape(T, nkv * hd)
+        return torch.cat((q, k, qkv[:, (nh + nkv) * hd :]), dim=1)
 
     def _attend_segments(self, qkv: torch.Tensor, angles: RopeAngles, segments: list[Segment]) -> torch.Tensor:
         """Each sequence attends to its own cache; on the kernels, all in one call. Returns [T, nh * hd]."""
@@ -86,7 +108,8 @@ class Attention(nn.Module):
         starts, keys, values = zip(*spans)
         seen = zip(*(segment.bias.for_kernel(start + segment.rows) for segment, start in zip(segments, starts)))
         return self.kernels.rotate_store_attend(qkv.float().contiguous(), *angles_rows(angles, len(qkv)), keys, values,
-                                                starts, [segment.rows for segment in segments], *seen, self.num_heads)
+                                                starts, [segment.rows for segment in segments], *seen, self.num_heads,
+                                                self.window or 0, self.scale)
 
     def _attend_eager(self, qkv: torch.Tensor, angles: RopeAngles, cache: KVCache, bias: AttentionBias) -> torch.Tensor:
         """One sequence's attention on PyTorch's kernels: rotate, store, attend. Returns [T, nh * hd]."""
@@ -96,29 +119,33 @@ class Attention(nn.Module):
         qk = apply_rope(qkv[:, : (nh + nkv) * hd].view(T, nh + nkv, hd), angles)
         v = qkv[:, (nh + nkv) * hd :].view(T, nkv, hd)
         keys, values = cache.append(self.layer_index, qk[:, nh:], v)  # [nkv, S, hd]
-        if self.rows_alone and T > 1:
+        if (self.rows_alone and T > 1) or (T == 1 and self.window and bias.mask is None):
             return self._rows_alone(qk[:, :nh], keys, values, bias)
         # Query heads sharing a kv head become rows of one matrix: no repeated K/V.
         q = qk[:, :nh].reshape(T, nkv, group, hd).permute(1, 2, 0, 3).reshape(nkv, group * T, hd)
-        attn_mask = bias.for_keys(keys.shape[1], keys.dtype, qkv.device)  # [group * T, S] or None
+        attn_mask = bias.for_keys(keys.shape[1], keys.dtype, qkv.device, self.window)  # [group * T, S] or None
         # 4-D inputs select PyTorch's fused CPU attention kernel (3-D falls back to plain maths).
-        out = F.scaled_dot_product_attention(q.to(keys.dtype)[None], keys[None], values[None], attn_mask=attn_mask)
+        out = F.scaled_dot_product_attention(q.to(keys.dtype)[None], keys[None], values[None], attn_mask=attn_mask,
+                                             scale=self.scale)
         return out[0].view(nkv, group, T, hd).permute(2, 0, 1, 3).reshape(T, nh * hd)
 
     def _rows_alone(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: AttentionBias
                     ) -> torch.Tensor:
         """Each row of q [T, nh, hd] attends alone, with the call a one-token pass makes: its visible
-        keys as a prefix view of the cache, or gathered in order when a tree hides some (the same
-        values, the same result). Returns [T, nh * hd]."""
+        keys as a view of the cache, or gathered in order when a tree hides some (the same values, the
+        same result); a sliding layer's row its last `window` visible keys. Returns [T, nh * hd]."""
         nkv, hd = self.num_kv_heads, self.head_dim
         group = self.num_heads // nkv
         out = []
         for row, visible in zip(q, bias.visible_keys(keys.shape[1], keys.device)):
             if isinstance(visible, int):
-                k, v = keys[:, :visible], values[:, :visible]
+                first = max(0, visible - self.window) if self.window else 0
+                k, v = keys[:, first:visible], values[:, first:visible]
             else:
+                visible = visible[-self.window :] if self.window else visible
                 k, v = keys.index_select(1, visible), values.index_select(1, visible)
-            attended = F.scaled_dot_product_attention(row.view(nkv, group, hd).to(keys.dtype)[None], k[None], v[None])
+            attended = F.scaled_dot_product_attention(row.view(nkv, group, hd).to(keys.dtype)[None], k[None], v[None],
+                                                      scale=self.scale)
             out.append(attended.reshape(1, -1))
         return torch.cat(out)
 
@@ -126,12 +153,13 @@ class Attention(nn.Module):
         """Append the keys and values of inputs x [T, hidden] without attending."""
         T = x.shape[0]
         nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
+        angles = angles.for_layer(self.rope_index)
         if self.kernels is not None:  # the keys rotated and rounded exactly as a pass writes them
             start, keys, values = cache.extend(self.layer_index, T)
-            self.kernels.rotate_and_store(self.qkv_proj(x).float().contiguous(), *angles_rows(angles, T), keys, values,
-                                          start, nh)
+            self.kernels.rotate_and_store(self.normed_heads(self.qkv_proj(x)).float().contiguous(),
+                                          *angles_rows(angles, T), keys, values, start, nh)
             return
-        kv = self.qkv_proj(x)[:, nh * hd :]
+        kv = self.normed_heads(self.qkv_proj(x))[:, nh * hd :]
         k = apply_rope(kv[:, : nkv * hd].view(T, nkv, hd), angles)
         cache.append(self.layer_index, k, kv[:, nkv * hd :].view(T, nkv, hd))
 
@@ -148,8 +176,8 @@ def run_fused(kernels, stack, layers: range, h: torch.Tensor, angles: RopeAngles
 
 
 def angles_rows(angles: RopeAngles, T: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin as the kernels take them: [T, head_dim] fp32."""
-    return angles.cos.reshape(T, -1).float(), angles.sin.reshape(T, -1).float()
+    """cos and sin as the kernels take them: [T, R * head_dim] fp32 (each layer its set's columns)."""
+    return angles.cos.reshape(T, -1).float().contiguous(), angles.sin.reshape(T, -1).float().contiguous()
 
 
 class AttentionBias:
@@ -165,17 +193,22 @@ class AttentionBias:
         self.mask = mask
         self.num_new = num_new
         self.repeat = repeat
-        self._by_keys: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+        self._by_keys: dict[tuple[int, torch.dtype, int | None], torch.Tensor] = {}
         self._visible: dict[int, list[int | torch.Tensor]] = {}
         self._kernel_args: dict[int, tuple] = {}
 
-    def for_keys(self, num_keys: int, dtype: torch.dtype, device) -> torch.Tensor | None:
-        """The bias over `num_keys` keys (cached ones first), or None when nothing is hidden."""
-        if self.num_new == 1 and self.mask is None:
+    def for_keys(self, num_keys: int, dtype: torch.dtype, device, window: int | None = None) -> torch.Tensor | None:
+        """The bias over `num_keys` keys (cached ones first), or None when nothing is hidden. A
+        sliding layer's row (`window`) sees only the last `window` keys it would otherwise see."""
+        if self.num_new == 1 and self.mask is None and (not window or num_keys <= window):
             return None
-        key = (num_keys, dtype)
+        key = (num_keys, dtype, window)
         if key not in self._by_keys:
-            visible = full_attention_mask(self.mask, self.num_new, num_keys, device).repeat(self.repeat, 1)
+            visible = full_attention_mask(self.mask, self.num_new, num_keys, device)
+            if window:
+                later = visible.flip(1).cumsum(1).flip(1)  # visible keys from each key on, itself included
+                visible &= later <= window
+            visible = visible.repeat(self.repeat, 1)
             bias = torch.zeros(visible.shape, dtype=dtype, device=device)
             self._by_keys[key] = bias.masked_fill_(~visible, float("-inf"))
         return self._by_keys[key]
@@ -261,20 +294,21 @@ def full_attention_mask(mask: torch.Tensor | None, T: int, S: int, device) -> to
 
 
 class MLP(nn.Module):
-    kernels = None  # the CPU kernels' one-call SiLU gate for fp32 rows; set by `Transformer.use_kernels`
+    kernels = None  # the CPU kernels' one-call gate for fp32 rows; set by `Transformer.use_kernels`
 
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
         self.intermediate_size = config.intermediate_size
+        self.gelu = config.hidden_act == "gelu_pytorch_tanh"  # GeGLU (Gemma), else SwiGLU
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
         if self.kernels is not None and gate_up.dim() == 2 and gate_up.dtype == torch.float32 and not gate_up.requires_grad:
-            return self.down_proj(self.kernels.silu_mul(gate_up))
+            return self.down_proj(self.kernels.gelu_mul(gate_up) if self.gelu else self.kernels.silu_mul(gate_up))
         gate, up = gate_up.split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj((F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)) * up)
 
 
 def matrix_bytes(linear: nn.Module, element_size: int) -> int:
@@ -288,8 +322,11 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, layer_index)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)  # before the MLP
         self.mlp = MLP(config)
+        sandwich = config.sandwich_norms  # Gemma: the attention's and the MLP's outputs normed before their sums
+        self.attention_output_norm = RMSNorm(config.hidden_size, config.rms_norm_eps) if sandwich else None
+        self.mlp_output_norm = RMSNorm(config.hidden_size, config.rms_norm_eps) if sandwich else None
 
     # The layer as one kernel call, where every part runs on the kernels (`Transformer.use_kernels`):
     # (kernels, the model's LayerStack, this layer's index in it).
@@ -302,8 +339,16 @@ class DecoderLayer(nn.Module):
             group = self.self_attn.num_heads // self.self_attn.num_kv_heads
             bias = mask if isinstance(mask, AttentionBias) else AttentionBias(mask, len(h), group)
             return run_fused(kernels, stack, range(index, index + 1), h, angles, cache, bias)
-        h = h + self.self_attn(self.input_layernorm(h), angles, cache, mask)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        attended = self.self_attn(self.input_layernorm(h), angles, cache, mask)
+        h = h + (attended if self.attention_output_norm is None else self.attention_output_norm(attended))
+        mixed = self.mlp(self.post_attention_layernorm(h))
+        return h + (mixed if self.mlp_output_norm is None else self.mlp_output_norm(mixed))
+
+    @property
+    def norms(self) -> list[RMSNorm]:
+        """The layer's norms of hidden_size, in the order a pass applies them."""
+        sandwich = (self.attention_output_norm, self.mlp_output_norm)
+        return [n for n in (self.input_layernorm, sandwich[0], self.post_attention_layernorm, sandwich[1]) if n is not None]
 
     def kernel_weights(self, kernels):
         """What the kernels' fused layers take of this layer (`bindings.cpp`, LayerWeights), or None
@@ -311,15 +356,20 @@ class DecoderLayer(nn.Module):
         from .integer_linear import IntegerLinear
 
         attention, mlp = self.self_attn, self.mlp
-        norms = (self.input_layernorm, self.post_attention_layernorm)
+        head_norms = [n for n in (attention.q_norm, attention.k_norm) if n is not None]
+        norms = self.norms + head_norms
         matrices = (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj)
         if not (kernels is not None and all(m.kernels is kernels for m in (attention, mlp, *norms))
                 and all(isinstance(m, IntegerLinear) and m.kernels is kernels for m in matrices)
                 and all(n.weight.dtype == torch.float32 for n in norms)):
             return None
         qkv, o, gate_up, down = (m.as_kernel_matrix() for m in matrices)
-        return kernels.layer_weights(norms[0].weight, norms[0].eps, qkv, o, norms[1].weight, norms[1].eps, gate_up, down,
-                                     attention.num_heads)
+        optional = lambda norm: None if norm is None else norm.weight  # noqa: E731
+        return kernels.layer_weights(
+            self.input_layernorm.weight, qkv, o, self.post_attention_layernorm.weight, gate_up, down,
+            optional(attention.q_norm), optional(attention.k_norm), optional(self.attention_output_norm),
+            optional(self.mlp_output_norm), self.input_layernorm.eps, attention.num_heads, attention.window or 0,
+            attention.rope_index, attention.scale, mlp.gelu)
 
     def write_kv(self, h: torch.Tensor, angles: RopeAngles, cache: KVCache) -> None:
         """Append the K/V this layer would compute if `h` were its input, without running it."""
@@ -399,7 +449,10 @@ class Transformer(nn.Module):
         return KVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, max_len, dtype, self.device, capacity)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.embed_tokens(ids)  # [T, hidden]
+        """[T, hidden]; Gemma's embeddings scaled by sqrt(hidden_size), rounded to the dtype first as HF does."""
+        multiplier = self.config.embedding_multiplier
+        rows = self.embed_tokens(ids)
+        return rows if multiplier == 1.0 else rows * torch.tensor(multiplier, dtype=rows.dtype)
 
     def angles(self, positions: torch.Tensor) -> RopeAngles:
         """RoPE angles for one pass; `positions` [T] are absolute token positions."""
@@ -429,7 +482,7 @@ class Transformer(nn.Module):
         chosen = [self.layers[i] for i in layers]
         matrices = [m for layer in chosen for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
                                                     layer.mlp.gate_up_proj, layer.mlp.down_proj)]
-        norms = [norm for layer in chosen for norm in (layer.input_layernorm, layer.post_attention_layernorm)]
+        norms = [norm for layer in chosen for norm in layer.norms]
         element_size = self.norm.weight.element_size()
         return (sum(matrix_bytes(m, element_size) for m in matrices)
                 + sum(n.weight.numel() for n in norms) * element_size)

@@ -34,6 +34,7 @@ class LoadedWeights:
     directory: Path | None  # Hugging Face layout: config.json, safetensors, tokenizer files (None: read from GGUF)
     source_fingerprint: str | None = None  # quantized tensors: the fingerprint of their dequantized weights
     quantization: str | None = None  # the format a GGUF file's matrices were read into; None: as stored
+    norms_offset: bool = False  # the norms' weights already hold `config.norm_offset` (a GGUF file's Gemma norms)
 
 
 def default_model_path() -> Path:
@@ -117,11 +118,21 @@ def read_weights(directory: Path) -> LoadedWeights:
     return LoadedWeights(config, state_dict, directory)
 
 
-def fuse_hf_state_dict(hf: dict[str, torch.Tensor], config: LlamaConfig) -> dict[str, torch.Tensor]:
+# Gemma's names of a layer's norms -> ours (`llama.py`): its norm after attention is not Llama's.
+GEMMA_NORMS = {"post_attention_layernorm": "attention_output_norm",
+               "pre_feedforward_layernorm": "post_attention_layernorm",
+               "post_feedforward_layernorm": "mlp_output_norm"}
+
+
+def fuse_hf_state_dict(hf: dict[str, torch.Tensor], config: LlamaConfig, norms_offset: bool = False
+                       ) -> dict[str, torch.Tensor]:
     """Hugging Face names -> ours: drop the `model.` prefix, stack q/k/v and gate/up (tensors,
-    or quantized weights). Empties `hf`, so each part is freed once it is fused."""
-    sd = {k.removeprefix("model."): v for k, v in hf.items()}
+    or quantized weights), rename Gemma's norms and fold its 1 + w into their weights (unless
+    `norms_offset`: they hold it already). Empties `hf`, so each part is freed once it is fused."""
+    sd = {_our_name(k.removeprefix("model."), config): v for k, v in hf.items()}
     hf.clear()
+    if config.norm_offset and not norms_offset:
+        sd = {k: v.float() + config.norm_offset if k.endswith("norm.weight") else v for k, v in sd.items()}
     out: dict[str, torch.Tensor] = {}
     try:
         for i in range(config.num_hidden_layers):
@@ -141,12 +152,19 @@ def fuse_hf_state_dict(hf: dict[str, torch.Tensor], config: LlamaConfig) -> dict
     return out
 
 
+def _our_name(name: str, config: LlamaConfig) -> str:
+    if not config.sandwich_norms or not name.startswith("layers."):
+        return name
+    layer, index, part, *rest = name.split(".")
+    return ".".join((layer, index, GEMMA_NORMS.get(part, part), *rest))
+
+
 def build_model(weights: LoadedWeights, dtype: torch.dtype, device: torch.device | str, kernels=None) -> Transformer:
     """The model on `device` in `dtype`. Matrices given as quantized weights (a GGUF file's own
     blocks) become quantized linears (on `kernels` when given); everything else is loaded as it is."""
     with torch.device("meta"):
         model = Transformer(weights.config)
-    state = fuse_hf_state_dict(weights.state_dict, weights.config)
+    state = fuse_hf_state_dict(weights.state_dict, weights.config, weights.norms_offset)
     quantized = {name.removesuffix(".weight"): state.pop(name) for name in list(state)
                  if not isinstance(state[name], torch.Tensor)}
     tied = weights.config.tie_word_embeddings and "embed_tokens" not in quantized

@@ -1,4 +1,5 @@
-"""Rotary position embeddings (rotate-half convention), with the Llama 3 and linear scalings."""
+"""Rotary position embeddings (rotate-half convention), with the Llama 3 and linear scalings, and a
+second set of frequencies for the sliding layers where a model has one (Gemma 3)."""
 from __future__ import annotations
 
 import math
@@ -10,22 +11,33 @@ from .config import LlamaConfig
 
 
 class RopeAngles(NamedTuple):
-    """cos and sign-folded sin for one pass, computed once and shared by every layer."""
+    """cos and sign-folded sin for one pass, computed once and shared by every layer: one set of
+    frequencies per `LlamaConfig.rope_bases` (R), a layer taking its own (`for_layer`)."""
 
-    cos: torch.Tensor  # [T, 1, head_dim]
-    sin: torch.Tensor  # [T, 1, head_dim]; first half negated so rotate-half becomes a roll
+    cos: torch.Tensor  # [T, R, head_dim]
+    sin: torch.Tensor  # [T, R, head_dim]; first half negated so rotate-half becomes a roll
+
+    def for_layer(self, index: int) -> "RopeAngles":
+        """The angles of frequency set `index` ([T, 1, head_dim] each, broadcasting over heads)."""
+        if self.cos.shape[1] == 1:
+            return self
+        return RopeAngles(self.cos[:, index : index + 1], self.sin[:, index : index + 1])
 
 
 def inverse_frequencies(config: LlamaConfig) -> torch.Tensor:
-    """On the CPU whatever the default device (a model built on the meta device moves it later)."""
+    """[R, head_dim / 2]: the full layers' frequencies, then the sliding layers' where they differ.
+    On the CPU whatever the default device (a model built on the meta device moves it later)."""
     with torch.device("cpu"):
-        return _inverse_frequencies(config)
+        sets = [_inverse_frequencies(config, config.rope_theta, config.rope_scaling)]
+        if config.rope_bases == 2:
+            sets.append(_inverse_frequencies(config, config.rope_local_base_freq, None))
+        return torch.stack(sets)
 
 
-def _inverse_frequencies(config: LlamaConfig) -> torch.Tensor:
+def _inverse_frequencies(config: LlamaConfig, base: float, scaling: dict | None) -> torch.Tensor:
     dim = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-    scaling = config.rope_scaling or {}
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    scaling = scaling or {}
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind == "default":
         return inv_freq
@@ -57,11 +69,11 @@ def _llama3_frequencies(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
 
 
 def rope_angles(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype) -> RopeAngles:
-    freqs = positions.float()[:, None] * inv_freq[None, :]  # [T, head_dim / 2]
+    freqs = positions.float()[:, None, None] * inv_freq[None]  # [T, R, head_dim / 2]
     cos, sin = freqs.cos(), freqs.sin()
     cos = torch.cat((cos, cos), dim=-1)
     sin = torch.cat((-sin, sin), dim=-1)
-    return RopeAngles(cos[:, None, :].to(dtype), sin[:, None, :].to(dtype))
+    return RopeAngles(cos.to(dtype), sin.to(dtype))
 
 
 def apply_rope(x: torch.Tensor, angles: RopeAngles) -> torch.Tensor:

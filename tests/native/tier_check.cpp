@@ -306,6 +306,7 @@ struct SegmentSpec {
   bool tree;         // a mask over the last `rows` keys, else causal
   int64_t past;      // keys before the segment's rows (the tree's prefix)
   int64_t rows;
+  int64_t window = 0;  // a sliding layer's: each row sees its last `window` visible keys
 };
 
 struct SegmentData {
@@ -342,7 +343,7 @@ void check_attend(Random& rng, const std::string& name, int64_t hd, int64_t head
       for (int64_t t = 0; t < spec.rows; ++t) d.visible.push_back(spec.past + t + 1);
     }
     d.segment = {d.keys.data(), d.values.data(), capacity, spec.tree ? nullptr : d.visible.data(),
-                 spec.tree ? d.mask.data() : nullptr, spec.tree ? spec.past : 0, num_keys, rows};
+                 spec.tree ? d.mask.data() : nullptr, spec.tree ? spec.past : 0, num_keys, rows, spec.window};
     segments.push_back(d.segment);
     row_segment.insert(row_segment.end(), spec.rows, static_cast<int64_t>(s));
     rows += spec.rows;
@@ -350,7 +351,9 @@ void check_attend(Random& rng, const std::string& name, int64_t hd, int64_t head
   }
   const std::vector<float> q = normals(rng, rows * heads * hd, q_scale);
   auto out_a = output<float>(rows * heads * hd), out_b = output<float>(rows * heads * hd);
-  AttentionArgs args{q.data(), rows, heads, kv_heads, hd, most_keys, segments.data(), row_segment.data(), out_a.data()};
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  AttentionArgs args{q.data(), rows, heads, kv_heads, hd, most_keys, scale, segments.data(), row_segment.data(),
+                     out_a.data()};
   tested->attend(args, 0, rows * heads);
   args.out = out_b.data();
   portable->attend(args, 0, rows * heads);
@@ -374,18 +377,20 @@ void check_attend_all(Random& rng) {
       check_attend(rng, "tree", hd, 6, kv_heads, {{true, 21, 11}}, 1.0f);
       check_attend(rng, "causal and tree", hd, 6, kv_heads, {{false, 29, 3}, {true, 13, 6}}, 1.0f);
       check_attend(rng, "tree and causal, sharp scores", hd, 6, kv_heads, {{true, 40, 7}, {false, 50, 2}}, 12.0f);
+      check_attend(rng, "sliding, causal and tree", hd, 6, kv_heads, {{false, 29, 5, 20}, {true, 13, 6, 9}}, 1.0f);
     }
 }
 
-// ---- rotate_rows, rms_norm, silu_mul ------------------------------------------------------------
+// ---- rotate_rows, rms_norm, silu_mul, gelu_mul --------------------------------------------------
 
 void check_rotate(Random& rng, int64_t T, int64_t heads, int64_t kv_heads, int64_t hd) {
   Case c("rotate_rows T=" + std::to_string(T) + " heads=" + std::to_string(heads) + "/" + std::to_string(kv_heads) +
          " hd=" + std::to_string(hd));
   const int64_t capacity = 16, start = 7;
   const std::vector<float> qkv = normals(rng, T * (heads + 2 * kv_heads) * hd, 3.0f);
-  std::vector<float> cos(T * hd), sin(T * hd);
-  for (int64_t i = 0; i < T * hd; ++i) {
+  const int64_t stride = 2 * hd;  // two sets of angles per row (Gemma 3's), the second one taken
+  std::vector<float> cos(T * stride), sin(T * stride);
+  for (int64_t i = 0; i < T * stride; ++i) {
     const float angle = rng.uniform(-50.0f, 50.0f);
     cos[i] = std::cos(angle);
     sin[i] = (i % hd) < hd / 2 ? -std::sin(angle) : std::sin(angle);
@@ -393,10 +398,10 @@ void check_rotate(Random& rng, int64_t T, int64_t heads, int64_t kv_heads, int64
   auto q_a = output<float>(T * heads * hd), q_b = output<float>(T * heads * hd);
   auto k_a = output<float>(kv_heads * capacity * hd), k_b = output<float>(kv_heads * capacity * hd);
   auto v_a = output<float>(kv_heads * capacity * hd), v_b = output<float>(kv_heads * capacity * hd);
-  tested->rotate_rows(qkv.data(), T, heads, kv_heads, hd, cos.data(), sin.data(), q_a.data(), k_a.data(), v_a.data(),
-                      capacity, start);
-  portable->rotate_rows(qkv.data(), T, heads, kv_heads, hd, cos.data(), sin.data(), q_b.data(), k_b.data(), v_b.data(),
-                        capacity, start);
+  tested->rotate_rows(qkv.data(), T, heads, kv_heads, hd, cos.data() + hd, sin.data() + hd, stride, q_a.data(),
+                      k_a.data(), v_a.data(), capacity, start);
+  portable->rotate_rows(qkv.data(), T, heads, kv_heads, hd, cos.data() + hd, sin.data() + hd, stride, q_b.data(),
+                        k_b.data(), v_b.data(), capacity, start);
   c.same("q", q_a, q_b, T * heads * hd);
   c.same("keys", k_a, k_b, kv_heads * capacity * hd);
   c.same("values", v_a, v_b, kv_heads * capacity * hd);
@@ -425,14 +430,15 @@ void check_rms_norm_all(Random& rng) {
   }
 }
 
-void check_silu_mul(Random& rng, int64_t T, int64_t I) {
-  Case c("silu_mul T=" + std::to_string(T) + " I=" + std::to_string(I));
+void check_gate(Random& rng, const std::string& name, void (*KernelTable::*gate)(const float*, int64_t, int64_t, float*),
+                int64_t T, int64_t I) {
+  Case c(name + " T=" + std::to_string(T) + " I=" + std::to_string(I));
   std::vector<float> gate_up(T * 2 * I);
   for (float& v : gate_up) v = rng.uniform(-100.0f, 100.0f);  // exp's clamps at both ends
   for (int64_t i = 0; i < std::min<int64_t>(I, 8); ++i) gate_up[i] = rng.normal(1.0f);
   auto out_a = output<float>(T * I), out_b = output<float>(T * I);
-  tested->silu_mul(gate_up.data(), T, I, out_a.data());
-  portable->silu_mul(gate_up.data(), T, I, out_b.data());
+  (tested->*gate)(gate_up.data(), T, I, out_a.data());
+  (portable->*gate)(gate_up.data(), T, I, out_b.data());
   c.same("out", out_a, out_b, T * I);
   c.finish();
 }
@@ -451,7 +457,10 @@ int main() {
   for (int64_t hd : {64, 128})
     for (int64_t kv_heads : {2, 3}) check_rotate(rng, 5, 6, kv_heads, hd);
   check_rms_norm_all(rng);
-  for (int64_t I : {1536, 40, 8}) check_silu_mul(rng, 3, I);
+  for (int64_t I : {1536, 40, 8}) {
+    check_gate(rng, "silu_mul", &KernelTable::silu_mul, 3, I);
+    check_gate(rng, "gelu_mul", &KernelTable::gelu_mul, 3, I);
+  }
   std::printf("%d passed, %d failed\n", passed, failed);
   return failed == 0 ? 0 : 1;
 }

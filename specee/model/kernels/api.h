@@ -7,7 +7,7 @@
 
 namespace specee {
 
-constexpr int KERNEL_API_VERSION = 3;
+constexpr int KERNEL_API_VERSION = 4;
 
 // One integer matmul: x's rows quantized to int8 blocks (codes, scales, sums) times a packed
 // matrix of tiles of 16 output features (see integer_linear.py's pack_codes). Three weight formats:
@@ -40,11 +40,13 @@ struct Segment {
   int64_t prefix;
   int64_t num_keys;
   int64_t first_row;       // its first row among the call's rows
+  int64_t window;          // > 0: each row sees only the last `window` of those keys (a sliding layer)
 };
 
 struct AttentionArgs {
   const float* q;              // [rows, heads, hd]
   int64_t rows, heads, kv_heads, head_dim, most_keys;
+  float scale;                 // q . k is multiplied by it
   const Segment* segments;
   const int64_t* row_segment;  // [rows]
   float* out;                  // [rows, heads * hd]
@@ -61,10 +63,14 @@ struct KernelTable {
   void (*attend)(const AttentionArgs& args, int64_t begin, int64_t end);
   // Rotates the queries and keys of T rows of qkv [T, (heads + 2 kv_heads) hd], writes the queries
   // to q [T, heads, hd] and the keys and values into one layer of a cache at start .. start + T - 1.
+  // Row t's cos and sin start at t * angle_stride.
   void (*rotate_rows)(const float* qkv, int64_t T, int64_t heads, int64_t kv_heads, int64_t hd, const float* cos,
-                      const float* sin, float* q, float* keys, float* values, int64_t capacity, int64_t start);
+                      const float* sin, int64_t angle_stride, float* q, float* keys, float* values, int64_t capacity,
+                      int64_t start);
+  // out may be x: each row is read whole before it is written.
   void (*rms_norm)(const float* x, int64_t T, int64_t D, const float* weight, float eps, float* out);
   void (*silu_mul)(const float* gate_up, int64_t T, int64_t I, float* out);
+  void (*gelu_mul)(const float* gate_up, int64_t T, int64_t I, float* out);
 };
 
 }  // namespace specee

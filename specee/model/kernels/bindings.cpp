@@ -49,14 +49,22 @@ void check_rows(const at::Tensor& x, int64_t dims, const char* what) {
 }
 
 Segment segment_of(const at::Tensor& keys, const at::Tensor& values, const at::Tensor& visible,
-                   const at::Tensor& tail_mask, int64_t prefix, int64_t num_keys, int64_t first_row) {
+                   const at::Tensor& tail_mask, int64_t prefix, int64_t num_keys, int64_t first_row, int64_t window) {
   TORCH_CHECK(keys.is_contiguous() && values.is_contiguous() && keys.scalar_type() == at::kFloat, "cache must be fp32 contiguous");
   TORCH_CHECK(keys.size(2) % LANES == 0 && keys.size(2) <= 256, "head_dim must be a multiple of 16, at most 256");
   const bool masked = tail_mask.numel() > 0;
   return {keys.data_ptr<float>(), values.data_ptr<float>(), keys.size(1),
           masked ? nullptr : visible.data_ptr<int64_t>(), masked ? tail_mask.data_ptr<uint8_t>() : nullptr,
-          prefix, num_keys, first_row};
+          prefix, num_keys, first_row, window};
 }
+
+void check_norm(const at::Tensor& norm, int64_t width, const char* what) {
+  TORCH_CHECK(!norm.defined() || (norm.scalar_type() == at::kFloat && norm.is_contiguous() && norm.numel() == width),
+              what, " must be fp32 and match its rows");
+}
+
+// An optional norm's weight (an undefined tensor where the model has none).
+at::Tensor optional_norm(const std::optional<at::Tensor>& norm) { return norm.value_or(at::Tensor()); }
 
 // One quantized matrix as `integer_linear` takes it (IntegerLinear's tensors), and its bias (or an
 // undefined tensor).
@@ -66,15 +74,20 @@ struct Matrix {
   at::Tensor bias;
 };
 
-// A decoder layer whose parts all run on the kernels: its norms' weights and its four matrices.
+// A decoder layer whose parts all run on the kernels: its norms' weights and its four matrices, and
+// what sets its architecture apart (llama.py): q/k norms and Gemma's norms of the attention's and
+// the MLP's outputs (undefined where absent), a sliding window (0: none), which set of RoPE angles it
+// takes, its attention scale, and a GELU gate instead of SiLU.
 struct LayerWeights {
   at::Tensor input_norm;
-  double input_eps;
   Matrix qkv, o;
   at::Tensor post_norm;
-  double post_eps;
   Matrix gate_up, down;
-  int64_t heads;
+  at::Tensor q_norm, k_norm, attention_output_norm, mlp_output_norm;
+  double eps;
+  int64_t heads, window, rope_index;
+  double scale;
+  bool gelu;
 };
 
 }  // namespace
@@ -135,13 +148,14 @@ class Kernels {
   // q [T, heads, hd] fp32; keys, values [kv_heads, capacity, hd] fp32 (one layer of the cache).
   // Row t sees keys 0 .. visible[t] - 1 when `tail_mask` is empty; otherwise keys before `prefix`
   // and those j >= prefix with tail_mask[t, j - prefix] != 0, up to `num_keys`. Returns [T, heads * hd].
+  // window > 0: each row sees only the last `window` of those keys. Scores are q . k times `scale`.
   at::Tensor attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& visible,
-                       const at::Tensor& tail_mask, int64_t prefix, int64_t num_keys) const {
+                       const at::Tensor& tail_mask, int64_t prefix, int64_t num_keys, int64_t window, double scale) const {
     check_rows(q, 3, "q");
     const int64_t T = q.size(0);
     auto out = at::empty({T, q.size(1) * q.size(2)}, q.options());
-    attend({segment_of(keys, values, visible, tail_mask, prefix, num_keys, 0)}, std::vector<int64_t>(T, 0), q,
-           keys.size(0), out);
+    attend({segment_of(keys, values, visible, tail_mask, prefix, num_keys, 0, window)}, std::vector<int64_t>(T, 0), q,
+           keys.size(0), scale, out);
     return out;
   }
 
@@ -163,12 +177,13 @@ class Kernels {
   // The attention of one layer for the rows of several sequences at once, each with its own cache:
   // segment s owns the next rows[s] rows of qkv (and of cos, sin), writes its keys and values into
   // keys[s], values[s] from starts[s] on, and its rows see keys as `attention`'s arguments say
-  // (visible[s], tail_masks[s], prefixes[s], num_keys[s]). Returns [T, heads * hd].
+  // (visible[s], tail_masks[s], prefixes[s], num_keys[s], window, scale). Returns [T, heads * hd].
   at::Tensor rotate_store_attend(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
                                  std::vector<at::Tensor> keys, std::vector<at::Tensor> values,
                                  std::vector<int64_t> starts, std::vector<int64_t> rows,
                                  std::vector<at::Tensor> visible, std::vector<at::Tensor> tail_masks,
-                                 std::vector<int64_t> prefixes, std::vector<int64_t> num_keys, int64_t heads) const {
+                                 std::vector<int64_t> prefixes, std::vector<int64_t> num_keys, int64_t heads,
+                                 int64_t window, double scale) const {
     check_rows(qkv, 2, "qkv");
     const size_t n = keys.size();
     TORCH_CHECK(n > 0 && values.size() == n && starts.size() == n && rows.size() == n && visible.size() == n &&
@@ -184,13 +199,14 @@ class Kernels {
       TORCH_CHECK(starts[s] + rows[s] <= keys[s].size(1), "cache too small");
       TORCH_CHECK(keys[s].is_contiguous() && values[s].is_contiguous(), "cache must be contiguous");
       TORCH_CHECK(first + rows[s] <= T, "the segments' rows must add up to qkv's");
-      segments.push_back(segment_of(keys[s], values[s], visible[s], tail_masks[s], prefixes[s], num_keys[s], first));
+      segments.push_back(segment_of(keys[s], values[s], visible[s], tail_masks[s], prefixes[s], num_keys[s], first,
+                                    window));
       rotate(qkv, first, rows[s], cos, sin, heads, q, keys[s], values[s], starts[s]);
       row_segment.insert(row_segment.end(), rows[s], static_cast<int64_t>(s));
       first += rows[s];
     }
     TORCH_CHECK(first == T, "the segments' rows must add up to qkv's");
-    attend(segments, row_segment, q, kv_heads, out);
+    attend(segments, row_segment, q, kv_heads, scale, out);
     return out;
   }
 
@@ -206,11 +222,12 @@ class Kernels {
   }
 
   // Decoder layers first .. last - 1 of `stack` for the T rows h [T, D] of one sequence, each
-  // h + attention(norm(h)), then + the MLP of its norm, with the kernels and the adds its parts run
-  // one by one (so the same bits), all in one parallel region: the threads meet at barriers between
-  // steps instead of being woken for each. keys, values: the cache, [layers, kv_heads, capacity, hd];
-  // every layer writes positions start .. start + T - 1, which its rows see as `attention`'s
-  // visible, tail_mask, prefix and num_keys say. Returns [T, D].
+  // h + attention(norm(h)), then + the MLP of its norm (Gemma: each output normed before its sum),
+  // with the kernels and the adds its parts run one by one (so the same bits), all in one parallel
+  // region: the threads meet at barriers between steps instead of being woken for each. keys,
+  // values: the cache, [layers, kv_heads, capacity, hd]; every layer writes positions start .. start
+  // + T - 1, which its rows see as `attention`'s visible, tail_mask, prefix and num_keys say (and its
+  // window). cos, sin: [T, R * hd], a layer taking the hd columns of its rope_index. Returns [T, D].
   at::Tensor decoder_layers(const std::vector<LayerWeights>& stack, int64_t first, int64_t last, const at::Tensor& h,
                             const at::Tensor& cos, const at::Tensor& sin, at::Tensor& keys, at::Tensor& values,
                             int64_t start, const at::Tensor& visible, const at::Tensor& tail_mask, int64_t prefix,
@@ -223,11 +240,15 @@ class Kernels {
     TORCH_CHECK(start + T <= capacity && num_keys <= capacity, "cache too small");
     check_rows(cos, 2, "cos");
     check_rows(sin, 2, "sin");
-    TORCH_CHECK(cos.size(0) == T && cos.size(1) == hd && sin.sizes() == cos.sizes(), "cos and sin must be [T, hd]");
+    TORCH_CHECK(cos.size(0) == T && cos.size(1) % hd == 0 && sin.sizes() == cos.sizes(), "cos and sin must be [T, R * hd]");
+    const int64_t angle_sets = cos.size(1) / hd;
     TORCH_CHECK(tail_mask.numel() ? tail_mask.size(0) == T : visible.numel() == T, "one visibility per row");
     const LayerWeights& w0 = stack[first];
     const int64_t heads = w0.heads, I = w0.gate_up.out_features / 2;
-    for (int64_t l = first; l < last; ++l) check_layer(stack[l], D, I, heads, kv_heads, hd);
+    for (int64_t l = first; l < last; ++l) {
+      check_layer(stack[l], D, I, heads, kv_heads, hd);
+      TORCH_CHECK(stack[l].rope_index < angle_sets, "layer ", l, " takes RoPE angles set ", stack[l].rope_index);
+    }
     const auto f = h.options();
     at::Tensor x = h.clone(), normed = at::empty({T, D}, f), qkv = at::empty({T, w0.qkv.out_features}, f);
     at::Tensor q = at::empty({T, heads, hd}, f), attended = at::empty({T, heads * hd}, f), mixed = at::empty({T, D}, f);
@@ -243,6 +264,10 @@ class Kernels {
       table_->rms_norm(rows.data_ptr<float>(), T, D, weight.data_ptr<float>(), static_cast<float>(eps),
                        normed.data_ptr<float>());
       quantized(normed);
+    };
+    auto norm_in_place = [](float* rows, int64_t count, int64_t width, const at::Tensor& weight, double eps,
+                            const KernelTable* table) {  // where the layer has this norm
+      if (weight.defined()) table->rms_norm(rows, count, width, weight.data_ptr<float>(), static_cast<float>(eps), rows);
     };
     auto matmul = [&](const Matrix& m, int64_t K, at::Tensor& out) {
       return MatmulArgs{m.packed.data_ptr<uint8_t>(), m.packed.stride(0), static_cast<const uint8_t*>(m.scales_zeros.data_ptr()),
@@ -276,20 +301,26 @@ class Kernels {
         float* k = keys.data_ptr<float>() + l * kv_heads * capacity * hd;
         float* v = values.data_ptr<float>() + l * kv_heads * capacity * hd;
         const Segment segment{k, v, capacity, tail_mask.numel() ? nullptr : visible.data_ptr<int64_t>(),
-                              tail_mask.numel() ? tail_mask.data_ptr<uint8_t>() : nullptr, prefix, num_keys, 0};
-        const AttentionArgs attention{q.data_ptr<float>(), T, heads, kv_heads, hd, num_keys, &segment, row_segment.data(),
-                                      attended.data_ptr<float>()};
+                              tail_mask.numel() ? tail_mask.data_ptr<uint8_t>() : nullptr, prefix, num_keys, 0, w.window};
+        const AttentionArgs attention{q.data_ptr<float>(), T, heads, kv_heads, hd, num_keys, static_cast<float>(w.scale),
+                                      &segment, row_segment.data(), attended.data_ptr<float>()};
         const MatmulArgs qkv_args = matmul(w.qkv, D, qkv), o_args = matmul(w.o, heads * hd, mixed);
         const MatmulArgs gate_up_args = matmul(w.gate_up, D, gate_up), down_args = matmul(w.down, I, normed);
 #pragma omp single
-        normalized(x, w.input_norm, w.input_eps);
+        normalized(x, w.input_norm, w.eps);
         share(tiles(qkv_args), [&](int64_t b, int64_t e) { table_->matmul_tiles(qkv_args, b, e); });
 #pragma omp barrier
 #pragma omp single
         {
           add_bias(qkv, w.qkv);
-          table_->rotate_rows(qkv.data_ptr<float>(), T, heads, kv_heads, hd, cos.data_ptr<float>(), sin.data_ptr<float>(),
-                              q.data_ptr<float>(), k, v, capacity, start);
+          const int64_t width = (heads + 2 * kv_heads) * hd;
+          for (int64_t t = 0; t < T; ++t) {  // each query and key head's norm, as Attention.normed_heads
+            norm_in_place(qkv.data_ptr<float>() + t * width, heads, hd, w.q_norm, w.eps, table_);
+            norm_in_place(qkv.data_ptr<float>() + t * width + heads * hd, kv_heads, hd, w.k_norm, w.eps, table_);
+          }
+          const int64_t angles = w.rope_index * hd;
+          table_->rotate_rows(qkv.data_ptr<float>(), T, heads, kv_heads, hd, cos.data_ptr<float>() + angles,
+                              sin.data_ptr<float>() + angles, cos.size(1), q.data_ptr<float>(), k, v, capacity, start);
         }
         if (T >= 4 * n) {  // row t sees t more keys than row 0: rows dealt in turn keep the threads even
           for (int64_t t = id; t < T; t += n) table_->attend(attention, t * heads, (t + 1) * heads);
@@ -304,15 +335,16 @@ class Kernels {
 #pragma omp single
         {
           add_bias(mixed, w.o);
+          norm_in_place(mixed.data_ptr<float>(), T, D, w.attention_output_norm, w.eps, table_);
           residual(x, mixed);  // the attention's residual sum
-          normalized(mixed, w.post_norm, w.post_eps);
+          normalized(mixed, w.post_norm, w.eps);
         }
         share(tiles(gate_up_args), [&](int64_t b, int64_t e) { table_->matmul_tiles(gate_up_args, b, e); });
 #pragma omp barrier
 #pragma omp single
         {
           add_bias(gate_up, w.gate_up);
-          table_->silu_mul(gate_up.data_ptr<float>(), T, I, gated.data_ptr<float>());
+          (w.gelu ? table_->gelu_mul : table_->silu_mul)(gate_up.data_ptr<float>(), T, I, gated.data_ptr<float>());
           quantized(gated);
         }
         share(tiles(down_args), [&](int64_t b, int64_t e) { table_->matmul_tiles(down_args, b, e); });
@@ -320,6 +352,7 @@ class Kernels {
 #pragma omp single
         {
           add_bias(normed, w.down);
+          norm_in_place(normed.data_ptr<float>(), T, D, w.mlp_output_norm, w.eps, table_);
           residual(mixed, normed);  // the MLP's residual sum: the layer's output
           std::swap(x, normed);
         }
@@ -329,14 +362,10 @@ class Kernels {
   }
 
   // gate_up [T, 2 I] fp32 (gate, then up) -> silu(gate) * up [T, I].
-  at::Tensor silu_mul(const at::Tensor& gate_up) const {
-    check_rows(gate_up, 2, "gate_up");
-    TORCH_CHECK(gate_up.size(1) % 2 == 0, "gate_up must have an even width");
-    const int64_t T = gate_up.size(0), I = gate_up.size(1) / 2;
-    auto out = at::empty({T, I}, gate_up.options());
-    table_->silu_mul(gate_up.data_ptr<float>(), T, I, out.data_ptr<float>());
-    return out;
-  }
+  at::Tensor silu_mul(const at::Tensor& gate_up) const { return gated(gate_up, table_->silu_mul); }
+
+  // gate_up [T, 2 I] fp32 (gate, then up) -> gelu(gate) * up [T, I] (GELU's tanh form).
+  at::Tensor gelu_mul(const at::Tensor& gate_up) const { return gated(gate_up, table_->gelu_mul); }
 
  private:
   static void check_layer(const LayerWeights& w, int64_t D, int64_t I, int64_t heads, int64_t kv_heads, int64_t hd) {
@@ -348,6 +377,19 @@ class Kernels {
     for (const at::Tensor* norm : {&w.input_norm, &w.post_norm})
       TORCH_CHECK(norm->scalar_type() == at::kFloat && norm->is_contiguous() && norm->numel() == D,
                   "the norms must be fp32 and match h");
+    check_norm(w.attention_output_norm, D, "the attention's output norm");
+    check_norm(w.mlp_output_norm, D, "the MLP's output norm");
+    check_norm(w.q_norm, hd, "the query norm");
+    check_norm(w.k_norm, hd, "the key norm");
+  }
+
+  at::Tensor gated(const at::Tensor& gate_up, void (*gate)(const float*, int64_t, int64_t, float*)) const {
+    check_rows(gate_up, 2, "gate_up");
+    TORCH_CHECK(gate_up.size(1) % 2 == 0, "gate_up must have an even width");
+    const int64_t T = gate_up.size(0), I = gate_up.size(1) / 2;
+    auto out = at::empty({T, I}, gate_up.options());
+    gate(gate_up.data_ptr<float>(), T, I, out.data_ptr<float>());
+    return out;
   }
 
   void rotate(const at::Tensor& qkv, int64_t first, int64_t T, const at::Tensor& cos, const at::Tensor& sin,
@@ -357,19 +399,19 @@ class Kernels {
     check_rows(sin, 2, "sin");
     TORCH_CHECK(cos.size(1) == hd && sin.sizes() == cos.sizes() && cos.size(0) >= first + T, "cos and sin must be [T, hd]");
     table_->rotate_rows(qkv.data_ptr<float>() + first * qkv.size(1), T, heads, kv_heads, hd,
-                        cos.data_ptr<float>() + first * hd, sin.data_ptr<float>() + first * hd,
+                        cos.data_ptr<float>() + first * hd, sin.data_ptr<float>() + first * hd, hd,
                         q.data_ptr<float>() + first * heads * hd, keys.data_ptr<float>(), values.data_ptr<float>(),
                         keys.size(1), start);
   }
 
   void attend(const std::vector<Segment>& segments, const std::vector<int64_t>& row_segment, const at::Tensor& q,
-              int64_t kv_heads, at::Tensor& out) const {
+              int64_t kv_heads, double scale, at::Tensor& out) const {
     const int64_t T = q.size(0), heads = q.size(1);
     TORCH_CHECK(heads % kv_heads == 0, "heads must be a multiple of kv_heads");
     int64_t most_keys = 0;
     for (const Segment& s : segments) most_keys = std::max(most_keys, s.num_keys);
-    const AttentionArgs args{q.data_ptr<float>(), T, heads, kv_heads, q.size(2), most_keys, segments.data(),
-                             row_segment.data(), out.data_ptr<float>()};
+    const AttentionArgs args{q.data_ptr<float>(), T, heads, kv_heads, q.size(2), most_keys, static_cast<float>(scale),
+                             segments.data(), row_segment.data(), out.data_ptr<float>()};
     at::parallel_for(0, T * heads, 1, [&](int64_t begin, int64_t end) { table_->attend(args, begin, end); });
   }
 
@@ -397,6 +439,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            "rotate, store and attend for several sequences' rows at once", free_gil)
       .def("rms_norm", &Kernels::rms_norm, "RMS norm of each row", free_gil)
       .def("silu_mul", &Kernels::silu_mul, "silu(gate) * up of each row", free_gil)
+      .def("gelu_mul", &Kernels::gelu_mul, "gelu(gate) * up of each row (tanh form)", free_gil)
       .def("decoder_layers", &Kernels::decoder_layers, "consecutive decoder layers for one sequence's rows", free_gil)
       .def("matrix", [](const Kernels&, at::Tensor packed, at::Tensor scales_zeros, int64_t out_features, int64_t bits,
                         int64_t group_size, std::optional<at::Tensor> bias) {
@@ -404,9 +447,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         check_superblock_scales(scales_zeros, bits, group_size, packed.size(1) / (LANES * bits / 8));
         return Matrix{packed, scales_zeros, out_features, bits, group_size, bias.value_or(at::Tensor())};
       }, "a quantized matrix as decoder_layers takes it")
-      .def("layer_weights", [](const Kernels&, at::Tensor input_norm, double input_eps, Matrix qkv, Matrix o,
-                               at::Tensor post_norm, double post_eps, Matrix gate_up, Matrix down, int64_t heads) {
-        return LayerWeights{input_norm, input_eps, qkv, o, post_norm, post_eps, gate_up, down, heads};
+      .def("layer_weights", [](const Kernels&, at::Tensor input_norm, Matrix qkv, Matrix o, at::Tensor post_norm,
+                               Matrix gate_up, Matrix down, std::optional<at::Tensor> q_norm,
+                               std::optional<at::Tensor> k_norm, std::optional<at::Tensor> attention_output_norm,
+                               std::optional<at::Tensor> mlp_output_norm, double eps, int64_t heads, int64_t window,
+                               int64_t rope_index, double scale, bool gelu) {
+        return LayerWeights{input_norm, qkv, o, post_norm, gate_up, down, optional_norm(q_norm), optional_norm(k_norm),
+                            optional_norm(attention_output_norm), optional_norm(mlp_output_norm), eps, heads, window,
+                            rope_index, scale, gelu};
       }, "a decoder layer as decoder_layers takes it")
       .def("layer_stack", [](const Kernels&, const pybind11::list& layers) {
         std::vector<LayerWeights> stack;

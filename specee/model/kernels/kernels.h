@@ -9,7 +9,7 @@
 //    offset. A tile of weights is loaded once for a few rows (PART_ROWS), so a pass over several
 //    rows reads the weights from memory once.
 // 2. Attention: every (row, head) pair walks its visible keys in order, as a one-row call would.
-// 3. The small per-row steps of a layer (RMS norm, SiLU gate), one call each.
+// 3. The small per-row steps of a layer (RMS norm, SiLU or GELU gate), one call each.
 #pragma once
 
 #include <algorithm>
@@ -340,7 +340,7 @@ void attend_one(const float* q, const float* k, const float* v, int64_t hd, int6
 
 inline void attend(const AttentionArgs& a, int64_t begin, int64_t end) {
   const int64_t heads = a.heads, hd = a.head_dim, group = heads / a.kv_heads;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const float scale = a.scale;
   std::vector<float> scores(a.most_keys + LANES);
   std::vector<int64_t> order;
   for (int64_t item = begin; item < end; ++item) {
@@ -351,29 +351,33 @@ inline void attend(const AttentionArgs& a, int64_t begin, int64_t end) {
     const float* v = s.values + g * s.capacity * hd;
     const float* qrow = a.q + (t * heads + h) * hd;
     float* o = a.out + t * heads * hd + h * hd;
+    // A sliding layer's row sees the last `window` keys of those it would see: positions p - window + 1 .. p.
     if (s.mask == nullptr) {
-      attend_one(qrow, k, v, hd, s.visible[row], [](int64_t i) { return i; }, scale, scores.data(), o);
+      const int64_t count = s.visible[row], first = s.window > 0 ? std::max<int64_t>(0, count - s.window) : 0;
+      attend_one(qrow, k, v, hd, count - first, [first](int64_t i) { return first + i; }, scale, scores.data(), o);
     } else {
       const int64_t tail_len = s.num_keys - s.prefix;
       order.clear();
       for (int64_t j = 0; j < s.prefix; ++j) order.push_back(j);
       for (int64_t j = 0; j < tail_len; ++j)
         if (s.mask[row * tail_len + j]) order.push_back(s.prefix + j);
-      const int64_t* idx = order.data();
-      attend_one(qrow, k, v, hd, static_cast<int64_t>(order.size()), [idx](int64_t i) { return idx[i]; }, scale,
-                 scores.data(), o);
+      const int64_t count = static_cast<int64_t>(order.size());
+      const int64_t skip = s.window > 0 ? std::max<int64_t>(0, count - s.window) : 0;
+      const int64_t* idx = order.data() + skip;
+      attend_one(qrow, k, v, hd, count - skip, [idx](int64_t i) { return idx[i]; }, scale, scores.data(), o);
     }
   }
 }
 
 // x * cos + (swapped halves) * sin, rounded as those separate operations round (PyTorch's rope).
 inline void rotate_rows(const float* x, int64_t T, int64_t heads, int64_t kv_heads, int64_t hd, const float* c,
-                        const float* sn, float* qp, float* kp, float* vp, int64_t capacity, int64_t start) {
+                        const float* sn, int64_t angle_stride, float* qp, float* kp, float* vp, int64_t capacity,
+                        int64_t start) {
   const int64_t half = hd / 2, width = (heads + 2 * kv_heads) * hd;
   for (int64_t t = 0; t < T; ++t) {
     const float* row = x + t * width;
-    const float* ct = c + t * hd;
-    const float* st = sn + t * hd;
+    const float* ct = c + t * angle_stride;
+    const float* st = sn + t * angle_stride;
     for (int64_t h = 0; h < heads + kv_heads; ++h) {
       const float* src = row + h * hd;
       float* dst = h < heads ? qp + (t * heads + h) * hd : kp + ((h - heads) * capacity + start + t) * hd;
@@ -413,9 +417,24 @@ inline void silu_mul(const float* gate_up, int64_t T, int64_t I, float* out) {
     }
 }
 
+// gate_up [T, 2 I] -> gelu(gate) * up [T, I], GELU's tanh form (PyTorch's approximate="tanh"), with
+// tanh(u) = 1 - 2 / (exp(2u) + 1) on our exp.
+inline void gelu_mul(const float* gate_up, int64_t T, int64_t I, float* out) {
+  const F16 one = splat(1.0f), two = splat(2.0f), half = splat(0.5f);
+  const F16 root = splat(0.7978845608028654f), cubic = splat(0.044715f);  // sqrt(2 / pi)
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < I; i += LANES) {
+      const F16 gate = load_head(gate_up + t * 2 * I + i, I - i, 0.0f);
+      const F16 up = load_head(gate_up + t * 2 * I + I + i, I - i, 0.0f);
+      const F16 u = root * (gate + cubic * ((gate * gate) * gate));
+      const F16 tanh = one - two / (exp(two * u) + one);
+      store_head(out + t * I + i, ((half * gate) * (one + tanh)) * up, I - i);
+    }
+}
+
 inline const KernelTable* table(const char* tier) {
   static const KernelTable kernel_table{KERNEL_API_VERSION, tier, quantize_rows, matmul_tiles, attend,
-                                        rotate_rows, rms_norm, silu_mul};
+                                        rotate_rows, rms_norm, silu_mul, gelu_mul};
   return &kernel_table;
 }
 
