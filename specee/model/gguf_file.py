@@ -28,18 +28,43 @@ _TENSOR_NAMES = {
     "blk.{i}.ffn_gate.weight": "model.layers.{i}.mlp.gate_proj.weight",
     "blk.{i}.ffn_up.weight": "model.layers.{i}.mlp.up_proj.weight",
     "blk.{i}.ffn_down.weight": "model.layers.{i}.mlp.down_proj.weight",
+    "blk.{i}.attn_q_norm.weight": "model.layers.{i}.self_attn.q_norm.weight",
+    "blk.{i}.attn_k_norm.weight": "model.layers.{i}.self_attn.k_norm.weight",
 }
-_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "mistral": "mistral"}
+# Where an architecture's names differ: Gemma's four norms of a layer (its ffn_norm is the norm
+# before the MLP, and the names of HF's Gemma classes differ from Llama's).
+_ARCHITECTURE_TENSOR_NAMES = {
+    "gemma3_text": {
+        "blk.{i}.post_attention_norm.weight": "model.layers.{i}.post_attention_layernorm.weight",
+        "blk.{i}.ffn_norm.weight": "model.layers.{i}.pre_feedforward_layernorm.weight",
+        "blk.{i}.post_ffw_norm.weight": "model.layers.{i}.post_feedforward_layernorm.weight",
+    },
+}
+# GGUF architecture -> Hugging Face model type
+_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "mistral": "mistral", "qwen3": "qwen3", "gemma3": "gemma3_text"}
+# llama.cpp's own settings for Gemma 3, which its files do not store: the sliding layers' RoPE base.
+GEMMA3_LOCAL_ROPE_BASE = 10000.0
+# Gemma's chat template (Hugging Face's, for text), for files that carry none: llama.cpp has it built in.
+GEMMA_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{% set first_user_prefix = messages[0]['content'] + '\n\n' %}"
+    "{% set loop_messages = messages[1:] %}{% else %}{% set first_user_prefix = '' %}{% set loop_messages = messages %}"
+    "{% endif %}{% for message in loop_messages %}{% set role = 'model' if message['role'] == 'assistant' "
+    "else message['role'] %}{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') }}"
+    "{{ message['content'] | trim }}{{ '<end_of_turn>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+)
 # Metadata (under "<architecture>.") without which the model's shape is unknown.
 REQUIRED_KEYS = ("embedding_length", "feed_forward_length", "block_count", "attention.head_count")
 
 
-def hf_name(gguf_name: str) -> str | None:
+def hf_name(gguf_name: str, model_type: str) -> str | None:
+    """A tensor's Hugging Face name in a file of `model_type` (None: one specee does not read)."""
+    names = {**_TENSOR_NAMES, **_ARCHITECTURE_TENSOR_NAMES.get(model_type, {})}
     parts = gguf_name.split(".")
     if parts[0] == "blk":
         key = "blk.{i}." + ".".join(parts[2:])
-        return _TENSOR_NAMES[key].format(i=parts[1]) if key in _TENSOR_NAMES else None
-    return _TENSOR_NAMES.get(gguf_name)
+        return names[key].format(i=parts[1]) if key in names else None
+    return names.get(gguf_name)
 
 
 def _field(reader, key: str, default=None):
@@ -79,12 +104,30 @@ def read_config(reader) -> LlamaConfig:
     }
     if a("rope.scaling.type") == "linear":
         config["rope_scaling"] = {"rope_type": "linear", "factor": a("rope.scaling.factor")}
+    if arch == "gemma3":
+        config["sliding_window"] = a("attention.sliding_window")
+        config["rope_local_base_freq"] = GEMMA3_LOCAL_ROPE_BASE
+        # As llama.cpp: 1 / sqrt(head_dim), but for the 27B model's 1 / sqrt(hidden / heads).
+        config["query_pre_attn_scalar"] = (config["hidden_size"] // heads if config["num_hidden_layers"] == 62
+                                           else config["head_dim"])
     if "rope_freqs.weight" in names:
         # Llama 3.x: llama.cpp's converter bakes the RoPE scaling into one divisor per frequency.
         factors = next(t for t in reader.tensors if t.name == "rope_freqs.weight")
         config["rope_scaling"] = {"rope_type": "frequency_factors",
                                   "factors": np.asarray(factors.data).view(np.float32).tolist()}
     return LlamaConfig.from_dict(config)
+
+
+def _gemma_turns(reader, config: LlamaConfig, out_dir: Path) -> None:
+    """Gemma's chat turns end with <end_of_turn>, which its files do not name as an end token (llama.cpp
+    knows it), and some files carry no chat template: both as Hugging Face's Gemma checkpoints have them."""
+    from tokenizers import Tokenizer
+
+    end_of_turn = Tokenizer.from_file(str(out_dir / "tokenizer.json")).token_to_id("<end_of_turn>")
+    if end_of_turn is not None and end_of_turn not in config.eos_token_ids:
+        config.eos_token_id = [*config.eos_token_ids, end_of_turn]
+    if _field(reader, "tokenizer.chat_template") is None:
+        (out_dir / "chat_template.jinja").write_text(GEMMA_CHAT_TEMPLATE)
 
 
 def _unpermute(weight: np.ndarray, heads: int) -> np.ndarray:
@@ -132,4 +175,6 @@ def write_metadata_directory(path: Path, reader, config: LlamaConfig, out_dir: P
         convert_tokenizer(path, out_dir)
     except Exception as e:  # a truncated vocabulary surfaces only when it is read
         raise ModelLoadError(f"cannot read the tokenizer of {path} ({type(e).__name__}: {e})") from None
+    if config.model_type == "gemma3_text":
+        _gemma_turns(reader, config, out_dir)
     (out_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2))

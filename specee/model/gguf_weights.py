@@ -51,9 +51,9 @@ def read_gguf_weights(path: Path, quantization: str) -> LoadedWeights:
     reader, config = open_gguf(path)
     requantized: set[str] = set()
     state = {}
-    tensors = [t for t in reader.tensors if hf_name(t.name) is not None]
+    tensors = [t for t in reader.tensors if hf_name(t.name, config.model_type) is not None]
     for t in LoadBar(tensors, desc=f"loading {path.name}", unit="tensor", leave=False, file=sys.stderr):
-        name = hf_name(t.name)
+        name = hf_name(t.name, config.model_type)
         try:
             state[name] = _read_tensor(t, name, quantization, config, requantized)
             reader.release(t)
@@ -64,13 +64,15 @@ def read_gguf_weights(path: Path, quantization: str) -> LoadedWeights:
     if requantized:
         print(f"specee: {', '.join(sorted(requantized))} blocks have no kernel: those matrices were re-quantized "
               f"to int4 (lossy; an int8 head)", file=sys.stderr)
-    return LoadedWeights(config, state, None, source_fingerprint(reader, state, config), quantization)
+    return LoadedWeights(config, state, None, source_fingerprint(reader, state, config), quantization,
+                         norms_offset=True)  # llama.cpp's converter folds Gemma's 1 + w into its norms
 
 
 def file_is_quantized(path: Path) -> bool:
     """Whether the file's matrices are stored in quantized blocks (not F32, F16 or BF16 alone)."""
-    reader, _ = open_gguf(path)
-    return any(t.tensor_type.name not in DENSE_TYPES for t in reader.tensors if hf_name(t.name) is not None)
+    reader, config = open_gguf(path)
+    return any(t.tensor_type.name not in DENSE_TYPES for t in reader.tensors
+               if hf_name(t.name, config.model_type) is not None)
 
 
 def _read_tensor(t, name: str, quantization: str, config, requantized: set[str]):
@@ -106,7 +108,7 @@ def _from_affine(affine: "gguf_blocks.AffineCodes"):
 def source_fingerprint(reader, state: dict, config) -> str:
     """The fingerprint of the model this file dequantizes to (what "none" builds): its first
     embedding rows dequantized, and its norms (dense in the file)."""
-    embedding = next(t for t in reader.tensors if hf_name(t.name) == "model.embed_tokens.weight")
+    embedding = next(t for t in reader.tensors if hf_name(t.name, config.model_type) == "model.embed_tokens.weight")
     rows = torch.from_numpy(_dense(embedding, EMBEDDING_ROWS))
     norms = [state["model.norm.weight"]]
     for i in range(config.num_hidden_layers):

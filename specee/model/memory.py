@@ -54,12 +54,12 @@ def gguf_weight_bytes(path: Path, quantization: str, dtype: torch.dtype) -> tupl
     from .gguf_file import hf_name, open_gguf
     from .gguf_weights import INT8_MATRICES
 
-    reader, _ = open_gguf(path)
+    reader, config = open_gguf(path)
     dense_size = torch.tensor([], dtype=dtype).element_size()
     matrices: dict[str, list[tuple[int, float, int]]] = {}  # fused matrix -> its parts' (count, bytes a weight, group)
     total, largest = 0, 0
     for t in reader.tensors:
-        name = hf_name(t.name)
+        name = hf_name(t.name, config.model_type)
         if name is None:
             continue
         count = int(torch.tensor(t.shape).prod())
