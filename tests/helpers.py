@@ -271,3 +271,69 @@ def write_llama_gguf(path: Path, kinds: dict[str, str], tokenizer_directory: Pat
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+# Hugging Face tensor names (after "model.layers.{i}.") -> llama.cpp's, per architecture where they differ.
+GGUF_LAYER_NAMES = {
+    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+}
+GGUF_GEMMA_LAYER_NAMES = {**GGUF_LAYER_NAMES, "post_attention_layernorm": "post_attention_norm",
+                          "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm"}
+
+
+def write_hf_as_gguf(hf_model, path: Path, tokenizer_directory: Path, architecture: str) -> Path:
+    """A tiny HF model of Qwen 3 or Gemma 3 (whose q and k rows llama.cpp keeps in HF's order) as
+    llama.cpp's converter writes it: its names and metadata, fp32 tensors, Gemma's norms as 1 + w,
+    no chat template."""
+    import gguf
+    import numpy as np
+
+    config = hf_model.config
+    gemma = architecture == "gemma3"
+    vocab = json.loads((tokenizer_directory / "tokenizer.json").read_text())["model"]
+    tokens = sorted(vocab["vocab"], key=vocab["vocab"].get)
+    writer = gguf.GGUFWriter(str(path), architecture)
+    writer.add_context_length(256)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_key_length(config.head_dim)
+    writer.add_value_length(config.head_dim)
+    writer.add_rope_freq_base(config.rope_parameters["full_attention" if gemma else "rope_theta"]["rope_theta"]
+                              if gemma else config.rope_parameters["rope_theta"])
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    if gemma:
+        writer.add_sliding_window(config.sliding_window)
+    writer.add_vocab_size(len(tokens))
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in vocab["merges"]])
+    writer.add_eos_token_id(tokens.index("<|im_end|>"))
+    writer.add_bos_token_id(tokens.index("<|endoftext|>"))
+    names = GGUF_GEMMA_LAYER_NAMES if gemma else GGUF_LAYER_NAMES
+    for name, tensor in hf_model.state_dict().items():
+        value = tensor.detach().float().numpy()
+        if gemma and name.endswith("norm.weight"):
+            value = value + 1  # llama.cpp's converter folds Gemma's 1 + w into the weights
+        if name == "model.embed_tokens.weight":
+            gguf_name = "token_embd.weight"
+        elif name == "model.norm.weight":
+            gguf_name = "output_norm.weight"
+        elif name == "lm_head.weight":
+            if config.tie_word_embeddings:
+                continue
+            gguf_name = "output.weight"
+        else:
+            _, _, index, *part, kind = name.split(".")
+            gguf_name = f"blk.{index}.{names['.'.join(part)]}.{kind}"
+        writer.add_tensor(gguf_name, np.ascontiguousarray(value))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

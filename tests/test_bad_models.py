@@ -14,9 +14,26 @@ from specee.tokenizer import Tokenizer
 def test_gguf_of_another_architecture_is_refused_by_name(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECEE_CACHE", str(tmp_path / "cache"))
     path = write_gguf(tmp_path / "gpt2.gguf", "gpt2", SHAPE)
-    with pytest.raises(ModelLoadError, match="'gpt2' is not one specee runs.*llama"):
+    with pytest.raises(ModelLoadError, match=r"'gpt2' is not one specee runs \(supported: llama, qwen2, mistral, qwen3, "
+                                             r"gemma3\)"):
         resolve_model_dir(path)
     assert not list((tmp_path / "cache").glob("gpt2*"))  # nothing half-converted was kept
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"model_type": "gemma2"}, "unsupported model_type 'gemma2'.*llama, mistral, qwen2, qwen3, gemma3_text"),
+    ({"final_logit_softcapping": 30.0}, "final_logit_softcapping is not supported"),
+    ({"hidden_act": "relu"}, "unsupported hidden_act 'relu'"),
+])
+def test_a_model_directory_of_another_architecture_is_refused_by_name(tmp_path, capsys, change, message):
+    import re
+
+    model = tiny_model_directory(tmp_path / "model")
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, **change}))
+    code = main(["generate", "hi", "--model", str(model)])
+    err = capsys.readouterr().err
+    assert code == 2 and re.search(message, err) and "Traceback" not in err
 
 
 def test_gguf_missing_required_metadata_names_it(tmp_path, monkeypatch, capsys):

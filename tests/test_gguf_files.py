@@ -223,3 +223,30 @@ def test_a_cache_that_cannot_be_written_leaves_the_load_whole(tmp_path, tiny_tok
     assert result.completion_tokens == 4
     assert "could not cache the packed weights" in capsys.readouterr().err
     assert not list(cache.rglob("packed-*.pt")) and not list(cache.rglob("partial-*"))
+
+
+@pytest.mark.parametrize("architecture", ["qwen3", "gemma3"])
+def test_qwen3_and_gemma3_files_run_as_transformers_runs_their_weights(tmp_path, tiny_tokenizer, cache, architecture):
+    """A file as llama.cpp's converter writes one (its tensor names, Gemma's four norms per layer with
+    1 + w folded in, the sliding window in the metadata, the local RoPE base not in it): the same
+    logits as transformers' classes on the same weights, and Gemma's turn end and chat template."""
+    from helpers import TINY_ARCHITECTURES, tiny_hf_model, write_hf_as_gguf
+
+    # llama.cpp scales Gemma 3's attention by 1 / sqrt(head_dim): its checkpoints' query_pre_attn_scalar.
+    settings = {**TINY_ARCHITECTURES[architecture], "vocab_size": tiny_tokenizer.vocab_size}
+    if architecture == "gemma3":
+        settings["query_pre_attn_scalar"] = settings["head_dim"]
+    hf = tiny_hf_model(seed=2, **settings)
+    path = write_hf_as_gguf(hf, tmp_path / f"{architecture}.gguf", tiny_tokenizer.directory, architecture)
+    engine = specee.load(str(path), quantization="none")
+    config = engine.model.config
+    assert config.model_type == {"qwen3": "qwen3", "gemma3": "gemma3_text"}[architecture] and config.qk_norm
+    ids = list(range(3, 43))
+    with torch.no_grad():
+        expected = hf(torch.tensor([ids])).logits[0]
+        got = engine.model(torch.tensor(ids), torch.arange(len(ids)), engine.model.new_cache(48))
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    if architecture == "gemma3":
+        assert config.layer_window(0) == 6 and config.layer_window(5) is None and config.rope_local_base_freq == 10000
+        rendered = engine.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])
+        assert rendered.endswith("<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n")

@@ -138,3 +138,21 @@ def test_gemmas_differences_change_logits(setting):
     other = specee_from_hf(hf)
     with torch.no_grad():
         assert not torch.allclose(full_forward(plain, ids), full_forward(other, ids), atol=1e-3)
+
+
+@pytest.mark.parametrize("architecture", ["qwen3", "gemma3"])
+def test_a_hugging_face_directory_of_each_new_architecture_loads_as_transformers_runs_it(tmp_path, architecture):
+    """config.json and safetensors as save_pretrained writes them (Gemma's norms as w, its four norm
+    names): the loaded engine's logits are transformers'."""
+    import specee
+    from helpers import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer(tmp_path / "model")
+    hf = tiny_hf_model(seed=3, **TINY_ARCHITECTURES[architecture], vocab_size=tokenizer.vocab_size)
+    hf.save_pretrained(tmp_path / "model")
+    engine = specee.load(str(tmp_path / "model"), quantization="none")
+    ids = list(range(3, 40))
+    with torch.no_grad():
+        expected = hf(torch.tensor([ids])).logits[0]
+        got = engine.model(torch.tensor(ids), torch.arange(len(ids)), engine.model.new_cache(48))
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)

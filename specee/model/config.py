@@ -106,8 +106,7 @@ class LlamaConfig:
         model_type = d.get("model_type", "llama")
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
-                f"unsupported model_type {model_type!r}: specee runs Llama-family models "
-                f"({', '.join(SUPPORTED_MODEL_TYPES)})"
+                f"unsupported model_type {model_type!r} (supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
             )
         for key in ("final_logit_softcapping", "attn_logit_softcapping"):
             if d.get(key) is not None:
