@@ -6,18 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from .drafters.eagle import BUNDLED as BUNDLED_EAGLE
+from .bundled import bundled
 from .drafters.eagle import EagleArtifact, EagleModel
-from .drafters.kangaroo import BUNDLED as BUNDLED_KANGAROO
 from .drafters.kangaroo import KangarooArtifact, KangarooModel
 from .drafters.ngram import NgramModel
-from .exits.predictors import BUNDLED as BUNDLED_EXITS
 from .exits.predictors import ExitArtifact, ExitPredictors
 from .loader import dtype_name, load_parts
+from .model.fingerprint import weights_fingerprint
 from .model.llama import Transformer
 from .tokenizer import Tokenizer
-
-BUNDLED_NGRAM = Path(__file__).resolve().parent / "artifacts" / "smollm2-135m-instruct.trigram.pt"
 
 
 class ArtifactStore:
@@ -25,10 +22,11 @@ class ArtifactStore:
         self.model = model
         self.tokenizer = tokenizer
         self._loaded: dict[tuple[str, str], object] = {}
+        self._weights_fingerprint: str | None = None
 
     def ngram(self, path: str | None) -> NgramModel:
         return self._load("ngram", path, lambda p: NgramModel.load(p, self.tokenizer.fingerprint),
-                          BUNDLED_NGRAM, "the ngram method needs --ngram-model FILE")
+                          "the ngram method needs --ngram-model FILE")
 
     def draft_model(self, spec: str | None) -> tuple[Transformer, int | None]:
         """(draft weights, layers to use: None for all) for a path or "self:L"."""
@@ -49,11 +47,11 @@ class ArtifactStore:
 
     def eagle(self, path: str | None) -> EagleModel:
         return self._load("eagle", path, lambda p: EagleModel(self.model, EagleArtifact.load(p, self.model)),
-                          BUNDLED_EAGLE, "the eagle method needs --drafter FILE")
+                          "the eagle method needs --drafter FILE")
 
     def kangaroo(self, path: str | None) -> KangarooModel:
         return self._load("kangaroo", path, lambda p: KangarooModel(self.model, KangarooArtifact.load(p, self.model)),
-                          BUNDLED_KANGAROO, "the kangaroo method needs --drafter FILE")
+                          "the kangaroo method needs --drafter FILE")
 
     def exit_predictors(self, path: str | None) -> tuple[ExitArtifact, ExitPredictors]:
         """The artifact and its predictors on the model's device."""
@@ -61,15 +59,22 @@ class ArtifactStore:
             artifact = ExitArtifact.load(p, self.model)
             return artifact, artifact.predictors(self.model.device)
 
-        return self._load("exits", path, load, BUNDLED_EXITS, "--exit specee needs --exit-predictors FILE")
+        return self._load("exits", path, load, "--exit specee needs --exit-predictors FILE")
 
-    def _load(self, kind: str, path: str | None, load: Callable, bundled: Path | None = None, missing: str = ""):
-        """What `load` gives for the file the user named, else for the one bundled with specee (`missing`
-        says which option names one when there is none); loaded once per (kind, file)."""
+    def bundled(self, kind: str) -> Path | None:
+        """specee's own artifact of `kind` for this model (`bundled.py`), or None."""
+        if self._weights_fingerprint is None:
+            self._weights_fingerprint = weights_fingerprint(self.model)
+        return bundled(kind, self._weights_fingerprint, self.tokenizer.fingerprint)
+
+    def _load(self, kind: str, path: str | None, load: Callable, missing: str = ""):
+        """What `load` gives for the file the user named, else for the one bundled with specee for this
+        model (`missing` says which option names one when there is none); loaded once per (kind, file)."""
         if path is None:
-            if not bundled.exists():
-                raise ValueError(f"{missing} (train one with `specee train {kind}`)")
-            path = bundled
+            path = self.bundled(kind)
+            if path is None:
+                raise ValueError(f"{missing}: specee bundles none for this model (train one with "
+                                 f"`specee train {kind} --model MODEL --out FILE`)")
         key = (kind, str(path))
         if key not in self._loaded:
             self._loaded[key] = load(path)

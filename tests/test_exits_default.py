@@ -8,7 +8,8 @@ import torch
 
 from helpers import arithmetic_corpus, tiny_model
 from specee.cli import main
-from specee.exits.predictors import BUNDLED, ExitArtifact
+from specee.bundled import artifact_path
+from specee.exits.predictors import ExitArtifact
 from specee.exits.registry import EXIT_KINDS, ExitKind, register_exit
 
 pytestmark = pytest.mark.slow
@@ -52,7 +53,7 @@ def test_bundled_predictors_exit_early_on_the_default_model_and_refuse_other_wei
     assert early.token_ids[:FAITHFUL_PREFIX] == dense.token_ids[:FAITHFUL_PREFIX]
     other = tiny_model(seed=1, vocab_size=default_engine.config.vocab_size, num_hidden_layers=2)
     with pytest.raises(ValueError, match="trained for another model"):
-        ExitArtifact.load(BUNDLED, other)
+        ExitArtifact.load(artifact_path("smollm2-135m-instruct", "exits"), other)
 
 
 class FromLayer:
@@ -116,7 +117,7 @@ def test_exit_stats_in_json(capsys, exit_flags):
     (["--exit", "specee", "--exit-predictors", "KANGAROO"], "is not a specee exit predictor file"),
 ])
 def test_bad_exit_flags_exit_2_with_a_message(capsys, flags, message):
-    from specee.drafters.kangaroo import BUNDLED as KANGAROO
+    KANGAROO = artifact_path("smollm2-135m-instruct", "kangaroo")
 
     flags = [str(KANGAROO) if f == "KANGAROO" else f for f in flags]
     code = main(["generate", "hello", "--max-tokens", "4", *flags])

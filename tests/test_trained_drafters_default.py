@@ -77,7 +77,9 @@ def test_train_eagle_from_the_command_line(tmp_path, default_engine, monkeypatch
 
 
 def test_an_eagle_head_is_not_a_kangaroo_drafter(capsys):
-    from specee.drafters.eagle import BUNDLED
+    from specee.bundled import artifact_path
+
+    BUNDLED = artifact_path("smollm2-135m-instruct", "eagle")
 
     code = main(["generate", "hello", "--max-tokens", "4", "--spec-method", "kangaroo", "--drafter", str(BUNDLED)])
     assert code == 2 and "is not a specee Kangaroo drafter" in capsys.readouterr().err

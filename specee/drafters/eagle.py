@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import ClassVar
 
 import torch
@@ -31,7 +30,6 @@ from .prompt_lookup import PromptLookup
 from .registry import Drafting, SpecMethod, register
 from .trained import TrainedArtifact, drafter_cache, load_trained
 
-BUNDLED = Path(__file__).resolve().parent.parent / "artifacts" / "smollm2-135m-instruct.eagle.pt"
 
 
 class EagleHead(nn.Module):

@@ -17,7 +17,6 @@ for verification, never through the adapter) is fed at the next step.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import ClassVar
 
 import torch
@@ -33,7 +32,6 @@ from .base import Proposer
 from .registry import Drafting, SpecMethod, register
 from .trained import TrainedArtifact, drafter_cache, load_trained
 
-BUNDLED = Path(__file__).resolve().parent.parent / "artifacts" / "smollm2-135m-instruct.kangaroo.pt"
 
 
 class Adapter(nn.Module):

@@ -8,7 +8,6 @@ the drafter offers fewer than K.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import ClassVar
 
 import torch
@@ -17,7 +16,6 @@ from torch import nn
 from ..artifact_header import ArtifactKind
 from ..drafters.trained import TrainedArtifact
 
-BUNDLED = Path(__file__).resolve().parent.parent / "artifacts" / "smollm2-135m-instruct.exits.pt"
 HIDDEN = 512
 
 

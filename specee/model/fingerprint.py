@@ -14,7 +14,8 @@ EMBEDDING_ROWS = 256  # a sample of the embedding: enough to tell checkpoints ap
 
 
 def weights_fingerprint(model: Transformer) -> str:
-    """A hash of the shape, every RMSNorm weight and the first embedding rows. Values are
+    """A hash of the shape, each layer's norms before attention and before the MLP, the final norm
+    and the first embedding rows (as stored: Gemma's scaling left out). Values are
     rounded to bf16 first, so an fp32 model and the same model loaded in bf16 agree. A quantized
     model answers with the fingerprint of the weights it was quantized from (`source_fingerprint`):
     what was trained for those weights runs on it too."""
@@ -25,7 +26,7 @@ def weights_fingerprint(model: Transformer) -> str:
     norms = [model.norm.weight]
     for layer in model.layers:
         norms += [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
-    return fingerprint(model.config, model.embed(rows), norms)
+    return fingerprint(model.config, model.embed_tokens(rows), norms)
 
 
 def fingerprint(config, embedding_rows: torch.Tensor, norms: list[torch.Tensor]) -> str:

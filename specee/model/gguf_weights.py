@@ -111,8 +111,9 @@ def source_fingerprint(reader, state: dict, config) -> str:
     embedding = next(t for t in reader.tensors if hf_name(t.name, config.model_type) == "model.embed_tokens.weight")
     rows = torch.from_numpy(_dense(embedding, EMBEDDING_ROWS))
     norms = [state["model.norm.weight"]]
+    before_mlp = "pre_feedforward_layernorm" if config.sandwich_norms else "post_attention_layernorm"  # HF's names
     for i in range(config.num_hidden_layers):
-        norms += [state[f"model.layers.{i}.input_layernorm.weight"], state[f"model.layers.{i}.post_attention_layernorm.weight"]]
+        norms += [state[f"model.layers.{i}.input_layernorm.weight"], state[f"model.layers.{i}.{before_mlp}.weight"]]
     return fingerprint(config, rows, norms)
 
 
