@@ -251,6 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
     exits = train_sub.add_parser("exits", help="per-layer early-exit predictors for --exit specee")
     _add_training_options(exits, minutes=5.0, tokens=60_000, epochs=30)
     exits.add_argument("--candidates", type=_positive_int, default=4, help="K: the drafter's guesses per token (default 4)")
+    exits.add_argument("--ngram-model", help="the n-gram table candidates come from (default: the one bundled for the "
+                                             "model's tokenizer); decoding then needs the same --ngram-model")
     exits.add_argument("--fidelity", type=float, default=0.99,
                        help="the stored threshold is the lowest whose held-out exit fidelity reaches this (default 0.99)")
     exits.add_argument("--coverage", type=float, default=0.9,
@@ -356,7 +358,7 @@ def _train_exits(args) -> int:
     config = ExitTrainConfig(tokens=args.tokens, minutes=args.minutes, epochs=args.epochs, lr=args.lr,
                              fidelity=args.fidelity, coverage=args.coverage, seed=args.seed,
                              balance_classes=args.balance_classes)
-    train_exits(engine, Path(args.out), exit_candidates(engine.artifacts, args.candidates), args.corpus,
+    train_exits(engine, Path(args.out), exit_candidates(engine.artifacts, args.candidates, args.ngram_model), args.corpus,
                 not args.no_sharegpt, config)
     return 0
 

@@ -185,7 +185,7 @@ class Engine:
             config = config.merged(keywords)
         if config.exit.kind != "none":
             speculative = None if config.method == "none" else build_speculative(self.artifacts, config)
-            return build_early_exit(self.artifacts, config.exit, speculative)
+            return build_early_exit(self.artifacts, config.exit, speculative, config.ngram_model)
         if config.method == "none":
             return Autoregressive()
         return build_speculative(self.artifacts, config)
