@@ -1,4 +1,5 @@
-"""One table per weight format on the default model: speed, memory and quality, next to llama.cpp.
+"""One table per weight format on a model (the default one unless `--model`): speed, memory and
+quality, next to llama.cpp.
 
 Each format (and llama.cpp) runs in its own child process, so its peak memory is its own; the
 children run round-robin for `--rounds` rounds (speed from every round, the median kept; quality
@@ -13,13 +14,14 @@ from the first). Per format:
 
 A format runs on specee's compiled CPU kernels, in the best CPU tier; "<format>:<tier>" in a tier
 this CPU runs (avx512, avxvnni, avx2, neon, portable), "<format>:eager" on PyTorch's own kernels.
-`--model FILE.gguf` runs every system on that file instead (speed, load time and memory only: the
-random-weight files of `scripts/make_random_gguf.py` have no quality to measure); a child's load
-time is that of a load after the first (the first writes specee's caches, untimed).
+`--model FILE.gguf` runs every system on that file instead (the random-weight files of
+`scripts/make_random_gguf.py` have no quality to measure: `--no-quality`); a child's load time is
+that of a load after the first (the first writes specee's caches, untimed).
 
     PYTHONPATH=. python benchmarks/formats.py --formats none,int8,int4,gguf,int4:eager --rounds 2
     PYTHONPATH=. python benchmarks/formats.py --formats int4:avx2,int4:portable,int4:eager --no-quality
-    PYTHONPATH=. python benchmarks/formats.py --model random-1b-Q4_K_M.gguf --formats gguf --rounds 3
+    PYTHONPATH=. python benchmarks/formats.py --model random-1b-Q4_K_M.gguf --formats gguf --rounds 3 --no-quality
+    PYTHONPATH=. python benchmarks/formats.py --model gemma-3-270m-q4_k_m.gguf --formats none,int8,int4,gguf
 """
 from __future__ import annotations
 
@@ -157,13 +159,13 @@ def child(system: str, inputs_file: str, with_quality: bool, model: str | None) 
     print(json.dumps(result))
 
 
-def write_inputs(path: Path) -> None:
+def write_inputs(path: Path, model: str | None) -> None:
     """The token ids every system runs on, tokenized once here (the children load only a model)."""
     from specee.model.config import LlamaConfig
     from specee.model.loading import default_model_path, resolve_model_dir
     from specee.tokenizer import Tokenizer
 
-    directory = resolve_model_dir(default_model_path())
+    directory = resolve_model_dir(Path(model) if model else default_model_path())
     tokenizer = Tokenizer(directory, LlamaConfig.from_file(directory / "config.json").eos_token_ids)
     path.write_text(json.dumps({"long_prompt": prefill_ids(tokenizer),
                                 "decode_prompt": tokenizer.encode_prompt(DECODE_PROMPT)}))
@@ -230,15 +232,14 @@ def main() -> None:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--inputs", help=argparse.SUPPRESS)
     parser.add_argument("--quality", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--model", help="a GGUF file to run every system on (speed, load and memory only)")
+    parser.add_argument("--model", help="a GGUF file to run every system on (default: the default model)")
     args = parser.parse_args()
     if args.child:
         return child(args.child, args.inputs, args.quality, args.model)
     inputs = Path(tempfile.mkdtemp()) / "inputs.json"
-    write_inputs(inputs)
+    write_inputs(inputs, args.model)
     systems = args.formats.split(",") + ([] if args.no_llama_cpp else ["llama.cpp"])
     if args.model:
-        args.no_quality = True
         for system in systems[:-1] if not args.no_llama_cpp else systems:  # first loads write the caches
             run_child_load_only(system, args.model)
     runs: dict[str, list[dict]] = {s: [] for s in systems}

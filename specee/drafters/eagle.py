@@ -31,7 +31,6 @@ from .registry import Drafting, SpecMethod, register
 from .trained import TrainedArtifact, drafter_cache, load_trained
 
 
-
 class EagleHead(nn.Module):
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()

@@ -33,7 +33,6 @@ from .registry import Drafting, SpecMethod, register
 from .trained import TrainedArtifact, drafter_cache, load_trained
 
 
-
 class Adapter(nn.Module):
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
