@@ -220,3 +220,13 @@ def test_an_artifact_for_another_model_is_refused(model, tmp_path):
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(ValueError, match="not a specee EAGLE drafter"):
         EagleArtifact.load(tmp_path / "junk.pt", model)
+
+
+def test_collected_states_keep_values_beyond_fp16s_range():
+    """Gemma's residual stream reaches past fp16's 65,504: such states are kept (in bf16), not inf."""
+    model = tiny_model(seed=3)
+    with torch.no_grad():
+        model.embed_tokens.weight.mul_(1e6)
+    data = collect(model, [[1, 2, 3, 4, 5]])
+    assert torch.isfinite(data.states[0]).all() and data.states[0].float().abs().max() > 65504
+    assert collect(tiny_model(seed=3), [[1, 2, 3]]).states[0].dtype == torch.float16  # fp16 where it fits

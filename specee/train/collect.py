@@ -66,6 +66,11 @@ def corpus_sequences(engine: Engine, corpus_files: list[str], use_sharegpt: bool
     return kept, info
 
 
+# Bumped when collected states are stored differently, so a cache of the old kind is collected anew
+# (2: bf16 where fp16 overflows).
+STORAGE_VERSION = 2
+
+
 def collect(model: Transformer, chunks: list[list[int]]) -> Collected:
     ids_out, states_out = [], []
     top_counts = torch.zeros(model.config.vocab_size, dtype=torch.long)
@@ -75,8 +80,14 @@ def collect(model: Transformer, chunks: list[list[int]]) -> Collected:
             h = model.hidden(ids, torch.arange(len(chunk), device=model.device), model.new_cache(len(chunk)))
             top_counts += torch.bincount(model.logits(model.norm(h)).argmax(-1).cpu(), minlength=len(top_counts))
             ids_out.append(ids.cpu())
-            states_out.append(h.to("cpu", torch.float16))
+            states_out.append(h.to("cpu", storage_dtype(h)))
     return Collected(ids_out, states_out, top_counts)
+
+
+def storage_dtype(states: torch.Tensor) -> torch.dtype:
+    """Half the memory of fp32 for collected states: fp16 where they fit its range (three more bits
+    than bf16), bf16 where some do not (Gemma's residual stream reaches past 65,504)."""
+    return torch.float16 if states.abs().max() < torch.finfo(torch.float16).max else torch.bfloat16
 
 
 def choose_vocabulary(top_counts: torch.Tensor, coverage: float) -> tuple[torch.Tensor, dict]:
@@ -107,7 +118,7 @@ def target_states(engine: Engine, corpus_files: list[str], use_sharegpt: bool, t
     they came from, with the collection time."""
     began = time.perf_counter()
     chunks, info = corpus_sequences(engine, list(corpus_files), use_sharegpt, tokens, chunk)
-    key = (weights_fingerprint(engine.model), sorted(info.items()), chunk)
+    key = (weights_fingerprint(engine.model), sorted(info.items()), chunk, STORAGE_VERSION)
     data = cached("target-states", key, Collected, lambda: collect(engine.model, chunks))
     info["collect_minutes"] = round((time.perf_counter() - began) / 60, 1)
     info["model"] = str(engine.source.name) if engine.source else ""
