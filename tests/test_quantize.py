@@ -239,3 +239,26 @@ def test_default_model_tensors_equal_gguf_dequantization():
     rows = torch.arange(2048)
     expected8 = torch.from_numpy(dequantize(tensors["token_embd.weight"].data[:2048], gguf.GGMLQuantizationType.Q8_0).copy())
     assert torch.equal(embedding.dequantize(rows) + 0.0, expected8 + 0.0)
+
+
+def test_a_rows_price_follows_the_multiply_adds_per_weight_byte():
+    """The kernels' row cost was measured on the default model; another model's scales with how
+    many multiply-adds a row makes per byte a pass reads (more bytes per weight, or a larger int8
+    head: a cheaper row, relative to the pass)."""
+    from specee.model.kernels import cpu_kernels
+    from specee.model.quantize import KERNEL_ROW_COST, REFERENCE_MULTIPLY_ADDS_PER_BYTE
+
+    kernels = cpu_kernels()
+    prices = {}
+    for name in ("int4", "int8"):
+        model = quantize_model(specee_from_hf(tiny_hf_model(seed=1, intermediate_size=128), pack=False), name,
+                               kernels=kernels)
+        c = model.config
+        per_layer = c.hidden_size * (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim \
+            + c.num_attention_heads * c.head_dim * c.hidden_size + 3 * c.hidden_size * c.intermediate_size
+        multiply_adds = c.num_hidden_layers * per_layer + c.hidden_size * c.vocab_size
+        assert model.multiply_adds_per_byte == pytest.approx(multiply_adds / model.weight_bytes)
+        assert model.extra_row_cost == pytest.approx(
+            KERNEL_ROW_COST[kernels.tier] * model.multiply_adds_per_byte / REFERENCE_MULTIPLY_ADDS_PER_BYTE)
+        prices[name] = model.extra_row_cost
+    assert prices["int8"] < prices["int4"]  # twice the bytes per weight, the same multiply-adds

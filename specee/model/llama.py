@@ -488,6 +488,14 @@ class Transformer(nn.Module):
                 + sum(n.weight.numel() for n in norms) * element_size)
 
     @property
+    def multiply_adds_per_byte(self) -> float:
+        """One row's multiply-adds over the weight bytes a pass reads (`quantize.mark_quantized`)."""
+        matrices = [m for layer in self.layers for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
+                                                         layer.mlp.gate_up_proj, layer.mlp.down_proj)]
+        multiply_adds = sum(m.in_features * m.out_features for m in [*matrices, self.lm_head])
+        return multiply_adds / (self.layers_bytes(range(len(self.layers))) + self.head_bytes)
+
+    @property
     def head_bytes(self) -> int:
         """Weight bytes of the final norm and the output head, read by every pass that scores tokens."""
         element_size = self.norm.weight.element_size()

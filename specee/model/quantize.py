@@ -41,6 +41,11 @@ QUANTIZATIONS = ("auto", "none", "int8", "int4", "gguf")
 # not spend. Measured: avx512 (Zen 4), avx2 (Zen 3), portable; the tiers not measured yet take avx2's.
 KERNEL_ROW_COST = {"avx512": 0.15, "avxvnni": 0.2, "avx2": 0.2, "neon": 0.2, "portable": 1.0}
 ATEN_ROW_COST = 0.17
+# Those were measured on the default model, whose weights hold 1.32 multiply-adds per byte a pass
+# reads. A row costs its multiply-adds; a one-row pass, the time to read the weights: a model with
+# fewer multiply-adds per byte (Gemma 3 270M: 0.84, its int8 head of 262,144 rows ~60% of the
+# bytes) pays less for a row, in proportion (BENCHMARKS.md, "Multi-row cost of a 262k vocabulary").
+REFERENCE_MULTIPLY_ADDS_PER_BYTE = 1.32
 INT4_GROUP_SIZES = (32, 64, 128)
 # The default model comes as Q4_1 (groups of 32): groups of 32 keep its values almost exactly,
 # groups of 64 cannot, and moved its logits far more (BENCHMARKS.md).
@@ -435,5 +440,6 @@ def mark_quantized(model: nn.Module, kernels) -> nn.Module:
     """What a model whose matrices are quantized runs differently."""
     for layer in model.layers:  # aten's kernels round rows alone; so must attention without the CPU kernels
         layer.self_attn.rows_alone = True
-    model.extra_row_cost = KERNEL_ROW_COST[kernels.tier] if kernels is not None else ATEN_ROW_COST
+    measured = KERNEL_ROW_COST[kernels.tier] if kernels is not None else ATEN_ROW_COST
+    model.extra_row_cost = measured * model.multiply_adds_per_byte / REFERENCE_MULTIPLY_ADDS_PER_BYTE
     return model
