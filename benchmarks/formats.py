@@ -87,10 +87,12 @@ def measure_ours(system: str, inputs: dict, with_quality: bool, model: str | Non
                          cpu_tier=path if path not in ("", "eager") else None)
     load_s = time.perf_counter() - started
     model, long_prompt = engine.model, inputs["long_prompt"]
-    engine.generate(inputs["decode_prompt"], chat=False, max_tokens=8, ignore_eos=True)  # warm-up
+    # Dense decoding: one pass per token, whatever the engine's default (`auto` speculates).
+    engine.generate(inputs["decode_prompt"], chat=False, max_tokens=8, ignore_eos=True, spec_method="none")  # warm-up
 
     def decode():
-        return engine.generate(inputs["decode_prompt"], chat=False, max_tokens=DECODE_TOKENS, ignore_eos=True)
+        return engine.generate(inputs["decode_prompt"], chat=False, max_tokens=DECODE_TOKENS, ignore_eos=True,
+                               spec_method="none")
 
     def prefill():
         with torch.inference_mode():
@@ -113,9 +115,9 @@ def quality_of(engine) -> dict:
             logits = model(torch.tensor(ids), torch.arange(len(ids)), model.new_cache(len(ids)))[:-1].float()
             nll.append(torch.nn.functional.cross_entropy(logits, torch.tensor(ids[1:]), reduction="sum").item())
             argmax.append(logits.argmax(-1).tolist())
-    greedy = [engine.generate(p.turns[0], max_tokens=GREEDY_TOKENS).token_ids
+    greedy = [engine.generate(p.turns[0], max_tokens=GREEDY_TOKENS, spec_method="none").token_ids
               for p in load_dataset("spec-bench", num_prompts=1)[:GREEDY_PROMPTS]]
-    mmlu = [bool(judge(p, engine.generate(p.turns[0], max_tokens=MMLU_TOKENS).text))
+    mmlu = [bool(judge(p, engine.generate(p.turns[0], max_tokens=MMLU_TOKENS, spec_method="none").text))
             for p in load_dataset("mmlu", num_prompts=MMLU_QUESTIONS)[:MMLU_QUESTIONS]]
     return {"nll": nll, "argmax": argmax, "greedy": greedy, "mmlu_correct": sum(mmlu), "mmlu_total": len(mmlu)}
 
