@@ -26,7 +26,7 @@ LAYERS = [
     ("specee.drafters", "specee.exits"),
     ("specee.verification", "specee.grammar"),  # the grammar masks verification rows and prunes drafts
     ("specee.model", "specee.sampling", "specee.tokenizer", "specee.text_stream", "specee.stats",
-     "specee.artifact_header", "specee.registry"),
+     "specee.artifact_header", "specee.bundled", "specee.registry"),
 ]
 USER_FACING = ("specee.cli", "specee.__main__", "specee.server", "specee.cluster", "specee.deploy")
 ON_THE_ENGINE = ("specee", "specee.engine", "specee.batch", "specee.eval", "specee.train", *USER_FACING)
