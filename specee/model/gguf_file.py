@@ -3,6 +3,7 @@ Hugging Face names, and its tokenizer, written once as a small Hugging Face layo
 (config.json and tokenizer files; the weights are read from the file itself: `gguf_weights.py`)."""
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -57,9 +58,14 @@ GEMMA_CHAT_TEMPLATE = (
 REQUIRED_KEYS = ("embedding_length", "feed_forward_length", "block_count", "attention.head_count")
 
 
+@functools.cache
+def _tensor_names(model_type: str) -> dict[str, str]:
+    return {**_TENSOR_NAMES, **_ARCHITECTURE_TENSOR_NAMES.get(model_type, {})}
+
+
 def hf_name(gguf_name: str, model_type: str) -> str | None:
     """A tensor's Hugging Face name in a file of `model_type` (None: one specee does not read)."""
-    names = {**_TENSOR_NAMES, **_ARCHITECTURE_TENSOR_NAMES.get(model_type, {})}
+    names = _tensor_names(model_type)
     parts = gguf_name.split(".")
     if parts[0] == "blk":
         key = "blk.{i}." + ".".join(parts[2:])
