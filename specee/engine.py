@@ -318,6 +318,7 @@ class Generation:
                     break
                 new, delta, finish = self._commit(step.tokens, output, text)
                 drafted, exit_layer = min(len(new), step.drafted), step.exit_layer  # cut short: fewer drafts
+                stats.draft_tokens_accepted -= step.drafted - drafted  # count only what reached the user
                 method = step.method
                 if logprobs is not None:
                     new_logprobs = token_logprobs(step, len(new), self.logprobs)

@@ -96,6 +96,24 @@ def test_events_say_how_many_tokens_were_accepted_drafts(engine):
     assert events[-1].finish_reason == "length"  # cut one token into a step: that token was a draft
 
 
+class CountingStrategy(ScriptedStrategy):
+    """Yields fixed steps and counts each one's drafts as a verifier does: accepted when yielded."""
+
+    def decode(self, state):
+        for step in self.steps:
+            state.stats.record_pass(step.drafted + 1, step.drafted)
+            yield step
+
+
+def test_accepted_drafts_cut_at_max_tokens_are_not_counted(engine):
+    steps = [Step([100]), Step([101, 102, 103], 2), Step([104, 105, 106, 107], 3)]
+    stream = engine.stream(PROMPTS[0], max_tokens=5, ignore_eos=True, strategy=CountingStrategy(steps))
+    events = list(stream)
+    assert sum(e.drafted for e in events) == 3  # two from the second pass, one of the last one's three
+    assert stream.result.stats.draft_tokens_accepted == 3
+    assert stream.result.stats.draft_tokens_proposed == 8  # proposed drafts were all verified
+
+
 @pytest.mark.slow
 def test_dense_events_hold_only_the_targets_tokens_and_speculative_ones_lead_with_drafts(default_engine):
     dense = list(default_engine.stream(PROMPTS[0], max_tokens=12, ignore_eos=True, spec_method="none"))
