@@ -22,11 +22,11 @@ model = build_model(LoadedWeights(config, state, None), torch.float32, "cuda")
 engine = Engine(model, tok)
 prompt = "the cat sat on the mat. the cat sat on the"
 pen = dict(presence_penalty=-2.0, frequency_penalty=0.5, logit_bias={17: 1.5})
-for name, spec in (("draft chain self:3", dict(spec_method="draft", draft_model="self:3", num_draft_tokens=3)),
-                   ("draft tree self:3", dict(spec_method="draft", draft_model="self:3", tree="0;1;0,0;0,1;1,0")),
-                   ("prompt-lookup", dict(spec_method="prompt-lookup"))):
-    dense = engine.generate(prompt, max_tokens=48, ignore_eos=True, logprobs=2, **pen)
-    fast = engine.generate(prompt, max_tokens=48, ignore_eos=True, logprobs=2, **pen, **spec)
+for name, method, spec in (("draft chain self:3", "draft", dict(draft_model="self:3", num_draft_tokens=3)),
+                           ("draft tree self:3", "draft", dict(draft_model="self:3", tree="0;1;0,0;0,1;1,0")),
+                           ("prompt-lookup", "prompt-lookup", {})):
+    dense = engine.generate(prompt, max_tokens=48, ignore_eos=True, logprobs=2, spec_method="none", **pen)
+    fast = engine.generate(prompt, max_tokens=48, ignore_eos=True, logprobs=2, spec_method=method, **pen, **spec)
     diff = max(abs(a.logprob - b.logprob) for a, b in zip(dense.logprobs, fast.logprobs))
     print(f"{name}: greedy identical {dense.token_ids == fast.token_ids}, accepted {fast.stats.draft_tokens_accepted}, "
           f"largest logprob difference {diff:.2e}")
@@ -34,9 +34,9 @@ sampled = engine.generate(prompt, max_tokens=32, ignore_eos=True, temperature=0.
                           spec_method="draft", draft_model="self:2", tree="0;1;0,0")
 print("sampled speculative with penalties on cuda:", sampled.completion_tokens, "tokens")
 for label, options in (("plain", {}), ("penalties+bias", pen), ("logprobs=5", dict(logprobs=5))):
-    engine.generate(prompt, max_tokens=64, ignore_eos=True, **options)
+    engine.generate(prompt, max_tokens=64, ignore_eos=True, spec_method="none", **options)
     torch.cuda.synchronize(); t = time.perf_counter()
     for _ in range(5):
-        engine.generate(prompt, max_tokens=64, ignore_eos=True, **options)
+        engine.generate(prompt, max_tokens=64, ignore_eos=True, spec_method="none", **options)
     torch.cuda.synchronize()
     print(f"dense, {label}: {5 * 64 / (time.perf_counter() - t):.0f} tok/s")

@@ -40,7 +40,9 @@ def main() -> None:
     prompt_ids = engine.tokenizer.encode_prompt(PROMPT, chat=False)
 
     def ours() -> float:
-        stats = engine.generate(PROMPT, chat=False, max_tokens=args.tokens + 1, ignore_eos=True).stats
+        stats = engine.generate(PROMPT, chat=False, max_tokens=args.tokens + 1, ignore_eos=True,
+                                spec_method="none").stats
+        assert set(stats.method_passes) == {"none"}, stats.method_passes  # dense against dense
         return stats.decode_s / args.tokens * 1e3
 
     def theirs() -> float:
@@ -65,7 +67,7 @@ def main() -> None:
     geomean = math.exp(statistics.fmean(math.log(r) for r in ratios))
     print(f"specee / llama.cpp decode speed: median {statistics.median(ratios):.2f}x, geometric mean {geomean:.2f}x "
           f"over {args.rounds} rounds ({engine.quantization}, {threads} threads)")
-    print(json.dumps({"model": args.model, "quantization": engine.quantization, "threads": threads,
+    print(json.dumps({"model": args.model, "spec_method": "none", "quantization": engine.quantization, "threads": threads,
                       "tokens": args.tokens, "ratios": ratios, "median": statistics.median(ratios),
                       "geomean": geomean}))
 

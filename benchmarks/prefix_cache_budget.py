@@ -25,7 +25,7 @@ def replay(engine, scripts, max_tokens: int) -> dict:
     for turn in range(max(len(s.turns) for s in scripts)):
         for history, script in zip(histories, scripts):
             history.append({"role": "user", "content": script.turns[turn]})
-            result = engine.generate(history, max_tokens=max_tokens)
+            result = engine.generate(history, max_tokens=max_tokens, spec_method="none")
             history.append({"role": "assistant", "content": result.text})
             prompt += result.stats.prompt_tokens
             cached += result.stats.cached_tokens
@@ -44,7 +44,7 @@ def main() -> None:
     cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
     print(f"{cpu}, {engine.cpu_tier} kernels, {engine.quantization} weights")
     scripts = [s.tagged(f"[budget run {i}]") for i, s in enumerate(chat_scripts(CONVERSATIONS))]
-    engine.generate("Hello", max_tokens=8)  # warm-up
+    engine.generate("Hello", max_tokens=8, spec_method="none")  # warm-up
     for mb in (float(b) for b in args.budgets.split(",")):
         engine.prefix_cache.budget_bytes = int(mb * 2**20)
         began = time.perf_counter()

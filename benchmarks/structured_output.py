@@ -73,9 +73,9 @@ TASKS = {
 METHODS = ("prompt-lookup", "hybrid", "eagle", "kangaroo")
 
 
-def timed(engine, prompt, **options):
+def timed(engine, prompt, spec_method, **options):
     began = time.perf_counter()
-    result = engine.generate(prompt, max_tokens=160, **options)
+    result = engine.generate(prompt, max_tokens=160, spec_method=spec_method, **options)
     return time.perf_counter() - began - result.stats.prefill_s, result
 
 
@@ -91,8 +91,8 @@ def main() -> None:
                platform.processor())
     engine = specee.load()
     print(f"{cpu}, {engine.cpu_tier} kernels, {engine.quantization} weights")
-    modes = {"free dense": {}, "json dense": {"grammar": None}} | {f"json {m}": {"grammar": None, "spec_method": m}
-                                                                   for m in METHODS}
+    modes = {"free dense": {"spec_method": "none"}, "json dense": {"grammar": None, "spec_method": "none"}} | {
+        f"json {m}": {"grammar": None, "spec_method": m} for m in METHODS}
     ratios = {kind: {name: [] for name in ("json dense / free dense (tok/s)", *[f"json {m} / json dense" for m in
                                                                                 METHODS])} for kind in TASKS}
     for kind, tasks in TASKS.items():
