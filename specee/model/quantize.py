@@ -41,11 +41,13 @@ QUANTIZATIONS = ("auto", "none", "int8", "int4", "gguf")
 # not spend. Measured: avx512 (Zen 4), avx2 (Zen 3), portable; the tiers not measured yet take avx2's.
 KERNEL_ROW_COST = {"avx512": 0.15, "avxvnni": 0.2, "avx2": 0.2, "neon": 0.2, "portable": 1.0}
 ATEN_ROW_COST = 0.17
-# Those were measured on the default model, whose weights hold 1.32 multiply-adds per byte a pass
-# reads. A row costs its multiply-adds; a one-row pass, the time to read the weights: a model with
-# fewer multiply-adds per byte (Gemma 3 270M: 0.84, its int8 head of 262,144 rows ~60% of the
-# bytes) pays less for a row, in proportion (BENCHMARKS.md, "Multi-row cost of a 262k vocabulary").
-REFERENCE_MULTIPLY_ADDS_PER_BYTE = 1.32
+# Those were measured on the default model in its default format (the file's own blocks), whose
+# row makes 134,479,872 multiply-adds and whose pass reads 101,885,184 bytes. A row costs its
+# multiply-adds; a one-row pass, the time to read the weights: a model with fewer multiply-adds per
+# byte (Gemma 3 270M: 0.84, its int8 head of 262,144 rows ~60% of the bytes) pays less for a row,
+# in proportion (BENCHMARKS.md, "Multi-row cost of a 262k vocabulary"). The ratio is kept exact,
+# so the default model's price is the measured one to the last bit, never a hair under a threshold.
+REFERENCE_MULTIPLY_ADDS_PER_BYTE = 134_479_872 / 101_885_184
 INT4_GROUP_SIZES = (32, 64, 128)
 # The default model comes as Q4_1 (groups of 32): groups of 32 keep its values almost exactly,
 # groups of 64 cannot, and moved its logits far more (BENCHMARKS.md).
@@ -440,6 +442,12 @@ def mark_quantized(model: nn.Module, kernels) -> nn.Module:
     """What a model whose matrices are quantized runs differently."""
     for layer in model.layers:  # aten's kernels round rows alone; so must attention without the CPU kernels
         layer.self_attn.rows_alone = True
-    measured = KERNEL_ROW_COST[kernels.tier] if kernels is not None else ATEN_ROW_COST
-    model.extra_row_cost = measured * model.multiply_adds_per_byte / REFERENCE_MULTIPLY_ADDS_PER_BYTE
+    model.extra_row_cost = extra_row_cost(kernels.tier if kernels is not None else None, model.multiply_adds_per_byte)
     return model
+
+
+def extra_row_cost(tier: str | None, multiply_adds_per_byte: float) -> float:
+    """One more row of a pass as a fraction of a one-row pass, on `tier`'s kernels (None: PyTorch's),
+    for weights that make `multiply_adds_per_byte` multiply-adds a row per byte a pass reads."""
+    measured = KERNEL_ROW_COST[tier] if tier is not None else ATEN_ROW_COST
+    return measured * (multiply_adds_per_byte / REFERENCE_MULTIPLY_ADDS_PER_BYTE)
