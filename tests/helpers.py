@@ -177,14 +177,16 @@ def arithmetic_corpus(path, count: int):
     return path
 
 
-def cpu_tier_params():
-    """One pytest param per CPU kernel tier; the tiers this CPU cannot run are skipped, saying why."""
+def cpu_tier_params(portable: bool = True):
+    """One pytest param per CPU kernel tier (without the portable one where a test compares a tier
+    against it); the tiers this CPU cannot run are skipped, saying why."""
     import pytest
 
     from specee.model.kernels import TIERS, missing_cpu_flags
 
     return [pytest.param(tier.name, id=tier.name, marks=pytest.mark.skipif(
-        bool(missing_cpu_flags(tier)), reason=f"this CPU lacks {', '.join(missing_cpu_flags(tier))}")) for tier in TIERS]
+        bool(missing_cpu_flags(tier)), reason=f"this CPU lacks {', '.join(missing_cpu_flags(tier))}"))
+        for tier in TIERS if portable or tier.name != "portable"]
 
 
 # A tiny Llama GGUF file in any of llama.cpp's block types: K-quants need rows of 256 inputs.
@@ -333,3 +335,22 @@ def write_hf_as_gguf(hf_model, path: Path, tokenizer_directory: Path, architectu
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def pass_through_head(config):
+    """An EAGLE head that estimates the next state as the current one (its layer adds nothing), so
+    it drafts the token the target just chose again: right where the model repeats itself, wrong
+    elsewhere, which gives verification accepted and rejected drafts to keep lossless."""
+    import torch
+
+    from specee.drafters.eagle import EagleHead
+
+    head = EagleHead(config)
+    hidden = config.hidden_size
+    with torch.no_grad():
+        head.fc.weight.zero_()
+        head.fc.bias.zero_()
+        head.fc.weight[:, hidden:] = torch.eye(hidden)
+        head.layer.self_attn.o_proj.weight.zero_()
+        head.layer.mlp.down_proj.weight.zero_()
+    return head

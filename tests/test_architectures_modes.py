@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import specee
-from helpers import TINY_ARCHITECTURES, tiny_model_directory
-from specee.drafters.eagle import EagleArtifact, EagleHead
+from helpers import TINY_ARCHITECTURES, pass_through_head, tiny_model_directory
+from specee.drafters.eagle import EagleArtifact
 from specee.drafters.kangaroo import Adapter, KangarooArtifact, KangarooSettings
 from specee.drafters.ngram import NgramModel
 from specee.exits.predictors import ExitArtifact, ExitPredictors, ExitSettings
@@ -18,10 +18,10 @@ PROMPTS = ["the cat sat on the mat and the cat sat on the", "one two three four 
 MAX_TOKENS = 40
 MODES = {
     "prompt-lookup": dict(spec_method="prompt-lookup"),
-    "prompt-lookup tree": dict(spec_method="prompt-lookup", tree="auto", tree_budget=8),
+    "prompt-lookup tree": dict(spec_method="prompt-lookup", tree="auto", tree_budget=8, tree_node_cost=0.0),
     "ngram": dict(spec_method="ngram"),
-    "ngram tree": dict(spec_method="ngram", tree="auto", tree_budget=6),
-    "hybrid tree": dict(spec_method="hybrid", tree="auto", tree_budget=6),
+    "ngram tree": dict(spec_method="ngram", tree="auto", tree_budget=6, tree_node_cost=0.0),
+    "hybrid tree": dict(spec_method="hybrid", tree="auto", tree_budget=6, tree_node_cost=0.0),
     "draft self:2": dict(spec_method="draft", draft_model="self:2", num_draft_tokens=3),
     "staged self:2": dict(spec_method="staged", draft_model="self:2", num_draft_tokens=3),
     "eagle": dict(spec_method="eagle"),
@@ -31,6 +31,8 @@ MODES = {
     "exits that never fire": dict(exit="specee", exit_threshold=2.0),
 }
 TRAINED = {"ngram", "hybrid", "staged", "auto"}  # methods that take the n-gram table
+# Trees are given a free node cost: the default follows the CPU tier's row price, and on a tier
+# where rows are dear an untrained table's nodes never pay for themselves (the check would be empty).
 
 
 @pytest.fixture(scope="module", params=[(name, compiled) for name in ("gemma3", "qwen3") for compiled in (True, False)],
@@ -49,7 +51,7 @@ def setup(request, tmp_path_factory):
     paths = {kind: str(directory / f"{kind}.pt") for kind in ("ngram", "eagle", "kangaroo", "exits")}
     text = [engine.generate(p, max_tokens=60, ignore_eos=True, chat=False, spec_method="none").token_ids for p in PROMPTS]
     NgramModel.train(text, model.config.vocab_size, progress=False).save(paths["ngram"], engine.tokenizer.fingerprint)
-    EagleArtifact(EagleHead(model.config).state_dict(), vocab, fingerprint).save(paths["eagle"])
+    EagleArtifact(pass_through_head(model.config).state_dict(), vocab, fingerprint).save(paths["eagle"])
     KangarooArtifact(Adapter(model.config).state_dict(), vocab, fingerprint,
                      KangarooSettings(layers=1, eta=0.0, gamma=4)).save(paths["kangaroo"])
     layers = model.config.num_hidden_layers
@@ -74,14 +76,15 @@ def options_for(mode: str, paths: dict) -> dict:
 def test_every_mode_gives_greedy_decodings_tokens(setup, mode):
     engine, paths = setup
     options = options_for(mode, paths)
-    proposed = 0
+    proposed = accepted = 0
     for prompt in PROMPTS:
         dense = engine.generate(prompt, max_tokens=MAX_TOKENS, ignore_eos=True, chat=False, spec_method="none")
         result = engine.generate(prompt, max_tokens=MAX_TOKENS, ignore_eos=True, chat=False, **options)
         assert result.token_ids == dense.token_ids, f"{mode} differs on {prompt!r}"
         proposed += result.stats.draft_tokens_proposed
-    if "spec_method" in options:
-        assert proposed > 0, f"{mode} verified no drafts"
+        accepted += result.stats.draft_tokens_accepted
+    if "spec_method" in options:  # identity is only worth something where drafts were kept and thrown away
+        assert 0 < accepted < proposed, f"{mode}: {accepted} of {proposed} drafts accepted"
 
 
 def test_exits_that_fire_emit_shallow_tokens_and_count_them(setup):

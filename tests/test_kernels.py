@@ -29,6 +29,12 @@ def kernels(request):
     return load_tier(request.param)
 
 
+@pytest.fixture(scope="module", params=cpu_tier_params(portable=False))
+def other_tier(request):
+    """A tier that is not the portable one, for the checks against it."""
+    return load_tier(request.param)
+
+
 @pytest.fixture(scope="module")
 def portable():
     return load_tier("portable")
@@ -368,11 +374,11 @@ def test_a_damaged_cache_is_rebuilt_with_a_warning(tmp_path):
 
 @pytest.mark.parametrize("bits,group", [(4, 32), (4, 64), (4, 128), (8, 0), (8, 32), (8, 16)])
 @pytest.mark.parametrize("shape", [(200, 640), (64, 128), (16, 1536)])
-def test_every_tier_multiplies_with_the_portable_tiers_bits(kernels, portable, bits, group, shape):
+def test_every_tier_multiplies_with_the_portable_tiers_bits(other_tier, portable, bits, group, shape):
     N, K = shape
     w = torch.randn(N, K, generator=torch.Generator().manual_seed(N + K)) * 0.05
     weight = quantized(w, bits, group)
-    layer, reference = quantized_linear(weight, kernels=kernels), quantized_linear(weight, kernels=portable)
+    layer, reference = quantized_linear(weight, kernels=other_tier), quantized_linear(weight, kernels=portable)
     for T in (1, 2, 5, 9):
         x = rows(T, K, seed=T) * (1 + 10 * (torch.arange(K) % 7 == 0))  # some large activations
         x[0, :32] = 0  # a block of zeros: scale 0
@@ -381,29 +387,29 @@ def test_every_tier_multiplies_with_the_portable_tiers_bits(kernels, portable, b
     assert out.abs().max() > 0
 
 
-def test_every_tier_attends_with_the_portable_tiers_bits(kernels, portable):
+def test_every_tier_attends_with_the_portable_tiers_bits(other_tier, portable):
     past, T = 77, 11  # key counts that are not multiples of 16
     q, keys, values = attention_inputs(T, past, seed=5)
     visible = torch.arange(past + 1, past + T + 1)
     for window in (0, 20):
-        assert torch.equal(kernels.attention(q, keys, values, visible, NO_MASK, 0, past + T, window, SCALE),
+        assert torch.equal(other_tier.attention(q, keys, values, visible, NO_MASK, 0, past + T, window, SCALE),
                            portable.attention(q, keys, values, visible, NO_MASK, 0, past + T, window, SCALE))
     mask = (torch.rand(T, T, generator=torch.Generator().manual_seed(6)) < 0.5).to(torch.uint8) | torch.eye(T, dtype=torch.uint8)
     for window in (0, 20):
-        assert torch.equal(kernels.attention(q * 30, keys, values, torch.empty(0, dtype=torch.long), mask, past, past + T,
-                                             window, SCALE),
+        assert torch.equal(other_tier.attention(q * 30, keys, values, torch.empty(0, dtype=torch.long), mask, past,
+                                                past + T, window, SCALE),
                            portable.attention(q * 30, keys, values, torch.empty(0, dtype=torch.long), mask, past,
                                               past + T, window, SCALE))
 
 
-def test_every_tier_rotates_stores_and_attends_several_sequences_with_the_portable_tiers_bits(kernels, portable):
+def test_every_tier_rotates_stores_and_attends_several_sequences_with_the_portable_tiers_bits(other_tier, portable):
     heads, kv_heads, hd = 4, 2, 32
     rows_of = [3, 5]
     qkv = rows(sum(rows_of), (heads + 2 * kv_heads) * hd, seed=7)
     angles = rope_angles(1.0 / 10000 ** (torch.arange(0, hd, 2).float() / hd), torch.arange(40, 48), torch.float32)
     cos, sin = angles.cos.reshape(8, hd), angles.sin.reshape(8, hd)
     results = []
-    for tier in (kernels, portable):
+    for tier in (other_tier, portable):
         caches = [torch.randn(2, kv_heads, 64, hd, generator=torch.Generator().manual_seed(s)) for s in (8, 9)]
         out = tier.rotate_store_attend(qkv, cos, sin, [c[0] for c in caches], [c[1] for c in caches], [40, 20], rows_of,
                                        [torch.arange(41, 44), torch.empty(0, dtype=torch.long)],
@@ -416,15 +422,15 @@ def test_every_tier_rotates_stores_and_attends_several_sequences_with_the_portab
 
 
 @pytest.mark.parametrize("width", [576, 72])
-def test_every_tier_normalizes_and_gates_with_the_portable_tiers_bits(kernels, portable, width):
+def test_every_tier_normalizes_and_gates_with_the_portable_tiers_bits(other_tier, portable, width):
     x, weight = rows(5, width, seed=10), torch.randn(width, generator=torch.Generator().manual_seed(11))
-    assert torch.equal(kernels.rms_norm(x, weight, 1e-6), portable.rms_norm(x, weight, 1e-6))
+    assert torch.equal(other_tier.rms_norm(x, weight, 1e-6), portable.rms_norm(x, weight, 1e-6))
     gate_up = torch.linspace(-100, 100, 5 * 2 * width).view(5, 2 * width)  # exp's clamps at both ends
     gate_up = gate_up[:, torch.randperm(2 * width, generator=torch.Generator().manual_seed(12))].contiguous()
-    gated = kernels.silu_mul(gate_up)
+    gated = other_tier.silu_mul(gate_up)
     assert torch.equal(gated, portable.silu_mul(gate_up))
     torch.testing.assert_close(gated, F.silu(gate_up[:, :width]) * gate_up[:, width:], rtol=1e-5, atol=1e-5)
-    geglu = kernels.gelu_mul(gate_up)
+    geglu = other_tier.gelu_mul(gate_up)
     assert torch.equal(geglu, portable.gelu_mul(gate_up))
     torch.testing.assert_close(geglu, F.gelu(gate_up[:, :width], approximate="tanh") * gate_up[:, width:], rtol=1e-5,
                                atol=1e-5)
