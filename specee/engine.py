@@ -29,13 +29,16 @@ from .text_stream import TextStream
 from .tokenizer import Messages, Tokenizer
 
 GENERATION_OPTIONS = {"max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "ignore_eos", "chat", "strategy",
-                      "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "grammar", "prefix_cache"}
+                      "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "grammar", "prefix_cache",
+                      "prompt_logprobs"}
 # Cache slots beyond prompt + max_tokens, so a verification pass may write draft tokens past the end.
 CACHE_SLACK = MAX_DRAFT_NODES + 1
 # The prefix cache's budget on the CPU kernels (BENCHMARKS.md, "Prefix caching").
 DEFAULT_PREFIX_CACHE_MB = 1024
 # Output slots a generation's cache starts with; it grows (doubling) when a long answer needs more.
 INITIAL_OUTPUT_SLOTS = 512
+# Prompt rows scored at once for prompt log-probabilities: [rows, vocab] floats stay ~100 MB.
+PROMPT_LOGPROB_ROWS = 512
 
 
 @dataclass
@@ -52,6 +55,8 @@ class Event:
     exit_layer: int | None = None
     logprobs: list[TokenLogprob] | None = None  # per token, when the request asked for them
     method: str | None = None  # the method that drafted the pass behind these tokens (Step.method)
+    # On a stream's first event, when asked for: the prompt's tokens after its first (prompt_logprobs).
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass
@@ -73,6 +78,7 @@ class Result:
     finish_reason: str
     stats: GenerationStats = field(repr=False)
     logprobs: list[TokenLogprob] | None = field(default=None, repr=False)
+    prompt_logprobs: list[TokenLogprob] | None = field(default=None, repr=False)  # tokens after the first
 
     def to_dict(self) -> dict:
         names = ("text", "token_ids", "prompt_tokens", "completion_tokens", "finish_reason")
@@ -160,8 +166,9 @@ class Engine:
 
     def stream(self, prompt: str | Messages | list[int], config: SpecConfig | str | None = None,
                **options) -> "Generation":
-        """Options: max_tokens, temperature, top_k, top_p, seed, stop, ignore_eos, chat, presence_penalty,
-        frequency_penalty, logit_bias ({token id: bias}), logprobs, grammar (a Grammar), and either a
+        """Options: max_tokens (0: the prompt alone), temperature, top_k, top_p, seed, stop, ignore_eos, chat,
+        presence_penalty, frequency_penalty, logit_bias ({token id: bias}), logprobs, prompt_logprobs (the
+        alternatives for each prompt token: its log-probabilities are reported), grammar (a Grammar), and either a
         ready `strategy` or a decoding configuration: a SpecConfig, or its keywords (spec_method,
         tree, ..., exit, exit_kv, ...; decoding/config.py declares them all). Without any, the
         default method (`auto`); spec_method="none" decodes densely."""
@@ -204,12 +211,14 @@ class Generation:
                  stop: list[str] | tuple[str, ...] | str = (), ignore_eos: bool = False, chat: bool = True,
                  strategy: Strategy | None = None, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
                  logit_bias: dict[int, float] | None = None, logprobs: int | None = None,
-                 grammar: Grammar | None = None, prefix_cache: bool = True) -> None:
-        if not isinstance(max_tokens, int) or max_tokens <= 0:
-            raise ValueError(f"max_tokens must be a positive integer, got {max_tokens}")
-        if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
-            raise ValueError(f"logprobs (the alternatives per token) must be in 0..{MAX_TOP_LOGPROBS}, got {logprobs}")
+                 grammar: Grammar | None = None, prefix_cache: bool = True, prompt_logprobs: int | None = None) -> None:
+        if not isinstance(max_tokens, int) or max_tokens < 0:
+            raise ValueError(f"max_tokens must be a non-negative integer, got {max_tokens}")
+        for name, value in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
+            if value is not None and not 0 <= value <= MAX_TOP_LOGPROBS:
+                raise ValueError(f"{name} (the alternatives per token) must be in 0..{MAX_TOP_LOGPROBS}, got {value}")
         self.logprobs = logprobs  # None: none; k: each token's, and the k likeliest tokens'
+        self.prompt_logprobs = prompt_logprobs  # the same for the prompt's tokens
         self.engine = engine
         vocab = engine.model.config.vocab_size
         if any(not 0 <= token < vocab for token in logit_bias or {}):
@@ -237,14 +246,16 @@ class Generation:
         if not getattr(self.strategy, "full_logits", True):
             if self.params.adjusts:
                 raise ValueError(f"{self.strategy.name} does not apply presence or frequency penalties or a logit bias")
-            if logprobs is not None:
+            if logprobs is not None or prompt_logprobs is not None:
                 raise ValueError(f"{self.strategy.name} chooses among a few candidates: it has no log-probabilities")
             if grammar is not None:
                 raise ValueError(f"{self.strategy.name} chooses among a few candidates: it cannot follow a grammar")
         if grammar is not None and ignore_eos:
             raise ValueError("a grammar ends the answer when it is complete: drop ignore_eos")
         self.grammar = grammar
-        self.prefix_cache = prefix_cache and engine.prefix_cache.enabled  # reuse and keep prefixes
+        # Reuse and keep prefixes. Prompt log-probabilities need every prompt row's states, which
+        # a reused prefix skips: such a request prefills its whole prompt, as a fresh one would.
+        self.prefix_cache = prefix_cache and engine.prefix_cache.enabled and prompt_logprobs is None
         if grammar is not None:
             engine.grammars.check(grammar)
         self.result: Result | None = None
@@ -302,7 +313,16 @@ class Generation:
             finally:
                 if self.share is not None and self.leads and self.share.state is None:
                     self.share.abandoned = True
+        prompt_entries = None
+        if self.prompt_logprobs is not None:
+            with torch.inference_mode():
+                prompt_entries = prompt_token_logprobs(model, hidden, self.prompt_ids, self.prompt_logprobs)
         stats.prefill_s = time.perf_counter() - start
+        if self.max_tokens == 0:  # the prompt alone: its prefill, its log-probabilities
+            yield Event([], "", "length", logprobs=None if logprobs is None else [], prompt_logprobs=prompt_entries)
+            self.result = Result("", [], len(self.prompt_ids), 0, "length", stats, logprobs, prompt_entries)
+            return
+        unsent_prompt = prompt_entries  # they go with the first event
         constraint = engine.grammars.constraint(self.grammar) if self.grammar is not None else None
         sampler = Sampler(self.params, model.device, len(self.prompt_ids), constraint)
         state = DecodeState(model, cache, list(self.prompt_ids), logits, sampler, stats,
@@ -326,7 +346,9 @@ class Generation:
                 if finish != "continue":
                     break
                 stats.decode_s = time.perf_counter() - start
-                yield Event(new, delta, drafted=drafted, exit_layer=exit_layer, logprobs=new_logprobs, method=method)
+                yield Event(new, delta, drafted=drafted, exit_layer=exit_layer, logprobs=new_logprobs, method=method,
+                            prompt_logprobs=unsent_prompt)
+                unsent_prompt = None
                 start = time.perf_counter() - stats.decode_s  # time spent by the consumer is not decoding
         finally:
             steps.close()
@@ -336,8 +358,9 @@ class Generation:
                 with torch.inference_mode():
                     engine.prefix_cache.store(state.tokens, cache, final)
         stats.generated_tokens = len(output)
-        yield Event(new, delta + text.finish(), finish, drafted, exit_layer, new_logprobs, method)
-        self.result = Result(text.text, output, len(self.prompt_ids), len(output), finish, stats, logprobs)
+        yield Event(new, delta + text.finish(), finish, drafted, exit_layer, new_logprobs, method, unsent_prompt)
+        self.result = Result(text.text, output, len(self.prompt_ids), len(output), finish, stats, logprobs,
+                             prompt_entries)
 
     def _prefill(self, cache: KVCache, passes: Passes, chunk: int | None, stats: GenerationStats):
         """Run the prompt: (logits after its last token [1, vocab], the last layer's states of every
@@ -406,6 +429,23 @@ class Generation:
             if len(output) >= self.max_tokens:
                 return kept, delta, "length"
         return kept, delta, "continue"
+
+
+def prompt_token_logprobs(model: Transformer, states: torch.Tensor, prompt_ids: list[int], top: int
+                          ) -> list[TokenLogprob]:
+    """Each prompt token after the first with its log-probability given the tokens before it (the
+    prompt row before it, scored from the last layer's `states` [prompt, hidden] as a full prefill
+    scores it) and the `top` likeliest tokens of that row."""
+    entries = []
+    for start in range(0, len(prompt_ids) - 1, PROMPT_LOGPROB_ROWS):
+        rows = states[start : start + PROMPT_LOGPROB_ROWS]  # [rows, hidden]
+        logprobs = torch.log_softmax(model.logits(model.norm(rows)).float(), dim=-1)  # [rows, vocab]
+        following = prompt_ids[start + 1 : start + 1 + len(rows)]  # the token each row predicts
+        chosen = logprobs[torch.arange(len(following)), torch.tensor(following)].tolist()
+        best = logprobs[: len(following)].topk(top, dim=-1) if top else None
+        entries += [TokenLogprob(token, value, list(zip(best.indices[i].tolist(), best.values[i].tolist())) if best
+                                 else []) for i, (token, value) in enumerate(zip(following, chosen))]
+    return entries
 
 
 def token_logprobs(step: Step, count: int, top: int) -> list[TokenLogprob]:

@@ -19,6 +19,29 @@ from .verification.draft import Draft
 
 
 KIND_NAMES = {"json_schema": "JSON schema", "json_object": "JSON object", "regex": "regex", "lark": "grammar"}
+# How llguidance's error begins when a token does not fit the grammar (a bug here: masks allowed it).
+REFUSED_TOKEN = "doesn't satisfy the grammar"
+# Distinct grammars whose check (a matcher and its first mask) is remembered: a request's grammar
+# is checked when it arrives and again when its generation starts.
+CHECKED_GRAMMARS = 64
+
+
+class GrammarError(RuntimeError):
+    """The grammar itself failed while an answer was generated (llguidance gave up on it, e.g. a
+    regex whose lexer grows past its limits): the request's fault, never a silently broken answer."""
+
+
+def limits():
+    """llguidance's default limits, with short errors: no parser state or grammar in messages."""
+    import llguidance
+
+    return llguidance.LLParserLimits(verbose_errors=False)
+
+
+def matcher_error(matcher) -> str:
+    """The matcher's error in one line, without llguidance's trailing markers."""
+    lines = [line for line in matcher.get_error().splitlines() if line.strip() and not line.startswith("<")]
+    return " ".join(lines) or "the grammar failed"
 
 
 @dataclass(frozen=True)
@@ -84,6 +107,7 @@ class GrammarCompiler:
     def __init__(self, tokenizer, vocab_size: int) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size  # the model's rows of logits (may exceed the tokenizer's)
+        self._error = functools.lru_cache(maxsize=CHECKED_GRAMMARS)(self._find_error)
 
     @functools.cached_property
     def ll_tokenizer(self):
@@ -94,15 +118,29 @@ class GrammarCompiler:
 
     def check(self, grammar: Grammar) -> None:
         """Raise ValueError with llguidance's message if the grammar cannot run on this model."""
-        if error := grammar_error(grammar, self.ll_tokenizer):
+        if error := self._error(grammar):
             raise ValueError(error)
+
+    def _find_error(self, grammar: Grammar) -> str:
+        """Why the grammar cannot run ("" when it can). Besides validating it, build a matcher and
+        its first mask: a grammar llguidance can read may still be too complex to run on this
+        vocabulary (a lexer past its limits), and that must be a refusal, not an empty answer."""
+        import llguidance
+
+        if error := grammar_error(grammar, self.ll_tokenizer):
+            return error
+        matcher = llguidance.LLMatcher(self.ll_tokenizer, grammar.source, log_level=0, limits=limits())
+        matcher.compute_bitmask()
+        if matcher.is_error():
+            return f"the {KIND_NAMES[grammar.kind]} cannot be used: {matcher_error(matcher)}"
+        return ""
 
     def constraint(self, grammar: Grammar) -> "Constraint":
         import llguidance
 
         self.check(grammar)
-        return Constraint(llguidance.LLMatcher(self.ll_tokenizer, grammar.source, log_level=0), self.vocab_size,
-                          self.tokenizer.eos_token_ids)
+        return Constraint(llguidance.LLMatcher(self.ll_tokenizer, grammar.source, log_level=0, limits=limits()),
+                          self.vocab_size, self.tokenizer.eos_token_ids)
 
 
 class Constraint:
@@ -120,17 +158,28 @@ class Constraint:
         """Bring the matcher up to the committed `output` (only ever longer). Tokens after the
         grammar's end (its end-of-sequence token) are past the answer and not its business."""
         for token in output[self.consumed:]:
+            self._raise_if_failed()
             if self.matcher.is_stopped():
                 break
             if not self.matcher.consume_token(token):
+                if REFUSED_TOKEN not in self.matcher.get_error():  # a limit reached, not a token refused
+                    self._raise_if_failed()
                 raise RuntimeError(f"a committed token broke the grammar: {self.matcher.get_error()}")
         self.consumed = len(output)
 
+    def _raise_if_failed(self) -> None:
+        """A matcher in error is also "stopped": without this check the answer would simply end,
+        its constraint silently broken."""
+        if self.matcher.is_error():
+            raise GrammarError(f"the grammar failed during generation: {matcher_error(self.matcher)}")
+
     def allowed(self) -> torch.Tensor:
         """[vocab] bool: the tokens the grammar allows next (once it has ended, the end tokens)."""
+        self._raise_if_failed()
         if self.matcher.is_stopped():
             return self.end_tokens
         packed = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
+        self._raise_if_failed()
         return torch.from_numpy(np.unpackbits(packed, count=self.vocab_size, bitorder="little").view(np.bool_))
 
     def masks(self, paths: list[list[int]]) -> torch.Tensor:
@@ -149,7 +198,9 @@ class Constraint:
 
     def forced(self) -> list[int]:
         """Tokens the grammar forces next (llguidance's fast-forward tokens), possibly none."""
-        return list(self.matcher.compute_ff_tokens())
+        forced = list(self.matcher.compute_ff_tokens())
+        self._raise_if_failed()
+        return forced
 
     def admissible(self, draft: Draft) -> Draft:
         """The draft without the nodes (and their subtrees) the grammar refuses. Only for drafts

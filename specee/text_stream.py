@@ -32,12 +32,23 @@ class TextStream:
             self.text += after[len(before) :]
             self._prefix, self._read = self._read, len(self.ids)
         self._check_stop()
-        hold = 0 if self.stopped else max((len(s) - 1 for s in self.stop), default=0)
-        return self._release(len(self.text) - hold)
+        return self._release(len(self.text) - (0 if self.stopped else self._partial_stop()))
 
     def finish(self) -> str:
         """Everything not yet released (at the end of generation)."""
         return self._release(len(self.text))
+
+    def _partial_stop(self) -> int:
+        """The length of the longest end of the unreleased text that begins a stop string: only
+        that much could still turn out to be one, so only that much is held back."""
+        pending = self.text[self._emitted :]
+        longest = max((len(stop) for stop in self.stop), default=0)
+        firsts = {stop[0] for stop in self.stop}
+        # The earliest start is the longest end; a whole stop string would have been found already.
+        for start in range(max(0, len(pending) - longest + 1), len(pending)):
+            if pending[start] in firsts and any(stop.startswith(pending[start:]) for stop in self.stop):
+                return len(pending) - start
+        return 0
 
     def _check_stop(self) -> None:
         if self.stopped or not self.stop:

@@ -270,3 +270,19 @@ def test_the_engine_takes_a_grammar_and_refuses_what_cannot_follow_one(tiny_toke
         engine.generate("the cat", max_tokens=4, grammar=Grammar.json_object(), ignore_eos=True)
     with pytest.raises(ValueError, match="cannot be used"):
         engine.generate("the cat", max_tokens=4, grammar=Grammar.regex("(unclosed"))
+
+
+@pytest.mark.slow
+def test_a_regex_too_complex_for_the_default_vocabulary_is_refused_before_generation():
+    """llguidance builds `(.{0,30}){0,30}x`, but on a 49k-token vocabulary its lexer outgrows its
+    limits at the first mask: the check that runs before generation says so (a 400 at the server)
+    rather than letting the answer end empty, its constraint silently broken."""
+    from specee.loader import read_config, resolve_model_dir
+    from specee.model.loading import default_model_path
+
+    directory = resolve_model_dir(default_model_path())
+    config = read_config(directory)
+    compiler = GrammarCompiler(Tokenizer(directory, config.eos_token_ids), config.vocab_size)
+    with pytest.raises(ValueError, match="the regex cannot be used: lexer error: too many expressions constructed"):
+        compiler.check(Grammar.regex("(.{0,30}){0,30}x"))
+    compiler.check(Grammar.regex("(.{0,30}){0,3}x"))  # a smaller one runs

@@ -441,11 +441,12 @@ def test_a_top_p_that_rounds_to_zero_keeps_the_likeliest_token(client, model_id)
 
 
 def test_bad_completion_prompt_and_unknown_route(default_server):
-    for body, param in (({"max_tokens": 2}, "prompt"), ({"prompt": ""}, "prompt"), ({"prompt": ["a"]}, "prompt")):
+    for body, param in (({"max_tokens": 2}, "prompt"), ({"prompt": ""}, "prompt"), ({"prompt": [""]}, "prompt"),
+                        ({"prompt": [10**6]}, "prompt")):
         response = httpx.post(default_server.url + "/v1/completions", json=body)
         assert response.status_code == 400 and response.json()["error"]["param"] == param
     missing = httpx.get(default_server.url + "/v1/nothing-here")
-    assert missing.status_code == 404 and "error" in missing.json()
+    assert missing.status_code == 404 and missing.json()["error"]["message"] == "specee does not serve /v1/nothing-here"
 
 
 def test_metrics_parse_and_count_the_requests_made(default_server, client, model_id):

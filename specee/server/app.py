@@ -14,19 +14,26 @@ from pathlib import Path
 from typing import AsyncIterator, Callable
 
 from fastapi import Depends, FastAPI, Request
-from prometheus_client import CONTENT_TYPE_LATEST
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect
 
 from ..batch import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK, Batch
 from ..engine import Engine, Event, Result
-from .completions import Defaults, Planner, Shaper, prompt_of
+from .bodies import MAX_BODY_BYTES, ClientGone, read_json  # noqa: F401 (the cluster ingress imports MAX_BODY_BYTES here)
+from .completions import Defaults, Planner, Shaper, check_token_ids, prompts_of
 from .metrics import Metrics
 from .scheduler import Ended, Job, QueueFull, Scheduler
-from .schemas import BadRequest, ChatRequest, CompletionRequest, error_body, parse
+from .schemas import (
+    BadRequest,
+    ChatRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+    error_body,
+    parse,
+)
 
-MAX_BODY_BYTES = 1 << 20  # a full 8k-token context is ~40 KB of text; anything near 1 MiB is abuse
 RETRY_AFTER_S = 1
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
 PAGE = Path(__file__).with_name("page.html")
@@ -43,6 +50,7 @@ FAILURES = {
     "timeout": (504, "timeout_error", "request_timeout"),
     "shutdown": (503, "server_error", "shutting_down"),
     "error": (500, "server_error", "generation_failed"),
+    "grammar": (400, "invalid_request_error", "grammar_failed"),  # the request's grammar gave up mid-answer
     "cancelled": (499, "invalid_request_error", "client_closed_request"),  # nobody reads it: the client left
 }
 
@@ -129,44 +137,6 @@ class CountRequests:
         await self.app(scope, receive, counting_send)
 
 
-class ClientGone(Exception):
-    """The client hung up before its request was read: nobody to answer, one log line."""
-
-
-async def read_json(request: Request, timeout: float) -> object:
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise BadRequest(f"the body is over {MAX_BODY_BYTES} bytes", code="body_too_large", status=413)
-    raw = bytearray()
-    try:
-        async with asyncio.timeout(timeout):
-            async for part in request.stream():
-                raw += part
-                if len(raw) > MAX_BODY_BYTES:
-                    raise BadRequest(f"the body is over {MAX_BODY_BYTES} bytes", code="body_too_large", status=413)
-    except TimeoutError:
-        raise BadRequest(f"the body did not arrive within {timeout:g} s", code="body_timeout", status=408) from None
-    except ClientDisconnect:
-        raise ClientGone() from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise BadRequest(f"the body is not valid UTF-8: {e}", code="invalid_encoding") from None
-
-    def no_constants(name: str):
-        raise BadRequest(f"malformed JSON: {name} is not a JSON value", code="invalid_json")
-
-    try:
-        body = json.loads(text, parse_constant=no_constants)
-        # An escaped lone surrogate ("\ud800") decodes to a string that is no text at all.
-        json.dumps(body, ensure_ascii=False).encode("utf-8")
-    except json.JSONDecodeError as e:
-        raise BadRequest(f"malformed JSON: {e}", code="invalid_json") from None
-    except UnicodeEncodeError:
-        raise BadRequest("the body escapes a lone UTF-16 surrogate, which is not text", code="invalid_encoding") from None
-    return body
-
-
 def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
     metrics = Metrics(engine.cpu_tier)
     scheduler = Scheduler(Batch(engine.model, config.prefill_chunk), config.max_queue, config.max_batch,
@@ -204,7 +174,12 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, e: HTTPException) -> JSONResponse:
-        return JSONResponse(error_body(str(e.detail), "invalid_request_error", None, None), status_code=e.status_code,
+        message, code = str(e.detail), None
+        if e.status_code == 404:  # no route: say so plainly (e.g. /v1/embeddings, which OpenAI serves)
+            message, code = f"specee does not serve {request.url.path}", "unknown_route"
+        elif e.status_code == 405:
+            message, code = f"{request.url.path} does not take {request.method}", "method_not_allowed"
+        return JSONResponse(error_body(message, "invalid_request_error", None, code), status_code=e.status_code,
                             headers=e.headers)
 
     @app.get("/", include_in_schema=False)
@@ -237,13 +212,35 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
     async def completions(request: Request):
         return await complete(request, parse(CompletionRequest, await read_json(request, config.body_timeout)))
 
-    async def complete(request: Request, body: ChatRequest | CompletionRequest):
-        if body.model is not None and body.model != config.model_id:
-            raise BadRequest(f"the model {body.model!r} does not exist; this server runs {config.model_id!r}",
+    @app.post("/tokenize", dependencies=[Depends(require_key)])
+    async def tokenize(request: Request) -> dict:
+        """llama-server's route: the text's token ids, as a completion's prompt would have them."""
+        body = parse(TokenizeRequest, await read_json(request, config.body_timeout))
+        check_model(body.model)
+        try:
+            return {"tokens": engine.tokenizer.encode(body.text, add_special_tokens=body.add_special)}
+        except UnicodeError as e:  # lone surrogates
+            raise BadRequest(f"cannot encode the text: {e}", code="invalid_value") from None
+
+    @app.post("/detokenize", dependencies=[Depends(require_key)])
+    async def detokenize(request: Request) -> dict:
+        body = parse(DetokenizeRequest, await read_json(request, config.body_timeout))
+        check_model(body.model)
+        check_token_ids(engine, body.tokens, "tokens")
+        return {"content": engine.tokenizer.decode(body.tokens, skip_special_tokens=False)}
+
+    def check_model(model: str | None) -> None:
+        if model is not None and model != config.model_id:
+            raise BadRequest(f"the model {model!r} does not exist; this server runs {config.model_id!r}",
                              param="model", code="model_not_found", status=404)
-        prompt = prompt_of(engine, body)
-        generation = planner.generation(body, prompt)
-        generations = [generation] + generation.followers(body.n - 1) if body.n > 1 else [generation]
+
+    async def complete(request: Request, body: ChatRequest | CompletionRequest):
+        check_model(body.model)
+        prompts = prompts_of(engine, body)
+        generations = []
+        for prompt in prompts:  # each prompt's n choices share its prefill
+            generation = planner.generation(body, prompt)
+            generations += [generation] + (generation.followers(body.n - 1) if body.n > 1 else [])
         inbox = Inbox(len(generations))
         deadline = time.monotonic() + config.request_timeout
         jobs = [Job(g, deadline, inbox.deliverer(i)) for i, g in enumerate(generations)]
@@ -254,7 +251,7 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
             for job in jobs:
                 job.cancel()
             raise BadRequest(f"{e}; retry later", code="queue_full", status=503, kind="server_error") from None
-        shaper = Shaper(isinstance(body, ChatRequest), config.model_id, engine, prompt.tools, len(jobs))
+        shaper = Shaper(isinstance(body, ChatRequest), config.model_id, engine, prompts, body.n)
         if body.stream:
             return StreamingResponse(stream(jobs, inbox, shaper, body.include_usage), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

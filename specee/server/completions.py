@@ -78,11 +78,13 @@ class Planner:
                              code="invalid_value")
         if request.logprobs_asked is not None:
             options["logprobs"] = request.logprobs_asked
+        if getattr(request, "prompt_logprobs_asked", None) is not None:
+            options["prompt_logprobs"] = request.prompt_logprobs_asked
         if request.specee is not None and request.specee.prefix_cache is False:
             options["prefix_cache"] = False
         if not getattr(strategy, "full_logits", True):  # early exits
             asked = [name for name in ("presence_penalty", "frequency_penalty", "logit_bias") if options.get(name)]
-            asked += ["logprobs"] if "logprobs" in options else []
+            asked += ["logprobs"] if "logprobs" in options or "prompt_logprobs" in options else []
             asked += [grammar[1]] if grammar else []
             for name in asked:
                 raise BadRequest(f"{name}: early exits choose among a few candidates, over no full distribution",
@@ -104,12 +106,38 @@ class Prompt:
     ids: list[int]
     param: str  # the request parameter it came from
     tools: ToolPlan | None = None  # how the request's tools were put in, and its answer is read
+    echo: str | None = None  # completions with echo: the prompt's text, shown before the answer
 
 
-def prompt_of(engine: Engine, request: ChatRequest | CompletionRequest) -> Prompt:
+def prompts_of(engine: Engine, request: ChatRequest | CompletionRequest) -> list[Prompt]:
+    """The request's prompts: a chat's one, or each of a completion's."""
+    if isinstance(request, ChatRequest):
+        return [chat_prompt(engine, request)]
+    return [completion_prompt(engine, prompt, request.echo) for prompt in request.prompts]
+
+
+def completion_prompt(engine: Engine, prompt: str | list[int], echo: bool) -> Prompt:
+    if isinstance(prompt, str):
+        try:
+            ids = engine.encode(prompt, chat=False)
+        except UnicodeError as e:  # lone surrogates
+            raise BadRequest(f"cannot encode the prompt: {e}", param="prompt", code="invalid_value") from None
+        return Prompt(ids, "prompt", echo=prompt if echo else None)
+    check_token_ids(engine, prompt, "prompt")
+    return Prompt(list(prompt), "prompt", echo=engine.tokenizer.decode(prompt, skip_special_tokens=False) if echo
+                  else None)
+
+
+def check_token_ids(engine: Engine, ids: list[int], param: str) -> None:
+    vocab = engine.model.config.vocab_size
+    if any(not 0 <= token < vocab for token in ids):
+        outside = next(token for token in ids if not 0 <= token < vocab)
+        raise BadRequest(f"{param}: token {outside} is outside the vocabulary (ids 0..{vocab - 1})", param=param,
+                         code="invalid_value")
+
+
+def chat_prompt(engine: Engine, request: ChatRequest) -> Prompt:
     try:
-        if not isinstance(request, ChatRequest):
-            return Prompt(engine.encode(request.prompt, chat=False), "prompt")
         messages = [m.for_template() for m in request.messages]
         tokenizer = engine.tokenizer
         plan = None
@@ -133,23 +161,26 @@ class ChoiceState:
 
     pieces: TextStream  # each token's own text, without stop handling
     calls: CallReader | None  # reads tool calls out of the answer
+    prompt: Prompt
     sent_role: bool = False
     offset: int = 0  # completions' logprobs: where the next token's text starts
+    echoed: bool = False  # the prompt's text (echo) has gone out
 
 
 class Shaper:
-    """One response's OpenAI shapes: chat or completion, whole or chunk by chunk, for `choices`
-    choices (n). Each chunk's `specee` field says how every token was made, for the live page."""
+    """One response's OpenAI shapes: chat or completion, whole or chunk by chunk, for `n` choices
+    of each prompt (choice i answers prompt i // n, as OpenAI orders them). Each chunk's `specee`
+    field says how every token was made, for the live page."""
 
-    def __init__(self, chat: bool, model_id: str, engine: Engine, tools: ToolPlan | None = None,
-                 choices: int = 1) -> None:
+    def __init__(self, chat: bool, model_id: str, engine: Engine, prompts: list[Prompt], n: int = 1) -> None:
         self.chat = chat
         self.model_id = model_id
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
+        self.n = n
         self._tokenizer = engine.tokenizer
-        self._choices = [ChoiceState(TextStream(engine.tokenizer), tools.reader() if tools else None)
-                         for _ in range(choices)]
+        self._choices = [ChoiceState(TextStream(engine.tokenizer), prompt.tools.reader() if prompt.tools else None,
+                                     prompt) for prompt in prompts for _ in range(n)]
 
     def _envelope(self, obj: str, choices: list, **extra) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model_id, "choices": choices,
@@ -176,6 +207,31 @@ class Shaper:
                 "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
                 "text_offset": offsets}
 
+    def _echo(self, state: ChoiceState, prompt_logprobs: list[TokenLogprob] | None) -> tuple[str, dict | None]:
+        """Completions with echo, once per choice: the prompt's text and, with logprobs, its
+        tokens' (the first has none: nothing comes before it), offsets counted from the prompt's start."""
+        if state.echoed or state.prompt.echo is None:
+            return "", None
+        state.echoed = True
+        if prompt_logprobs is None:
+            return state.prompt.echo, None
+        shaped = self._logprobs(prompt_logprobs, state)
+        first = self._tokenizer.decode(state.prompt.ids[:1], skip_special_tokens=False)
+        shaped = {"tokens": [first] + shaped["tokens"], "token_logprobs": [None] + shaped["token_logprobs"],
+                  "top_logprobs": [None] + shaped["top_logprobs"],
+                  "text_offset": [0] + [offset + len(first) for offset in shaped["text_offset"]]}
+        state.offset = len(state.prompt.echo)  # the answer's tokens follow the prompt's text
+        return state.prompt.echo, shaped
+
+    def _completion_choice(self, index: int, text: str, logprobs: list[TokenLogprob] | None,
+                           prompt_logprobs: list[TokenLogprob] | None, finish: str | None) -> dict:
+        state = self._choices[index]
+        echo, echoed_logprobs = self._echo(state, prompt_logprobs)
+        shaped = self._logprobs(logprobs, state)
+        if echoed_logprobs is not None:
+            shaped = {key: echoed_logprobs[key] + (shaped[key] if shaped else []) for key in echoed_logprobs}
+        return {"index": index, "text": echo + text, "logprobs": shaped, "finish_reason": finish}
+
     def chunk(self, event: Event, index: int = 0) -> dict:
         state = self._choices[index]
         tokens = [
@@ -200,19 +256,18 @@ class Shaper:
             choice = {"index": index, "delta": delta, "logprobs": self._logprobs(event.logprobs, state),
                       "finish_reason": finish}
             return self._envelope("chat.completion.chunk", [choice], specee={"tokens": tokens})
-        choice = {"index": index, "text": event.text, "logprobs": self._logprobs(event.logprobs, state),
-                  "finish_reason": event.finish_reason}
+        choice = self._completion_choice(index, event.text, event.logprobs, event.prompt_logprobs, event.finish_reason)
         return self._envelope("text_completion", [choice], specee={"tokens": tokens})
 
     def usage_chunk(self, results: list[Result]) -> dict:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
-        return self._envelope(obj, [], usage=usage(results), specee={"stats": stats_summary(results[0])})
+        return self._envelope(obj, [], usage=usage(results, self.n), specee={"stats": stats_summary(results[0])})
 
     def _choice(self, result: Result, index: int) -> dict:
         state = self._choices[index]
         if not self.chat:
-            return {"index": index, "text": result.text, "logprobs": self._logprobs(result.logprobs, state),
-                    "finish_reason": result.finish_reason}
+            return self._completion_choice(index, result.text, result.logprobs, result.prompt_logprobs,
+                                           result.finish_reason)
         message, finish = {"role": "assistant", "content": result.text}, result.finish_reason
         if state.calls is not None:
             content = state.calls.feed(result.text)
@@ -228,16 +283,17 @@ class Shaper:
         """The response to a request whose choices ended with `results`; `specee.stats` are the
         first choice's."""
         choices = [self._choice(result, i) for i, result in enumerate(results)]
-        return self._envelope("chat.completion" if self.chat else "text_completion", choices, usage=usage(results),
-                              specee={"stats": stats_summary(results[0])})
+        return self._envelope("chat.completion" if self.chat else "text_completion", choices,
+                              usage=usage(results, self.n), specee={"stats": stats_summary(results[0])})
 
 
-def usage(results: list[Result]) -> dict:
-    """The prompt once (its choices share it), the completions of every choice."""
+def usage(results: list[Result], n: int = 1) -> dict:
+    """Each prompt once (its n choices share it), the completions of every choice."""
+    firsts = results[::n]  # one choice of each prompt
+    prompt = sum(result.prompt_tokens for result in firsts)
     completion = sum(result.completion_tokens for result in results)
-    return {"prompt_tokens": results[0].prompt_tokens, "completion_tokens": completion,
-            "total_tokens": results[0].prompt_tokens + completion,
-            "prompt_tokens_details": {"cached_tokens": results[0].stats.cached_tokens}}
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": sum(result.stats.cached_tokens for result in firsts)}}
 
 
 def stats_summary(result: Result) -> dict:

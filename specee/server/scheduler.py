@@ -14,6 +14,7 @@ from typing import Callable
 
 from ..batch import Batch, Member
 from ..engine import Event, Generation, Result
+from ..grammar import GrammarError
 
 # The characters of each running answer that /slots shows.
 TEXT_TAIL = 200
@@ -29,7 +30,8 @@ class QueueFull(Exception):
 
 @dataclass
 class Ended:
-    """The last thing a job delivers. outcome: finished, cancelled, timeout, error or shutdown."""
+    """The last thing a job delivers. outcome: finished, cancelled, timeout, error, grammar (the
+    request's grammar failed) or shutdown."""
 
     outcome: str
     result: Result | None = None
@@ -165,6 +167,10 @@ class Scheduler:
     def _deliver(self, member: Member, made: Event | Exception) -> int:
         """Hand a member's event (or failure) to its job; returns the tokens it committed."""
         job = self._jobs[member]
+        if isinstance(made, GrammarError):  # the request's own grammar gave up: its client is told why
+            log.info("a request's grammar failed: %s", made)
+            self._end(member, Ended("grammar", message=str(made)))
+            return 0
         if isinstance(made, Exception):  # a bug or a device error: fail this request, keep serving
             log.error("generation failed", exc_info=made)
             self._end(member, Ended("error", message=f"generation failed: {type(made).__name__}"))

@@ -2,6 +2,7 @@
 value or an unknown field is a 400 naming the parameter, never a silent default."""
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -15,6 +16,11 @@ from ..sampling import MAX_LOGIT_BIAS, MAX_PENALTY, MAX_TOP_LOGPROBS
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 MAX_CHOICES = 16  # n: each choice holds a batch slot while it runs
 MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit for /v1/completions' logprobs
+# Levels of arrays and objects in a JSON schema (response_format, a tool's parameters): real
+# schemas nest a few levels; the grammar compiler and validators walk them level by level.
+MAX_SCHEMA_DEPTH = 32
+# A logit_bias key: a token id in ASCII digits ("²" and "٣" are digits to str.isdigit, not ids).
+TOKEN_ID = re.compile(r"[0-9]{1,9}")
 
 
 class Strict(BaseModel):
@@ -42,11 +48,33 @@ class Extension(SpecOptions):
         return self.model_dump(exclude_none=True, exclude={"regex", "grammar", "prefix_cache"})
 
 
+def nesting_depth(value: object) -> int:
+    """Levels of arrays and objects in a parsed JSON value, counted without recursion."""
+    deepest, pending = 0, [(value, 1)]
+    while pending:
+        node, depth = pending.pop()
+        if isinstance(node, (dict, list)):
+            deepest = max(deepest, depth)
+            pending.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return deepest
+
+
+def shallow_schema(schema):
+    if nesting_depth(schema) > MAX_SCHEMA_DEPTH:
+        raise ValueError(f"the JSON schema nests deeper than {MAX_SCHEMA_DEPTH} levels")
+    return schema
+
+
 class JsonSchema(Strict):
     name: str = Field(min_length=1, max_length=64)
     schema_: dict | bool = Field(True, alias="schema")
     description: str | None = None
     strict: bool | None = None
+
+    @field_validator("schema_")
+    @classmethod
+    def _shallow(cls, schema):
+        return shallow_schema(schema)
 
 
 class ResponseFormat(Strict):
@@ -73,7 +101,6 @@ NEUTRAL = {
     "metadata": (None, {}),
     "service_tier": (None, "auto", "default"),
     "modalities": (None, ["text"]),
-    "echo": (None, False),
     "best_of": (None, 1),
     "suffix": (None, ""),
 }
@@ -117,8 +144,8 @@ class Sampling(Strict):
     @classmethod
     def _token_ids(cls, bias):
         for token, value in (bias or {}).items():
-            if not token.isdigit():
-                raise ValueError(f"keys are token ids, got {token!r}")
+            if not TOKEN_ID.fullmatch(token):
+                raise ValueError(f"keys are token ids in ASCII digits, got {token[:20]!r}")
             if not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
                 raise ValueError(f"biases are in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], got {value}")
         return bias
@@ -137,7 +164,7 @@ class Sampling(Strict):
 
     @property
     def token_limit(self) -> int | None:
-        return self.max_completion_tokens or self.max_tokens
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     def grammar(self) -> tuple[Grammar, str] | None:
         """The constraint the request puts on its answer and the parameter it came from, if any."""
@@ -243,6 +270,11 @@ class FunctionDefinition(Strict):
     parameters: dict | None = None  # a JSON schema of the arguments
     strict: bool | None = None
 
+    @field_validator("parameters")
+    @classmethod
+    def _shallow(cls, schema):
+        return shallow_schema(schema)
+
 
 class Tool(Strict):
     type: Literal["function"]
@@ -297,15 +329,73 @@ class ChatRequest(Sampling):
 
 
 class CompletionRequest(Sampling):
-    prompt: str = Field(min_length=1)
+    # OpenAI's four forms: a text, texts (each its own choices), token ids, lists of token ids.
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(None, ge=0)  # 0 with echo: the prompt alone
     logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)  # alternatives per token
+    echo: bool = False  # the prompt before the answer, and its tokens' log-probabilities with logprobs
 
     @property
     def logprobs_asked(self) -> int | None:
         return self.logprobs
-    echo: Any = None
+
+    @property
+    def prompt_logprobs_asked(self) -> int | None:
+        """The alternatives per prompt token reported (echo with logprobs), or None."""
+        return self.logprobs if self.echo else None
+
+    @property
+    def prompts(self) -> list[str | list[int]]:
+        """Each prompt of the request: a text or token ids."""
+        prompt = self.prompt
+        return [prompt] if isinstance(prompt, str) or prompt and isinstance(prompt[0], int) else list(prompt)
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompts_not_empty(cls, prompt):
+        prompts = [prompt] if isinstance(prompt, str) or prompt and isinstance(prompt[0], int) else prompt
+        if not prompts or not all(prompts):
+            raise ValueError("an empty prompt: send text or token ids")
+        if any(token < 0 for ids in prompts if not isinstance(ids, str) for token in ids):
+            raise ValueError("token ids are not negative")
+        return prompt
+
+    @model_validator(mode="after")
+    def _choices_and_echo(self):
+        if len(self.prompts) * self.n > MAX_CHOICES:
+            raise ParameterError("prompt", f"{len(self.prompts)} prompts of n={self.n} choices each: at most "
+                                           f"{MAX_CHOICES} choices a request", code="invalid_value")
+        if self.token_limit == 0 and not self.echo:
+            raise ParameterError("max_tokens", "0 generates nothing: it goes with echo (the prompt, and its "
+                                               "log-probabilities with logprobs)", code="invalid_value")
+        return self
+
     best_of: Any = None
     suffix: Any = None
+
+
+class TokenizeRequest(Strict):
+    """/tokenize: the text as llama-server (`content`) or vLLM (`prompt`) sends it."""
+
+    content: str | None = None
+    prompt: str | None = None
+    add_special: bool = False  # the tokenizer's own special tokens (a BOS), as llama-server's flag
+    model: str | None = None
+
+    @model_validator(mode="after")
+    def _one_text(self):
+        if (self.content is None) == (self.prompt is None):
+            raise ValueError("send the text as content or as prompt (one of them)")
+        return self
+
+    @property
+    def text(self) -> str:
+        return self.content if self.content is not None else self.prompt
+
+
+class DetokenizeRequest(Strict):
+    tokens: list[int]
+    model: str | None = None
 
 
 # What pydantic adds to an error's location for the member of a union that refused the value.
