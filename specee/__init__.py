@@ -11,7 +11,7 @@ def load(model=None, dtype: str = "fp32", device: str = "cpu", threads: int | No
     `quantization`: auto (int4 on the CPU, none on a GPU), none, int8, int4, or gguf (a GGUF file's
     own quantized tensors); the quantized formats run on the CPU. `compile`: on the CPU, run on
     specee's compiled kernels (built once per machine; False: PyTorch's own, slower). `cpu_tier`:
-    which of their instruction-set tiers (avx512, avxvnni, avx2, neon, portable; default: the best
+    which of their instruction-set tiers (amx, avx512, avxvnni, avx2, neon, portable; default: the best
     this CPU runs, or $SPECEE_CPU_TIER); every tier gives the same bits. `ctx_size`: the longest
     prompt plus answer a generation may hold (default the model's context, at most 4096).
     `prefix_cache_mb`: the prefix cache's memory (default 1024 on the CPU kernels, else 0 = off)."""

@@ -38,8 +38,9 @@ QUANTIZATIONS = ("auto", "none", "int8", "int4", "gguf")
 # One more row of a pass, as a fraction of a one-token pass, per CPU tier of the kernels (BENCHMARKS.md,
 # "Multi-row cost per format" and "CPU tiers"): the kernels read the weights once for all rows, but
 # every row's int8 products cost compute that a one-token pass, bound by reading the weights, does
-# not spend. Measured: avx512 (Zen 4), avx2 (Zen 3), portable; the tiers not measured yet take avx2's.
-KERNEL_ROW_COST = {"avx512": 0.15, "avxvnni": 0.2, "avx2": 0.2, "neon": 0.2, "portable": 1.0}
+# not spend. Measured: avx512 (Zen 4), avx2 (Zen 3), portable; the tiers not measured yet take avx2's,
+# but amx takes avx512's (its rows' products are no dearer: AVX-512 VNNI for one row, tiles for more).
+KERNEL_ROW_COST = {"amx": 0.15, "avx512": 0.15, "avxvnni": 0.2, "avx2": 0.2, "neon": 0.2, "portable": 1.0}
 ATEN_ROW_COST = 0.17
 # Those were measured on the default model in its default format (the file's own blocks), whose
 # row makes 134,479,872 multiply-adds and whose pass reads 101,885,184 bytes. A row costs its

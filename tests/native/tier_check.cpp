@@ -31,7 +31,7 @@
 #include "api.h"
 
 #ifndef TIER_UNDER_TEST
-#error "build with -DTIER_UNDER_TEST=<tier> (neon, avx2, avxvnni, avx512)"
+#error "build with -DTIER_UNDER_TEST=<tier> (neon, avx2, avxvnni, avx512, amx)"
 #endif
 
 #define CHECK_PASTE(a, b) a##b
@@ -297,6 +297,8 @@ void check_matmul_all(Random& rng) {
       if (config[1] && K % config[1] != 0) continue;  // a group must divide K
       for (int64_t N : {8, 40, 48})  // one partial tile; two whole and a half; three whole
         for (int64_t T = 1; T <= 9; ++T) check_matmul(rng, config[0], config[1], config[2], K, N, T);
+      // A whole AMX tile of rows, and one more tile's worth beside a few.
+      for (int64_t T : {16, 21}) check_matmul(rng, config[0], config[1], config[2], K, 40, T);
     }
 }
 
@@ -449,6 +451,11 @@ int main() {
   tested = CHECK_TABLE(TIER_UNDER_TEST)();
   portable = specee_kernel_table_portable();
   std::printf("checking the %s tier against the portable one\n", CHECK_NAME(TIER_UNDER_TEST));
+  for (const KernelTable* table : {tested, portable})
+    if (table->unavailable != nullptr) {  // its other entries must not be called
+      std::printf("FAILED the %s tier cannot run here: %s\n0 passed, 1 failed\n", table->tier, table->unavailable);
+      return 1;
+    }
   check_tables();
   Random rng(20240607);
   check_quantize_all(rng);

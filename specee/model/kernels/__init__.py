@@ -1,6 +1,6 @@
 """specee's CPU kernels, in tiers: one source (`kernels.h` on a 16-lane vector) built once per
-instruction set into its own library (`tier.cpp`: AVX-512 VNNI, AVX-VNNI, AVX2 + FMA, NEON with
-dot products, portable C++), and the torch bindings that open a tier's library (`bindings.cpp`).
+instruction set into its own library (`tier.cpp`: AMX, AVX-512 VNNI, AVX-VNNI, AVX2 + FMA, NEON
+with dot products, portable C++), and the torch bindings that open a tier's library (`bindings.cpp`).
 Every tier gives the same bits (kernels.h says how).
 
 `cpu_kernels()` takes the best tier this CPU runs, or the one `SPECEE_CPU_TIER` (the CLI's
@@ -15,6 +15,7 @@ import functools
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -43,11 +44,13 @@ class Tier:
     description: str
 
 
+AVX512_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx2", "fma")
+AVX512_CFLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mavx2", "-mfma")
 # Best first: a CPU runs the first tier whose flags it has.
 TIERS = (
-    Tier("avx512", "x86_64", ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx2", "fma"),
-         ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mavx2", "-mfma"), "vec_avx512.h",
-         "AVX-512 VNNI"),
+    Tier("amx", "x86_64", ("amx_tile", "amx_int8", *AVX512_FLAGS), ("-mamx-tile", "-mamx-int8", *AVX512_CFLAGS),
+         "vec_amx.h", "AMX int8 tiles for several rows, else AVX-512 VNNI"),
+    Tier("avx512", "x86_64", AVX512_FLAGS, AVX512_CFLAGS, "vec_avx512.h", "AVX-512 VNNI"),
     Tier("avxvnni", "x86_64", ("avx2", "fma", "avx_vnni"), ("-mavx2", "-mfma", "-mavxvnni"), "vec_avx2.h",
          "AVX2 with AVX-VNNI"),
     Tier("avx2", "x86_64", ("avx2", "fma"), ("-mavx2", "-mfma"), "vec_avx2.h", "AVX2 + FMA"),
@@ -123,6 +126,12 @@ def _sources(names) -> list[str]:
     return [(HERE / name).read_text() for name in names]
 
 
+def tier_headers(tier: Tier) -> tuple[str, ...]:
+    """`tier`'s vector header and the headers of this folder it includes (AMX's, AVX-512's)."""
+    included = re.findall(r'^#include "([^"]+)"', (HERE / tier.header).read_text(), re.MULTILINE)
+    return (tier.header, *(name for name in included if (HERE / name).exists()))
+
+
 def tier_library(tier: Tier) -> Path:
     """`tier`'s library, built once per source, flags and compiler (a few seconds)."""
     from ..loading import cache_root
@@ -130,7 +139,7 @@ def tier_library(tier: Tier) -> Path:
     cxx = compiler()
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
     command = tier_command(tier, Path("out"), cxx)
-    directory = cache_root() / "kernels" / f"{tier.name}-{_key(*_sources(TIER_SOURCES + (tier.header,)), *command, version)}"
+    directory = cache_root() / "kernels" / f"{tier.name}-{_key(*_sources(TIER_SOURCES + tier_headers(tier)), *command, version)}"
     library = directory / f"libspecee_{tier.name}.so"
     if library.exists():
         return library
@@ -208,6 +217,8 @@ def load_tier(name: str):
     library = tier_library(tier)
     try:
         return module.Kernels(str(library), f"specee_kernel_table_{name}")
+    except module.TierUnavailable as error:  # built and whole, but not for this process (AMX: no tile state)
+        raise KernelsUnavailable(f"the {name} CPU kernels cannot run here: {error}") from None
     except RuntimeError as error:  # a damaged library: build it again
         warnings.warn(f"specee: the cached {name} kernels could not be loaded ({error}); rebuilding", stacklevel=2)
         shutil.rmtree(library.parent, ignore_errors=True)
@@ -231,7 +242,8 @@ def requested_tier(tier: str | None = None) -> str:
 def cpu_kernels(tier: str | None = None):
     """The kernels of `tier` (see `requested_tier`), or None where no tier can be built (said once
     on stderr). A tier asked for by name that this CPU cannot run is a ValueError; the best tier
-    failing to build falls back to the next."""
+    failing to build or to start falls back to the next, with a warning on stderr that names the tier,
+    why, and the tier that runs instead."""
     name = requested_tier(tier)
     candidates = supported_tiers() if name == supported_tiers()[0] else [name]
     try:
@@ -239,11 +251,15 @@ def cpu_kernels(tier: str | None = None):
     except KernelsUnavailable as error:
         print(f"specee: {error}; running the eager path (PyTorch's kernels, slower)", file=sys.stderr, flush=True)
         return None
-    for candidate in candidates:
+    for index, candidate in enumerate(candidates):
         try:
             kernels = load_tier(candidate)
         except KernelsUnavailable as error:
-            print(f"specee: {error}", file=sys.stderr, flush=True)
+            # Never silent: a lower tier runs slower, and whoever runs it should know why.
+            after = (f"falling back to the {candidates[index + 1]} tier" if index + 1 < len(candidates)
+                     else "no other tier to fall back to")
+            print(f"specee: warning: the {candidate} CPU tier is unavailable ({error}); {after}", file=sys.stderr,
+                  flush=True)
             continue
         print(f"specee: CPU kernels: {candidate} ({tier_named(candidate).description}; this CPU runs "
               f"{', '.join(supported_tiers())})", file=sys.stderr, flush=True)

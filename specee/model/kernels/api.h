@@ -7,7 +7,7 @@
 
 namespace specee {
 
-constexpr int KERNEL_API_VERSION = 4;
+constexpr int KERNEL_API_VERSION = 5;
 
 // One integer matmul: x's rows quantized to int8 blocks (codes, scales, sums) times a packed
 // matrix of tiles of 16 output features (see integer_linear.py's pack_codes). Three weight formats:
@@ -55,6 +55,9 @@ struct AttentionArgs {
 struct KernelTable {
   int api_version;
   const char* tier;
+  // Null, or why this tier cannot run in this process though the CPU has its flags (AMX: Linux
+  // refused the tile state); the other entries must not be called then.
+  const char* unavailable;
   // x [T, K] fp32 -> codes [T, K] int8, scales [T, K / 32], sums [T, K / 16] (sums of codes).
   void (*quantize_rows)(const float* x, int64_t T, int64_t K, int8_t* codes, float* scales, int32_t* sums);
   // Output tiles begin .. end - 1 of one matmul.

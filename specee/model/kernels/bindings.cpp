@@ -90,6 +90,12 @@ struct LayerWeights {
   bool gelu;
 };
 
+// A tier whose CPU flags are there but that cannot run in this process (KernelTable::unavailable):
+// Python's TierUnavailable, which kernels/__init__.py turns into a fallback to the next tier.
+struct TierUnavailable : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 }  // namespace
 
 // A list of LayerWeights handed to C++ by reference, not copied at every call.
@@ -107,6 +113,7 @@ class Kernels {
     TORCH_CHECK(entry != nullptr, library, " has no ", symbol);
     table_ = entry();
     TORCH_CHECK(table_->api_version == specee::KERNEL_API_VERSION, library, " is built for another kernel API");
+    if (table_->unavailable != nullptr) throw TierUnavailable(table_->unavailable);
   }
   Kernels(const Kernels&) = delete;
   Kernels& operator=(const Kernels&) = delete;
@@ -424,6 +431,7 @@ class Kernels {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // The GIL is let go while a kernel runs: a server's other threads (its HTTP streams) go on meanwhile.
   const auto free_gil = pybind11::call_guard<pybind11::gil_scoped_release>();
+  pybind11::register_exception<TierUnavailable>(m, "TierUnavailable", PyExc_RuntimeError);
   pybind11::class_<Matrix>(m, "Matrix");
   pybind11::class_<LayerWeights>(m, "LayerWeights");
   pybind11::bind_vector<std::vector<LayerWeights>>(m, "LayerStack");

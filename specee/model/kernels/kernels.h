@@ -111,8 +111,9 @@ enum class Format { INT4, INT8_ROW, INT8_GROUP32, INT8_GROUP16, INT8_SUPER32, IN
 using Part = F16;
 using PartI = I16;
 constexpr int64_t PART_LANES = LANES;
+// At least 8 rows at once, more where the tier's `dot` takes more (AMX: a tile of 16).
 template <bool INT4>
-constexpr int PART_ROWS = 8;
+constexpr int PART_ROWS = DOT_ROWS<INT4> > 8 ? DOT_ROWS<INT4> : 8;
 inline Part part_splat(float x) { return splat(x); }
 inline Part part_load(const float* p) { return load(p); }
 inline Part part_load_bf16(const uint16_t* p) { return load_bf16(p); }
@@ -131,6 +132,22 @@ inline void part_dot(const uint8_t* block, int64_t part, const int8_t* q, int64_
 
 template <class V>
 inline V part_madd(V a, V b, V c) { return a * b + c; }
+
+// A tier with state of its own (AMX: the process's permission for the tile state, each thread's
+// tile configuration) defines SPECEE_TIER_SETUP and these; the others need none of them.
+#ifndef SPECEE_TIER_SETUP
+// Null, or why the tier cannot run in this process (KernelTable::unavailable).
+inline const char* tier_unavailable() { return nullptr; }
+// Called by each thread before its share of a matmul over `rows` rows.
+inline void begin_matmul(int64_t) {}
+// How many blocks' dots of R rows the tier computes before their fp32 steps: 1, each block's as it
+// comes. More (AMX: tile products back to back, their sums back through memory) calls
+// dots_ahead(first block, count, codes, K, out [count][R]) every BLOCKS_AHEAD blocks.
+template <int R>
+constexpr int BLOCKS_AHEAD = 1;
+template <int R, bool INT4>
+void dots_ahead(const uint8_t* block, int64_t count, const int8_t* q, int64_t K, PartI* out);  // never called here
+#endif
 
 // The scale and offset of group g at lanes lane .. lane + PART_LANES - 1 of a tile, for the 8-bit
 // grouped formats: fp32 ([G][s x16, m x16]), or SUPER: per superblock of 256 inputs fp32 factors
@@ -176,6 +193,8 @@ void tile_rows(const uint8_t* w, const uint8_t* scales_zeros, int64_t first_part
   constexpr bool NARROW = FORMAT == Format::INT8_SUPER16 || FORMAT == Format::INT8_SUPER32;  // 6-bit codes
   Part group_s[P], group_m[P];
   const uint16_t* int4_scales = reinterpret_cast<const uint16_t*>(scales_zeros) + lane0;
+  constexpr int AHEAD = HALVES ? 1 : BLOCKS_AHEAD<R>;
+  PartI ahead[AHEAD * R];  // AHEAD > 1: the dots of blocks b - b % AHEAD on, R a block
   for (int64_t b = 0, in_group = 0; b < blocks; ++b) {
     PartI dots[R];
     const uint8_t* block = w + b * BLOCK_BYTES;
@@ -212,7 +231,12 @@ void tile_rows(const uint8_t* w, const uint8_t* scales_zeros, int64_t first_part
       for (int p = 0; p < P; ++p) grouped_scale_offset<FORMAT>(scales_zeros, b, lane0 + p * PART_LANES, group_s[p], group_m[p]);
     }
     for (int p = 0; p < P; ++p) {
-      part_dot<R, INT4, 8, NARROW>(block, first_part + p, codes + b * BLOCK, K, dots);
+      if constexpr (AHEAD > 1) {  // (P is 1: the tier's vector holds a tile's 16 lanes)
+        if (b % AHEAD == 0) dots_ahead<R, INT4>(block, std::min<int64_t>(AHEAD, blocks - b), codes + b * BLOCK, K, ahead);
+        std::copy(ahead + b % AHEAD * R, ahead + (b % AHEAD + 1) * R, dots);
+      } else {
+        part_dot<R, INT4, 8, NARROW>(block, first_part + p, codes + b * BLOCK, K, dots);
+      }
       for (int r = 0; r < R; ++r) {
         const Part products = to_float(dots[r]);
         const float row_scale = scales[r * B + b], row_sum = row_sums[r * B + b];
@@ -286,6 +310,7 @@ inline void matmul_tiles(const MatmulArgs& a, int64_t begin, int64_t end) {
         row_sums[t * per_row + b] = scale * static_cast<float>(s[0] + s[1]);
       }
     }
+  begin_matmul(T);
   // The blocks' own prefetches run PREFETCH_BYTES ahead: ask for the first ones now.
   const uint8_t* first = a.packed + begin * a.tile_bytes;
   for (int64_t byte = 0; byte < std::min(PREFETCH_BYTES, (end - begin) * a.tile_bytes); byte += 64) prefetch(first + byte);
@@ -433,8 +458,8 @@ inline void gelu_mul(const float* gate_up, int64_t T, int64_t I, float* out) {
 }
 
 inline const KernelTable* table(const char* tier) {
-  static const KernelTable kernel_table{KERNEL_API_VERSION, tier, quantize_rows, matmul_tiles, attend,
-                                        rotate_rows, rms_norm, silu_mul, gelu_mul};
+  static const KernelTable kernel_table{KERNEL_API_VERSION, tier, tier_unavailable(), quantize_rows, matmul_tiles,
+                                        attend, rotate_rows, rms_norm, silu_mul, gelu_mul};
   return &kernel_table;
 }
 

@@ -58,11 +58,8 @@ inline F16 to_float(I16 a) { return {_mm512_cvtepi32_ps(a.v)}; }
 // 16 features, exact in int32 (8-bit codes: the first STEPS steps only, a half block's 16
 // inputs for STEPS 4). The block's bytes are step j (inputs 4j .. 4j + 3) for lanes 0-15,
 // four codes a lane; 4-bit codes hold steps 0-3 in the low nibbles and 4-7 in the high ones.
-template <bool INT4>
-constexpr int DOT_ROWS = 8;
-
 template <int R, bool INT4, int STEPS = 8>
-inline void dot(const uint8_t* p, const int8_t* q, int64_t K, I16* out) {
+inline void vnni_dot(const uint8_t* p, const int8_t* q, int64_t K, I16* out) {
   __m512i weights[8];
   if constexpr (INT4) {
     const __m512i nibble = _mm512_set1_epi8(0x0f);
@@ -84,6 +81,16 @@ inline void dot(const uint8_t* p, const int8_t* q, int64_t K, I16* out) {
     out[r] = {sum};
   }
 }
+
+#ifndef SPECEE_AMX  // the AMX tier (vec_amx.h) takes this header with a `dot` of its own
+template <bool INT4>
+constexpr int DOT_ROWS = 8;
+
+template <int R, bool INT4, int STEPS = 8>
+inline void dot(const uint8_t* p, const int8_t* q, int64_t K, I16* out) {
+  vnni_dot<R, INT4, STEPS>(p, q, K, out);
+}
+#endif
 
 inline void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
 

@@ -1,0 +1,102 @@
+// The AMX tier: the AVX-512 VNNI tier (vec_avx512.h, so every fp32 step is the same instruction)
+// with the int8 products of a pass over AMX_ROWS rows or more on AMX tiles. TDPBSUD multiplies a
+// tile A of R rows of activation codes (signed; a row's 32 codes of one block, as quantize_rows
+// stores them) by a tile B of one block's weight codes (unsigned; the packed layout's step j, inputs
+// 4j .. 4j + 3 for lanes 0-15, four codes a lane, is B's row j) into R rows x 16 lanes of int32: the
+// same exact block sums as vpdpbusd's. The sums come back through memory, which a tile load cannot
+// read from stores still in flight: so BLOCKS_AHEAD blocks are multiplied back to back before the
+// fp32 steps of the first one. Fewer rows, and the half blocks of 8-bit codes in groups of 16, keep
+// vpdpbusd.
+#pragma once
+
+#define SPECEE_AMX  // vec_avx512.h leaves `dot` and DOT_ROWS to this header
+#include "vec_avx512.h"
+
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+namespace specee::simd {
+
+template <bool INT4>
+constexpr int DOT_ROWS = 16;  // the rows a tile holds
+constexpr int AMX_ROWS = 9;  // measured on a Xeon: from 9 rows on tiles pay (at 8 they tie)
+
+template <int R, bool INT4, int STEPS = 8>
+inline void dot(const uint8_t* p, const int8_t* q, int64_t K, I16* out) {
+  vnni_dot<R, INT4, STEPS>(p, q, K, out);
+}
+
+#define SPECEE_TIER_SETUP
+inline const char* tier_unavailable() {
+  // Linux gives a process the tile state (8 KiB a thread) only when it asks for it, once.
+  constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+  if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0) return nullptr;
+  static char reason[160];
+  std::snprintf(reason, sizeof reason, "Linux refused this process the AMX tile state (arch_prctl(ARCH_REQ_XCOMP_PERM, "
+                "XFEATURE_XTILEDATA): %s)", std::strerror(errno));
+  return reason;
+}
+
+// Palette 1 for R rows: sums C, activation codes A and weight codes B, two of each, which even and
+// odd blocks take by turns so that one block's product need not wait for the other's store.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t bytes_per_row[16] = {64, 64, 32, 32, 64, 64};  // C0 C1 A0 A1 B0 B1
+  uint8_t rows[16] = {0, 0, 0, 0, 8, 8};
+};
+
+// The rows this thread's tiles are configured for; 0: not known to be ours.
+inline thread_local int configured_rows = 0;
+
+// The configuration belongs to the thread, and other code on it (oneDNN's AMX kernels in PyTorch)
+// may load its own or release the tiles between two of our calls: each call loads ours again
+// (about 100 ns) before its first product, and again where a chunk has other rows (16, then the rest).
+inline void begin_matmul(int64_t) { configured_rows = 0; }
+
+inline void configure(int rows) {
+  TileConfig config;
+  for (int tile = 0; tile < 4; ++tile) config.rows[tile] = static_cast<uint8_t>(rows);
+  // Not gcc 12's _tile_loadconfig: it does not tell the compiler that it reads the 64 bytes, which
+  // were then never written.
+  __asm__ volatile("ldtilecfg %0" ::"m"(config));
+  configured_rows = rows;
+}
+
+template <int R>
+constexpr int BLOCKS_AHEAD = R >= AMX_ROWS ? 4 : 1;
+
+// The dots of R rows with `count` consecutive blocks (out [count][R]); row r's codes at q + r * K.
+template <int R, bool INT4>
+inline void dots_ahead(const uint8_t* block, int64_t count, const int8_t* q, int64_t K, I16* out) {
+  constexpr int64_t BLOCK_BYTES = INT4 ? 256 : 512;
+  if (configured_rows != R) configure(R);
+  alignas(64) uint8_t codes[BLOCKS_AHEAD<R>][8 * 64];
+  if constexpr (INT4) {  // a byte per code: steps 0-3 from the low nibbles, 4-7 from the high ones
+    const __m512i nibble = _mm512_set1_epi8(0x0f);
+    for (int64_t k = 0; k < count; ++k)
+      for (int i = 0; i < 4; ++i) {
+        const __m512i packed = _mm512_loadu_si512(block + k * BLOCK_BYTES + i * 64);
+        _mm512_store_si512(codes[k] + i * 64, _mm512_and_si512(packed, nibble));
+        _mm512_store_si512(codes[k] + (i + 4) * 64, _mm512_and_si512(_mm512_srli_epi16(packed, 4), nibble));
+      }
+    // gcc's tile loads do not tell it that they read memory: these stores must be made first.
+    __asm__ volatile("" ::"r"(codes) : "memory");
+  }
+  for (int64_t k = 0; k < count; ++k) {
+    const uint8_t* b = INT4 ? codes[k] : block + k * BLOCK_BYTES;
+    // (gcc's tile intrinsics take a tile's number as written)
+    if (k % 2 == 0) {
+      _tile_zero(0); _tile_loadd(2, q + k * 32, K); _tile_loadd(4, b, 64); _tile_dpbsud(0, 2, 4);
+      _tile_stored(0, out + k * R, 64);
+    } else {
+      _tile_zero(1); _tile_loadd(3, q + k * 32, K); _tile_loadd(5, b, 64); _tile_dpbsud(1, 3, 5);
+      _tile_stored(1, out + k * R, 64);
+    }
+  }
+}
+
+}  // namespace specee::simd
