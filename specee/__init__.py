@@ -12,7 +12,8 @@ def load(model=None, dtype: str = "fp32", device: str = "cpu", threads: int | No
     own quantized tensors); the quantized formats run on the CPU. `compile`: on the CPU, run on
     specee's compiled kernels (built once per machine; False: PyTorch's own, slower). `cpu_tier`:
     which of their instruction-set tiers (amx, avx512, avxvnni, avx2, neon, portable; default: the best
-    this CPU runs, or $SPECEE_CPU_TIER); every tier gives the same bits. `ctx_size`: the longest
+    this CPU runs, or $SPECEE_CPU_TIER); every tier gives the same bits. `threads`: PyTorch's
+    and the kernels' threads (None: as PyTorch has them; the CLI's default is the physical cores). `ctx_size`: the longest
     prompt plus answer a generation may hold (default the model's context, at most 4096).
     `prefix_cache_mb`: the prefix cache's memory (default 1024 on the CPU kernels, else 0 = off)."""
     from .engine import load_engine

@@ -59,7 +59,8 @@ def _add_model_options(p: argparse.ArgumentParser, default_quantization: str = "
     p.add_argument("--model", help="GGUF file or Hugging Face model directory (default: SmolLM2-135M-Instruct)")
     p.add_argument("--dtype", default="fp32", help="fp32 or bf16 (default fp32)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
-    p.add_argument("--threads", type=_positive_int, help="CPU threads for PyTorch")
+    p.add_argument("--threads", type=_positive_int,
+                   help="CPU threads (default: the physical cores this process may run on)")
     p.add_argument("--quantization", default=default_quantization,
                    help="weights: auto (on the CPU a GGUF file's own format, else int4; none on a GPU), none (dense "
                         "--dtype), int8 (per channel), int4 (groups of 32; head int8) or gguf (the GGUF file's own "
@@ -468,7 +469,10 @@ def _validate_model_options(args) -> None:
 def _load(args):
     from . import load
 
+    from .model.cores import physical_cores
+
     started = time.perf_counter()
+    args.threads = args.threads or physical_cores()
     engine = load(args.model, dtype=args.dtype, device=args.device, threads=args.threads, quantization=args.quantization,
                   compile=args.compile, cpu_tier=args.cpu_tier, ctx_size=args.ctx_size,
                   prefix_cache_mb=getattr(args, "prefix_cache_mb", None))
@@ -482,7 +486,8 @@ def _load_line(engine, seconds: float) -> str:
     name = engine.source.name if engine.source is not None else "model"
     kv = kv_cache_bytes(engine.config, engine.context_length)
     return (f"specee: {name} loaded in {seconds:.1f} s: {engine.quantization} weights, {engine.model.weight_bytes / 2**30:.2f} "
-            f"GiB read per token; context {engine.context_length} tokens (KV cache up to {kv / 2**30:.2f} GiB)")
+            f"GiB read per token; context {engine.context_length} tokens (KV cache up to {kv / 2**30:.2f} GiB); "
+            f"{__import__('torch').get_num_threads()} threads")
 
 
 def _load_off_main_thread(args):

@@ -69,7 +69,7 @@ def test_the_cli_says_the_context_and_refuses_what_cannot_fit(gguf_path, capsys,
     code = main(["generate", "Hello", "--model", str(gguf_path), "--ctx-size", "64", "--max-tokens", "2", "--threads", "1"])
     err = capsys.readouterr().err
     assert code == 0 and "tiny.gguf loaded in" in err and "gguf weights" in err
-    assert "context 64 tokens (KV cache up to 0.00 GiB)" in err
+    assert "context 64 tokens (KV cache up to 0.00 GiB); 1 threads" in err
     monkeypatch.setattr(memory, "available_bytes", lambda: 2**20)
     code = main(["generate", "Hello", "--model", str(gguf_path)])
     err = capsys.readouterr().err

@@ -1,0 +1,45 @@
+"""The CLI's default thread count: physical cores, hyper-thread siblings counted once."""
+import os
+
+from specee.model.cores import physical_cores
+
+
+def fake_topology(tmp_path, siblings: dict[int, str]):
+    for cpu, listed in siblings.items():
+        (tmp_path / f"cpu{cpu}" / "topology").mkdir(parents=True)
+        (tmp_path / f"cpu{cpu}" / "topology" / "thread_siblings_list").write_text(listed + "\n")
+    return tmp_path
+
+
+def test_hyper_thread_siblings_count_once(tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    topology = fake_topology(tmp_path, {0: "0,2", 1: "1,3", 2: "0,2", 3: "1,3"})
+    assert physical_cores(topology) == 2
+
+
+def test_only_the_cpus_this_process_may_use_count(tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {1, 2})
+    topology = fake_topology(tmp_path, {0: "0", 1: "1", 2: "2", 3: "3"})
+    assert physical_cores(topology) == 2
+
+
+def test_without_topology_files_every_logical_cpu_counts(tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    assert physical_cores(tmp_path / "missing") == 3
+
+
+def test_the_cli_runs_on_the_physical_cores_unless_told(monkeypatch):
+    import argparse
+
+    import specee
+    import specee.cli as cli
+    import specee.model.cores as cores
+
+    seen = {}
+    monkeypatch.setattr(cores, "physical_cores", lambda: 3)
+    monkeypatch.setattr(specee, "load", lambda *args, **options: seen.update(options))
+    monkeypatch.setattr(cli, "_load_line", lambda engine, seconds: "")
+    for given, expected in ((None, 3), (1, 1)):
+        cli._load(argparse.Namespace(model=None, dtype="fp32", device="cpu", threads=given, quantization="auto",
+                                     compile=True, cpu_tier=None, ctx_size=None))
+        assert seen["threads"] == expected
