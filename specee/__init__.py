@@ -15,7 +15,8 @@ def load(model=None, dtype: str = "fp32", device: str = "cpu", threads: int | No
     this CPU runs, or $SPECEE_CPU_TIER); every tier gives the same bits. `threads`: PyTorch's
     and the kernels' threads (None: as PyTorch has them; the CLI's default is the physical cores). `ctx_size`: the longest
     prompt plus answer a generation may hold (default the model's context, at most 4096).
-    `prefix_cache_mb`: the prefix cache's memory (default 1024 on the CPU kernels, else 0 = off)."""
+    `prefix_cache_mb`: the prefix cache's memory (default on the CPU kernels: the model's
+    K/V for 8192 tokens, at most an eighth of the available memory and 1 GiB; else 0 = off)."""
     from .engine import load_engine
 
     return load_engine(model, dtype=dtype, device=device, threads=threads, quantization=quantization,

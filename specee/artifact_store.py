@@ -10,6 +10,7 @@ from .bundled import bundled
 from .drafters.eagle import EagleArtifact, EagleModel
 from .drafters.kangaroo import KangarooArtifact, KangarooModel
 from .drafters.ngram import NgramModel
+from .drafters.suffix_cache import SuffixCache
 from .exits.predictors import ExitArtifact, ExitPredictors
 from .loader import dtype_name, load_parts
 from .model.fingerprint import weights_fingerprint
@@ -18,9 +19,12 @@ from .tokenizer import Tokenizer
 
 
 class ArtifactStore:
-    def __init__(self, model: Transformer, tokenizer: Tokenizer) -> None:
+    def __init__(self, model: Transformer, tokenizer: Tokenizer, suffix_cache: SuffixCache | None = None) -> None:
         self.model = model
         self.tokenizer = tokenizer
+        # The engine's text of earlier requests, which `auto` drafts from (not loaded, not read-only:
+        # the engine adds to it as generations end).
+        self.suffix_cache = suffix_cache
         self._loaded: dict[tuple[str, str], object] = {}
         self._weights_fingerprint: str | None = None
 

@@ -74,7 +74,8 @@ def _add_model_options(p: argparse.ArgumentParser, default_quantization: str = "
                         "context, at most 4096); the KV cache grows up to it, and the memory check counts it full")
     p.add_argument("--prefix-cache-mb", type=_non_negative_float, default=None,
                    help="memory for the prefix cache, which keeps earlier prompts' and answers' K/V so a "
-                        "prompt that begins the same way prefills only the rest (default 1024 on the CPU kernels, "
+                        "prompt that begins the same way prefills only the rest (default on the CPU kernels: the "
+                        "model's K/V for 8192 tokens, at most an eighth of the available memory and 1024; "
                         "0 = off; off by default elsewhere)")
     p.add_argument("--cpu-tier", choices=("auto",) + TIER_NAMES, default=None,
                    help="which instruction set specee's kernels use: auto (the best this CPU runs; or $SPECEE_CPU_TIER), "
@@ -516,6 +517,10 @@ def _choices(stats) -> str:
     """The passes by the method that drafted them, and auto's switches with the acceptance behind each."""
     passes = ", ".join(f"{method} {count}" for method, count in sorted(stats.method_passes.items(), key=lambda m: -m[1]))
     lines = [f"[passes by drafting method: {passes or 'none'}; {stats.switches} switches]"]
+    if stats.drafters:  # auto's own counts, per drafter it chose
+        counts = "; ".join(f"{name}: {c['passes']} passes, {c['drafted']} drafted, {c['accepted']} accepted"
+                           for name, c in sorted(stats.drafters.items(), key=lambda d: -d[1]["passes"]))
+        lines.append(f"[auto's drafters: {counts}]")
     for s in stats.switch_log:
         measured = ", ".join(f"{source} {rate:.0%}" for source, rate in s["acceptance"].items()) or "nothing yet"
         others, rows = s["sharing"]
@@ -524,6 +529,8 @@ def _choices(stats) -> str:
         why = "no draft offered" if offer is None else (
             f"best offer {offer['source']} x{offer['draft']}: {offer['expected']:.2f} tokens expected, "
             f"{offer['gain']:.2f}x a dense step's tokens per cost")
+        if s.get("resting"):
+            why = "recent drafts gave fewer tokens per cost than dense steps: resting"
         lines.append(f"  token {s['at']}: {s['from']} -> {s['to']} ({why} at a row cost of {s['row_cost']:.2f}{load}; "
                      f"accepted so far: {measured})")
     if stats.switches > len(stats.switch_log):
@@ -714,10 +721,12 @@ def cluster_application(args):
     `specee.deploy`)."""
     from .cluster.app import ReplicaSpec, application
 
+    from .model.cores import physical_cores
+
     threads = args.threads
     if threads is None:  # share this machine's cores among the replicas
         most = args.max_replicas if args.replicas == "auto" else args.replicas
-        threads = max(1, (os.cpu_count() or 1) // max(1, most))
+        threads = max(1, physical_cores() // max(1, most))
     load = {"model": args.model, "dtype": args.dtype, "device": args.device, "threads": threads,
             "quantization": args.quantization, "compile": args.compile, "cpu_tier": args.cpu_tier,
             "ctx_size": args.ctx_size, "prefix_cache_mb": args.prefix_cache_mb}

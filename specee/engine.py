@@ -8,7 +8,7 @@ import functools
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, NamedTuple
+from typing import Callable, Iterator, NamedTuple
 
 import torch
 
@@ -17,12 +17,14 @@ from .decoding.autoregressive import Autoregressive
 from .decoding.base import DecodeState, Step, Strategy
 from .decoding.builder import build_speculative
 from .decoding.config import MAX_DRAFT_NODES, SpecConfig
+from .drafters.suffix_cache import DEFAULT_BUDGET_TOKENS, SuffixCache
 from .exits.builder import build_early_exit
 from .grammar import Grammar, GrammarCompiler
 from .loader import load_parts
 from .model.cache import KVCache
 from .model.llama import Passes, PassRows, Transformer
-from .prefix_cache import PrefixCache
+from .model.memory import kv_cache_bytes
+from .prefix_cache import PrefixCache, available_memory, default_budget_bytes
 from .sampling import MAX_TOP_LOGPROBS, Sampler, SamplingParams
 from .stats import GenerationStats
 from .text_stream import TextStream
@@ -30,11 +32,9 @@ from .tokenizer import Messages, Tokenizer
 
 GENERATION_OPTIONS = {"max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "ignore_eos", "chat", "strategy",
                       "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "grammar", "prefix_cache",
-                      "prompt_logprobs"}
+                      "prompt_logprobs", "stop_check"}
 # Cache slots beyond prompt + max_tokens, so a verification pass may write draft tokens past the end.
 CACHE_SLACK = MAX_DRAFT_NODES + 1
-# The prefix cache's budget on the CPU kernels (BENCHMARKS.md, "Prefix caching").
-DEFAULT_PREFIX_CACHE_MB = 1024
 # Output slots a generation's cache starts with; it grows (doubling) when a long answer needs more.
 INITIAL_OUTPUT_SLOTS = 512
 # Prompt rows scored at once for prompt log-probabilities: [rows, vocab] floats stay ~100 MB.
@@ -131,20 +131,25 @@ def load_engine(model=None, dtype: str = "fp32", device: str = "cpu", threads: i
 class Engine:
     def __init__(self, model: Transformer, tokenizer: Tokenizer, source: Path | None = None,
                  quantization: str = "none", context_length: int | None = None,
-                 prefix_cache_mb: float | None = None) -> None:
+                 prefix_cache_mb: float | None = None, suffix_cache_tokens: int = DEFAULT_BUDGET_TOKENS) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.source = source  # the GGUF file or model directory it was loaded from
         self.quantization = quantization  # how the matrices are stored: none, int8, int4 or gguf
         # The longest prompt plus answer a generation may hold (the KV cache grows up to it).
         self.context_length = context_length or model.config.max_position_embeddings
-        self.artifacts = ArtifactStore(model, tokenizer)
+        # Earlier generations' prompts and answers, which `auto` drafts from (0 tokens: none kept).
+        self.suffix_cache = SuffixCache(suffix_cache_tokens)
+        self.artifacts = ArtifactStore(model, tokenizer, self.suffix_cache)
         self.grammars = GrammarCompiler(tokenizer, model.config.vocab_size)
-        # Earlier generations' K/V for prompts that begin the same way. Off by default where the
-        # kernels are not batch-invariant (CUDA): a reused prefix would not be bit-identical there.
-        if prefix_cache_mb is None:
-            prefix_cache_mb = DEFAULT_PREFIX_CACHE_MB if model.uses_kernels else 0
-        self.prefix_cache = PrefixCache(int(prefix_cache_mb * 2**20))
+        # Earlier generations' K/V for prompts that begin the same way, within a budget that follows
+        # the model and the machine unless one is asked for. Off by default where the kernels are
+        # not batch-invariant (CUDA): a reused prefix would not be bit-identical there.
+        if prefix_cache_mb is not None:
+            budget = int(prefix_cache_mb * 2**20)
+        else:
+            budget = default_budget_bytes(kv_cache_bytes(model.config, 1), available_memory()) if model.uses_kernels else 0
+        self.prefix_cache = PrefixCache(budget)
 
     @property
     def cpu_tier(self) -> str | None:
@@ -168,7 +173,8 @@ class Engine:
                **options) -> "Generation":
         """Options: max_tokens (0: the prompt alone), temperature, top_k, top_p, seed, stop, ignore_eos, chat,
         presence_penalty, frequency_penalty, logit_bias ({token id: bias}), logprobs, prompt_logprobs (the
-        alternatives for each prompt token: its log-probabilities are reported), grammar (a Grammar), and either a
+        alternatives for each prompt token: its log-probabilities are reported), grammar (a Grammar), stop_check
+        (makes a test of each token's text that ends the answer: Generation's), and either a
         ready `strategy` or a decoding configuration: a SpecConfig, or its keywords (spec_method,
         tree, ..., exit, exit_kv, ...; decoding/config.py declares them all). Without any, the
         default method (`auto`); spec_method="none" decodes densely."""
@@ -211,7 +217,8 @@ class Generation:
                  stop: list[str] | tuple[str, ...] | str = (), ignore_eos: bool = False, chat: bool = True,
                  strategy: Strategy | None = None, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
                  logit_bias: dict[int, float] | None = None, logprobs: int | None = None,
-                 grammar: Grammar | None = None, prefix_cache: bool = True, prompt_logprobs: int | None = None) -> None:
+                 grammar: Grammar | None = None, prefix_cache: bool = True, prompt_logprobs: int | None = None,
+                 stop_check: Callable[[], Callable[[str], bool]] | None = None) -> None:
         if not isinstance(max_tokens, int) or max_tokens < 0:
             raise ValueError(f"max_tokens must be a non-negative integer, got {max_tokens}")
         for name, value in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
@@ -253,6 +260,9 @@ class Generation:
         if grammar is not None and ignore_eos:
             raise ValueError("a grammar ends the answer when it is complete: drop ignore_eos")
         self.grammar = grammar
+        # Makes, for each answer (n > 1 choices share this), a test of each token's text that says
+        # when the answer is complete beyond EOS and stop strings (the server's tool calls).
+        self.stop_check = stop_check
         # Reuse and keep prefixes. Prompt log-probabilities need every prompt row's states, which
         # a reused prefix skips: such a request prefills its whole prompt, as a fresh one would.
         self.prefix_cache = prefix_cache and engine.prefix_cache.enabled and prompt_logprobs is None
@@ -294,6 +304,7 @@ class Generation:
         passes = passes or model
         stats = GenerationStats(prompt_tokens=len(self.prompt_ids))
         text = TextStream(engine.tokenizer, self.stop)
+        done = self.stop_check() if self.stop_check is not None else None
         output: list[int] = []
         logprobs: list[TokenLogprob] | None = [] if self.logprobs is not None else None
         finish, new, delta, drafted, exit_layer, new_logprobs, method = "length", [], "", 0, None, None, None
@@ -336,7 +347,7 @@ class Generation:
                 if step is None:  # a strategy that ends by itself ends the generation
                     new, delta, drafted, new_logprobs = [], "", 0, None if logprobs is None else []
                     break
-                new, delta, finish = self._commit(step.tokens, output, text)
+                new, delta, finish = self._commit(step.tokens, output, text, done)
                 drafted, exit_layer = min(len(new), step.drafted), step.exit_layer  # cut short: fewer drafts
                 stats.draft_tokens_accepted -= step.drafted - drafted  # count only what reached the user
                 method = step.method
@@ -357,6 +368,8 @@ class Generation:
                 final = {model.config.num_hidden_layers: torch.cat(state.final_states)} if state.final_states else None
                 with torch.inference_mode():
                     engine.prefix_cache.store(state.tokens, cache, final)
+            if self.strategy.lossless:  # the model's own text, for later requests to draft from
+                engine.suffix_cache.add(self.prompt_ids + output)
         stats.generated_tokens = len(output)
         yield Event(new, delta + text.finish(), finish, drafted, exit_layer, new_logprobs, method, unsent_prompt)
         self.result = Result(text.text, output, len(self.prompt_ids), len(output), finish, stats, logprobs,
@@ -414,17 +427,19 @@ class Generation:
             self.engine.prefix_cache.store(self.prompt_ids, cache, {layers: hidden} if hidden is not None else None)
         return logits, hidden, None
 
-    def _commit(self, step: list[int], output: list[int], text: TextStream) -> tuple[list[int], str, str]:
+    def _commit(self, step: list[int], output: list[int], text: TextStream,
+                done: Callable[[str], bool] | None = None) -> tuple[list[int], str, str]:
         """Commit a step's tokens one by one, exactly as dense decoding would: stop after an EOS,
-        after the token that completes a stop string, or at the token limit, whatever the step
-        brought after it. Returns (tokens kept, their final text, "stop"/"length"/"continue")."""
+        after the token that completes a stop string or `done`'s end, or at the token limit,
+        whatever the step brought after it. Returns (tokens kept, their final text, "stop"/"length"/"continue")."""
         kept: list[int] = []
         delta = ""
         for token in step:
             kept.append(token)
             output.append(token)
-            delta += text.add([token])
-            if token in self.eos or text.stopped:
+            piece = text.add([token])
+            delta += piece
+            if token in self.eos or text.stopped or done is not None and done(piece):
                 return kept, delta, "stop"
             if len(output) >= self.max_tokens:
                 return kept, delta, "length"

@@ -88,6 +88,42 @@ class Grammar:
         return Grammar("lark", llguidance.LLMatcher.grammar_from_lark(text))
 
 
+# Keywords whose value is one subschema, or a list or a name -> subschema map of them (allOf is left
+# alone: closing each of its members would refuse the keys the others declare).
+SUBSCHEMA = ("additionalProperties", "items", "contains", "not", "if", "then", "else", "propertyNames")
+SUBSCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
+SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
+
+
+def strict_schema(schema):
+    """A schema sent with `strict: true`, read by OpenAI's Structured Outputs rules: every object
+    is closed (`additionalProperties: false`) and requires all its properties, wherever the schema
+    does not say otherwise (an explicit `additionalProperties` or `required` is kept). OpenAI
+    refuses a strict schema that leaves these out; specee applies them instead, so a schema that
+    follows the rules is unchanged and one that does not still gets closed, complete objects."""
+    if not isinstance(schema, dict):
+        return schema
+    strict = dict(schema)
+    for key in SUBSCHEMA:
+        if key in strict:
+            strict[key] = strict_schema(strict[key])
+    for key in SUBSCHEMA_LISTS:
+        if isinstance(strict.get(key), list):
+            strict[key] = [strict_schema(member) for member in strict[key]]
+    for key in SUBSCHEMA_MAPS:
+        if isinstance(strict.get(key), dict):
+            strict[key] = {name: strict_schema(member) for name, member in strict[key].items()}
+    if is_object_schema(strict):
+        strict.setdefault("additionalProperties", False)
+        strict.setdefault("required", list(strict.get("properties", {})))
+    return strict
+
+
+def is_object_schema(schema: dict) -> bool:
+    kind = schema.get("type")
+    return kind == "object" or isinstance(kind, list) and "object" in kind or kind is None and "properties" in schema
+
+
 def grammar_error(grammar: Grammar, ll_tokenizer=None) -> str:
     """Why the grammar cannot run ("" when it can): checked alone, or against a model's tokenizer."""
     import llguidance

@@ -38,6 +38,10 @@ class GenerationStats:
     # with the measured acceptance and cost behind it (Switch.to_dict).
     switches: int = 0
     switch_log: list[dict] = field(default_factory=list)
+    # `auto`: per drafter it chose ("none": a dense step), {"passes", "drafted", "accepted"}: its
+    # passes, the draft tokens it sent to verification and those verification accepted (the last
+    # pass's may run past the answer's end, where draft_tokens_accepted stops).
+    drafters: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def tokens_per_s(self) -> float:
@@ -102,6 +106,12 @@ class GenerationStats:
 
     def record_method(self, method: str) -> None:
         self.method_passes[method] = self.method_passes.get(method, 0) + 1
+
+    def record_drafter(self, drafter: str, drafted: int, accepted: int) -> None:
+        counts = self.drafters.setdefault(drafter, {"passes": 0, "drafted": 0, "accepted": 0})
+        counts["passes"] += 1
+        counts["drafted"] += drafted
+        counts["accepted"] += accepted
 
     def record_switch(self, switch: dict) -> None:
         self.switches += 1

@@ -48,7 +48,9 @@ CONFIGS = {
     "draft self:3 chain": dict(spec_method="draft", draft_model="self:3", num_draft_tokens=2),
     "staged self:3 + prompt lookup": dict(spec_method="staged", draft_model="self:3", num_draft_tokens=3),
     "auto (the default)": dict(),
+    "auto with the answer in its suffix cache": dict(),  # an earlier request's answer: the same text
 }
+REMEMBERS = "auto with the answer in its suffix cache"
 # Drafters that copy from the prompt, and trees, get whole runs of drafts right on the copy-heavy
 # prompts, so acceptance past a pass's first draft is exercised. Shallow drafts and chains from a
 # table of unrelated text rarely keep two drafts in a row.
@@ -63,17 +65,23 @@ def test_greedy_speculative_equals_plain_greedy(default_engine, dense, ngram_tab
     proposed = accepted = longest = 0
     methods = set()
     for prompt in PROMPTS:
+        default_engine.suffix_cache.clear()  # each run drafts from its own text, not another run's answer
+        if config == REMEMBERS:
+            default_engine.suffix_cache.add(default_engine.encode(prompt) + dense[prompt])
         result = default_engine.generate(prompt, max_tokens=MAX_TOKENS, ignore_eos=True, **options)
         assert result.token_ids == dense[prompt], f"{config} differs on {prompt!r}"
         methods |= result.stats.method_passes.keys()
         proposed += result.stats.draft_tokens_proposed
         accepted += result.stats.draft_tokens_accepted
         longest = max(longest, *result.stats.accept_lengths)
+    if config == REMEMBERS:  # the earlier answer, drafted whole chains at a time
+        assert "suffix" in methods and accepted > 0.8 * proposed and longest > 6, (methods, accepted, proposed)
+        return
     # Verification had work to do: drafts were proposed, some kept and some rejected.
     assert 0 < accepted < proposed, f"{config}: {accepted} of {proposed} draft tokens accepted"
     if config in DEEP_ACCEPTS:
         assert longest > 2, f"{config}: no pass kept more than {longest - 1} drafts"
-    if not options:  # auto copied, drafted from the table and drafted nothing, by turns
+    if config == "auto (the default)":  # auto copied, drafted from the table and drafted nothing, by turns
         assert methods == {"prompt-lookup", "ngram", "none"}
 
 

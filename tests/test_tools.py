@@ -176,8 +176,11 @@ def test_a_server_with_a_tools_aware_template_answers_the_openai_client_with_cal
         chunks = [c for c in client.chat.completions.create(model=model, messages=question, tools=tools,
                                                             tool_choice="required", parallel_tool_calls=False,
                                                             stream=True) if c.choices]
-        [streamed] = [tc for c in chunks for tc in c.choices[0].delta.tool_calls or ()]
-        assert streamed.function.name in ("get_weather", "add") and chunks[-1].choices[0].finish_reason == "tool_calls"
+        [streamed] = assemble([tc.model_dump(exclude_none=True) for c in chunks for tc in c.choices[0].delta.tool_calls
+                               or ()])
+        assert streamed["function"]["name"] in ("get_weather", "add")
+        assert isinstance(json.loads(streamed["function"]["arguments"]), dict)
+        assert chunks[-1].choices[0].finish_reason == "tool_calls"
         answer = client.chat.completions.create(model=model, max_tokens=8, tools=tools, tool_choice="none",
                                                 messages=question + [
             {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
@@ -185,3 +188,181 @@ def test_a_server_with_a_tools_aware_template_answers_the_openai_client_with_cal
         assert answer.choices[0].message.tool_calls is None and answer.usage.completion_tokens >= 1
     finally:
         assert server.stop() == 0, server.output()
+
+
+# --- Tool calls that end: a cap, repeats dropped and ending the answer, cut answers, streamed calls ---
+def assemble(deltas: list[dict]) -> list[dict]:
+    """Calls rebuilt from streamed deltas as an OpenAI client does: the first of an index opens the
+    call (id, type, name, empty arguments), the others add arguments."""
+    calls: dict[int, dict] = {}
+    for delta in deltas:
+        if delta["index"] not in calls:
+            assert set(delta) == {"index", "id", "type", "function"} and delta["function"]["arguments"] == ""
+            calls[delta["index"]] = {"id": delta["id"], "type": delta["type"], "function": dict(delta["function"])}
+        else:
+            assert set(delta) == {"index", "function"} and set(delta["function"]) == {"arguments"}
+            calls[delta["index"]]["function"]["arguments"] += delta["function"]["arguments"]
+    assert sorted(calls) == list(range(len(calls)))
+    return [calls[i] for i in sorted(calls)]
+
+
+def read_in_pieces(reader: CallReader, text: str, size: int = 3) -> tuple[list[dict], list[tuple[int, dict]]]:
+    """Feed `text` a few characters at a time; (all deltas, (characters fed, delta) for each)."""
+    deltas, when = [], []
+    for end in range(size, len(text) + size, size):
+        assert reader.feed(text[end - size:end]) == ""
+        for delta in reader.deltas():
+            deltas.append(delta)
+            when.append((min(end, len(text)), delta))
+    return deltas, when
+
+
+def generic(*calls: str, closed: bool = True) -> str:
+    return '{"tool_calls": [' + ", ".join(calls) + ("]}" if closed else "")
+
+
+ADD_1, ADD_2, ADD_3 = (f'{{"name": "add", "arguments": {{"a": {a}}}}}' for a in (1, 2, 3))
+
+
+def named_arguments(calls: list[dict]) -> list[tuple[str, dict]]:
+    return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls]
+
+
+def test_a_repeated_call_is_dropped_and_ends_the_answer():
+    reader = CallReader(native=False, names={"add"})
+    reader.feed(generic(ADD_1, ADD_2, closed=False))
+    assert not reader.ended
+    reader.feed(', {"name": "add", "arguments": ')
+    assert not reader.ended  # the same name, arguments not written yet: not a repeat yet
+    reader.feed('{"a": 1}}')
+    assert reader.ended
+    assert named_arguments(reader.finish()[1]) == [("add", {"a": 1}), ("add", {"a": 2})]
+    swapped = CallReader(native=False, names={"get_weather"})  # the same arguments in another order repeat too
+    swapped.feed(generic('{"name": "get_weather", "arguments": {"unit": "celsius", "days": 2}}',
+                         '{"name": "get_weather", "arguments": {"days": 2, "unit": "celsius"}}'))
+    assert swapped.ended and len(swapped.finish()[1]) == 1
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_the_most_calls_end_the_answer_and_more_are_dropped(native):
+    calls = (ADD_1, ADD_2, ADD_3)
+    text = "\n".join(f"<tool_call>\n{c}\n</tool_call>" for c in calls) if native else generic(*calls)
+    reader = CallReader(native=native, names={"add"}, max_calls=2)
+    reader.feed(text[:text.index(ADD_2) + len(ADD_2)])
+    assert reader.ended
+    reader.feed(text[text.index(ADD_2) + len(ADD_2):])
+    assert named_arguments(reader.finish()[1]) == [("add", {"a": 1}), ("add", {"a": 2})]
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_a_cut_answer_keeps_its_complete_calls_and_drops_the_partial_one(native):
+    partial = '{"name": "add", "arguments": {"a'
+    text = f"<tool_call>\n{ADD_1}\n</tool_call>\n<tool_call>\n{partial}" if native else generic(ADD_1, partial,
+                                                                                                closed=False)
+    reader = CallReader(native=native, names={"add"})
+    assert reader.feed(text) == ""
+    content, calls = reader.finish(cut=True)
+    assert content == "" and named_arguments(calls) == [("add", {"a": 1})]
+    only_partial = CallReader(native=native, names={"add"})
+    only_partial.feed(text[:text.index(ADD_1) + 20])
+    assert only_partial.finish(cut=True) == ("", [])  # no raw JSON as content
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_streamed_calls_send_the_name_then_the_arguments_as_they_are_written(native):
+    long_1 = '{"name": "get_weather", "arguments": {"unit": "celsius", "days": 3}}'
+    calls = (long_1, ADD_2, ADD_2, ADD_3)  # the second ADD_2 repeats: never sent, and it ends the answer
+    text = "\n".join(f"<tool_call>\n{c}\n</tool_call>" for c in calls) if native else generic(*calls)
+    reader = CallReader(native=native, names={"add", "get_weather"})
+    deltas, when = read_in_pieces(reader, text)
+    assert reader.ended
+    streamed = assemble(deltas + reader.deltas())
+    assert named_arguments(streamed) == [("get_weather", {"unit": "celsius", "days": 3}), ("add", {"a": 2}),
+                                         ("add", {"a": 3})]
+    assert [c["id"] for c in streamed] == [c["id"] for c in reader.finish()[1]]
+    # The first call's arguments went out in pieces, most of them before the call was complete.
+    end_of_first = text.index(long_1) + len(long_1)
+    early = [d for fed, d in when if d["index"] == 0 and "id" not in d and fed < end_of_first]
+    assert len(early) >= 3 and "".join(d["function"]["arguments"] for d in early) != ""
+
+
+def matches(grammar, compiler, text: str) -> bool:
+    import llguidance
+
+    matcher = llguidance.LLMatcher(compiler.ll_tokenizer, grammar.source, log_level=0)
+    tokens = compiler.tokenizer.encode(text, add_special_tokens=False)
+    return matcher.validate_tokens(tokens) == len(tokens) and matcher.consume_tokens(tokens) and matcher.is_accepting()
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_the_grammar_allows_at_most_max_calls(engine, native):
+    plan = ToolPlan(native, [ADD], "required", max_calls=2)
+    for count, allowed in ((1, True), (2, True), (3, False)):
+        calls = (ADD_1, ADD_2, ADD_3)[:count]
+        text = "\n".join(f"<tool_call>\n{c}\n</tool_call>" for c in calls) if native else generic(*calls)
+        assert matches(plan.grammar(), engine.grammars, text) is allowed, (count, text)
+
+
+def closing_bracket_ban(engine) -> dict[int, float]:
+    """A logit bias that keeps the model from closing the list of calls while it has a choice."""
+    return {i: -100.0 for i in range(engine.model.config.vocab_size) if "]" in engine.tokenizer.decode([i])}
+
+
+def test_a_model_repeating_a_call_stops_at_the_repeat(engine):
+    """A tool without arguments, and a model kept from closing the list: every call after the
+    first repeats it. The grammar's cap alone would let it write max_calls of them."""
+    ping = {"name": "ping", "parameters": {"type": "object", "properties": {}}}
+    plan = ToolPlan(False, [ping], "required", max_calls=5)
+    ids = engine.tokenizer.encode_prompt(plan.conversation([{"role": "user", "content": "ping"}]))
+    options = dict(max_tokens=300, grammar=plan.grammar(), logit_bias=closing_bracket_ban(engine))
+    capped = engine.generate(ids, **options)
+    assert capped.text.count('"name": "ping"') == 5 and capped.text.endswith("]}")
+    stopped = engine.generate(ids, stop_check=plan.stop_check, **options)
+    assert stopped.text.count('"name": "ping"') == 2 and stopped.text.endswith("}") and stopped.finish_reason == "stop"
+    reader = plan.reader()
+    reader.feed(stopped.text)
+    assert named_arguments(reader.finish()[1]) == [("ping", {})]
+
+
+@pytest.fixture(scope="module")
+def client(engine):
+    from fastapi.testclient import TestClient
+
+    from specee.server.app import ServerConfig, create_app
+    from specee.server.completions import Defaults
+
+    with TestClient(create_app(engine, ServerConfig("tiny", Defaults({"max_tokens": 300})))) as client:
+        yield client
+
+
+def test_the_server_cuts_to_complete_calls_and_streams_arguments(client, engine):
+    """Several calls (the list kept open), cut by max_tokens inside the second: the first comes
+    back as a call with finish_reason length; streamed, the calls come in pieces and match."""
+    body = {"messages": [{"role": "user", "content": "add"}], "tools": [{"type": "function", "function": ADD}],
+            "tool_choice": "required", "logit_bias": {str(i): b for i, b in closing_bracket_ban(engine).items()},
+            "specee": {"max_tool_calls": 3}}
+    whole = client.post("/v1/chat/completions", json=body | {"logprobs": True}).json()["choices"][0]
+    calls = whole["message"]["tool_calls"]
+    assert whole["finish_reason"] == "tool_calls" and whole["message"]["content"] is None and 1 < len(calls) <= 3
+    assert len({c["function"]["arguments"] for c in calls}) == len(calls)  # no call twice
+    pieces = [entry["token"] for entry in whole["logprobs"]["content"]]
+    text = "".join(pieces)
+    second_call = text.index('{"name"', text.index('{"name"') + 1)
+    cut_at = next(k for k in range(len(pieces)) if len("".join(pieces[:k])) > second_call + 5)
+    cut = client.post("/v1/chat/completions", json=body | {"max_tokens": cut_at}).json()["choices"][0]
+    assert cut["finish_reason"] == "length" and cut["message"]["content"] is None
+    assert named_arguments(cut["message"]["tool_calls"]) == named_arguments(calls[:1])
+    with client.stream("POST", "/v1/chat/completions", json=body | {"stream": True}) as response:
+        chunks = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
+    deltas = [d for c in chunks for d in c["choices"][0]["delta"].get("tool_calls", ())]
+    assert named_arguments(assemble(deltas)) == named_arguments(calls)
+    assert len(deltas) > 2 * len(calls)  # arguments in more than one piece
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    assert all("content" not in c["choices"][0]["delta"] for c in chunks)
+
+
+def test_max_tool_calls_out_of_range_is_a_400(client):
+    body = {"messages": [{"role": "user", "content": "add"}], "tools": [{"type": "function", "function": ADD}],
+            "specee": {"max_tool_calls": 0}}
+    response = client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "specee.max_tool_calls"

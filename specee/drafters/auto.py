@@ -1,17 +1,20 @@
 """`auto`: speculation that pays for itself, request by request and pass by pass.
 
-Each pass it weighs what the cheap drafters offer (prompt lookup's copy, the n-gram table's chain)
-against what rows cost now, and drafts the offer and length that give the most tokens per unit
-of pass cost, or nothing (a dense step) when no draft beats one token for one row. A node's chance
-of acceptance is the drafter's own estimate (the copy's measured reliability for its match
-length, the table's probability) times this request's calibration: accepted over expected draft
+Each pass it weighs what the cheap drafters offer (prompt lookup's copy, the n-gram table's chain,
+the engine's suffix cache of earlier requests' text) against what rows cost now, and drafts the
+offer and length that give the most tokens per unit of pass cost, or nothing (a dense step) when
+no draft beats one token for one row. A node's chance of acceptance is the drafter's own estimate
+(the copy's measured reliability for its match length, the table's probability, the suffix
+cache's rate for its match length) times this request's calibration: accepted over expected draft
 tokens of that drafter so far. So a request whose copies keep failing stops drafting, and one
-whose text becomes copyable (a match appears) starts again. Every draft is verified by the
-target, so the output is dense decoding's, whatever it chooses.
+whose text becomes copyable (a match appears) starts again; a guard (dense_guard.py) rests drafting
+when the latest drafted passes gave fewer tokens per unit of cost than dense steps. Every draft is
+verified by the target, so the output is dense decoding's, whatever it chooses.
 
 A row's price, as a share of a one-row pass, starts at the model's `extra_row_cost` and follows
-this request's own passes (their verification time against their rows): a row attends to the
-whole context, so at a few thousand tokens it costs several times what it does at a hundred. In a
+this request's own passes (row_price.py: a median line through their verification times against
+their rows, which a few slow passes barely move): a row attends to the whole context, so at a few
+thousand tokens it costs several times what it does at a hundred. In a
 server batch the pass also carries the other generations' rows and tokens, and the draft
 maximises the whole pass's tokens per cost: the more rows already share a pass, the surer a draft
 token must be.
@@ -26,29 +29,28 @@ from dataclasses import dataclass
 from ..verification.draft import Draft
 from .base import Proposer
 from .copy_reliability import MAX_MATCH
+from .dense_guard import DenseGuard
 from .ngram import NgramModel
 from .prompt_lookup import PromptLookup
 from .registry import Drafting, SpecMethod, register
+from .row_price import RowPrice
+from .suffix_cache import SuffixCache, hit_rate
 
 # A draft must promise this much more than a dense step's tokens per cost: the model of a pass's
 # cost leaves out verification's own overhead (tuning slice, BENCHMARKS.md "Speculation on by default").
 MARGIN = 0.05
 # A drafter's calibration starts at its prior and weighs as much as this many expected draft tokens.
 # The priors are accepted over expected draft tokens on the tuning slice (BENCHMARKS.md): the copy's
-# rates are measured ones, the table's probabilities are its corpus's, twice what this model accepts.
+# rates are measured ones, the table's probabilities are its corpus's, twice what this model accepts;
+# the suffix cache's rates are a prior still to be measured (suffix_cache.py).
 CALIBRATION_WEIGHT = 8.0
-PRIORS = {"prompt-lookup": 1.0, "ngram": 0.5}
+PRIORS = {"prompt-lookup": 1.0, "ngram": 0.5, "suffix": 1.0}
 # The longest chain, unless the user sets num_draft_tokens; where a row costs at least COSTLY_ROW
 # of a pass (the quantized formats), chains of 4 matched or beat 8 on the tuning slice: a long copy
 # rejected at its first token wastes several passes' work.
 DRAFT_LIMIT = 8
 COSTLY_ROW = 0.1
 COSTLY_DRAFT_LIMIT = 4
-# The row price's estimate: each pass weighs this much less than the next, and the model's price
-# starts as two pseudo-passes of this weight (dense, and with PRIOR_ROWS extra rows).
-PRICE_DECAY = 0.95
-PRICE_PRIOR_WEIGHT = 2.0
-PRIOR_ROWS = 4
 
 
 @dataclass
@@ -86,37 +88,6 @@ class Calibration:
         return self.accepted / self.drafted if self.drafted else None
 
 
-class RowPrice:
-    """One more row's cost as a share of a one-row pass: a least-squares line through this
-    request's verification times against their extra rows (recent passes weigh more), pulled
-    toward the model's price by two pseudo-passes on its line."""
-
-    def __init__(self, prior: float) -> None:
-        self.prior = prior
-        self.sums: list[float] | None = None  # weights, x, y, x*x, x*y
-        self.cost = prior
-
-    def record(self, extra_rows: int, seconds: float) -> None:
-        if self.sums is None:
-            one_row = seconds / (1 + self.prior * extra_rows)
-            self.sums = [0.0] * 5
-            for rows in (0, PRIOR_ROWS):
-                self._add(rows, one_row * (1 + self.prior * rows), PRICE_PRIOR_WEIGHT)
-        self.sums = [s * PRICE_DECAY for s in self.sums]
-        self._add(extra_rows, seconds, 1.0)
-        w, x, y, xx, xy = self.sums
-        spread = w * xx - x * x
-        if spread > 1e-6 * w * w:
-            per_row = (w * xy - x * y) / spread
-            one_row = (y - per_row * x) / w
-            if one_row > 0:
-                self.cost = max(0.01, per_row / one_row)
-
-    def _add(self, rows: float, seconds: float, weight: float) -> None:
-        for i, value in enumerate((1.0, rows, seconds, rows * rows, rows * seconds)):
-            self.sums[i] += weight * value
-
-
 @dataclass
 class Choice:
     source: str  # the drafter whose chain is drafted, or "none"
@@ -126,15 +97,17 @@ class Choice:
     gain: float  # tokens per unit of pass cost it promises, over a dense step's
     # The best offer, taken or not: (source, nodes, expected, gain).
     best: tuple[str, int, float, float] | None = None
+    resting: bool = False  # nothing drafted because the guard rests drafting
 
 
 class AutoDrafter(Proposer):
     margin = MARGIN
 
     def __init__(self, lookup: PromptLookup, table: NgramModel | None, row_cost: float,
-                 max_tokens: int = DRAFT_LIMIT) -> None:
+                 max_tokens: int = DRAFT_LIMIT, history: SuffixCache | None = None) -> None:
         self.lookup = lookup
         self.table = table
+        self.history = history  # the engine's suffix cache, shared by its generations (read only here)
         self.row_cost = row_cost
         self.max_tokens = max_tokens
         self.passes = None
@@ -145,6 +118,7 @@ class AutoDrafter(Proposer):
         self.last: Choice | None = None  # the latest choice (a switch is a change of source)
         self.pending: Choice | None = None  # the choice verification has not yet answered
         self.price = RowPrice(row_cost)
+        self.guard = DenseGuard()
         self.timed = 0.0  # the stats' verification seconds already read
 
     def reset(self, prompt: list[int], sampler=None) -> None:
@@ -157,7 +131,8 @@ class AutoDrafter(Proposer):
         self.calibrations = {source: Calibration(prior) for source, prior in PRIORS.items()}
         self.last = self.pending = None
         self.price = RowPrice(self.row_cost)
-        self.timed = 0.0  # the stats' verification seconds already read
+        self.guard = DenseGuard()
+        self.timed = 0.0
 
     def watch(self, passes, stats) -> None:
         self.passes, self.stats = passes, stats
@@ -177,8 +152,12 @@ class AutoDrafter(Proposer):
             copied = self.lookup.chain(context, follows, limit).tokens
             length = self.lookup.match_length(context, follows, n)
             rates = [self.lookup.reliability.rate(min(length + i, MAX_MATCH)) for i in range(len(copied))]
-            reach = reaching(rates, self.calibrations["prompt-lookup"].factor, floor)
-            offers.append(Offer("prompt-lookup", copied[:len(reach)], reach, reaching(rates, 1.0)[:len(reach)]))
+            offers.append(self.chain_offer("prompt-lookup", copied, rates, floor))
+        # A seeded sample's answer depends on its drafts, so it must not depend on other requests.
+        match = None if self.history is None or self.reproducible else self.history.lookup(context, limit)
+        if match is not None:
+            rates = [hit_rate(match.length + i) for i in range(len(match.continuation))]
+            offers.append(self.chain_offer("suffix", match.continuation, rates, floor))
         if self.table is not None:
             factor, tail = self.calibrations["ngram"].factor, list(context[len(context) - (self.table.order - 1):])
             tokens, probs, reach = [], [], [1.0]
@@ -192,6 +171,12 @@ class AutoDrafter(Proposer):
             if tokens:
                 offers.append(Offer("ngram", tokens, reach[1:], reaching(probs, 1.0)))
         return offers
+
+    def chain_offer(self, source: str, tokens: list[int], rates: list[float], floor: float) -> Offer:
+        """A chain whose node i is right with chance rates[i] as its drafter estimates it, cut where
+        its calibrated reach falls below `floor`."""
+        reach = reaching(rates, self.calibrations[source].factor, floor)
+        return Offer(source, tokens[:len(reach)], reach, reaching(rates, 1.0)[:len(reach)])
 
     def choose(self, context: list[int], limit: int) -> Choice:
         """The offer and length with the most tokens per unit of pass cost, or none."""
@@ -221,7 +206,11 @@ class AutoDrafter(Proposer):
         return Choice(offer.source, offer.tokens[:k], expected, sum(offer.estimated[:k]), gain, summary)
 
     def propose(self, context: list[int], max_tokens: int) -> Draft:
-        choice = self.choose(context, min(max_tokens, self.max_tokens))
+        if self.guard.open:
+            choice = self.choose(context, min(max_tokens, self.max_tokens))
+        else:
+            self.guard.rest()
+            choice = Choice("none", [], 0.0, 0.0, 1.0, resting=True)
         if self.last is not None and choice.source != self.last.source and self.stats is not None:
             self.stats.record_switch(self.explain(context, choice))
         self.last = self.pending = choice
@@ -237,19 +226,22 @@ class AutoDrafter(Proposer):
             offer["expected"], offer["gain"] = round(offer["expected"], 2), round(offer["gain"], 3)
         return {"at": len(context) - self.prompt_tokens, "from": self.last.source, "to": choice.source,
                 "offer": offer, "acceptance": acceptance, "row_cost": round(self.price.cost, 3),
-                "sharing": list(self.sharing())}
+                "sharing": list(self.sharing()), "resting": choice.resting}
 
     def update(self, context: list[int], num_accepted: int) -> None:
         self.lookup.update(context, num_accepted)
-        if self.pending is not None and self.pending.tokens:
-            self.calibrations[self.pending.source].record(self.pending.estimated, len(self.pending.tokens),
-                                                          num_accepted)
+        choice, self.pending = self.pending, None  # None: a pass auto did not draft (a grammar's)
+        drafted = 0 if choice is None else len(choice.tokens)
+        if drafted:
+            self.calibrations[choice.source].record(choice.estimated, drafted, num_accepted)
+            self.guard.record(drafted, num_accepted, self.price.cost)
         if self.stats is not None:
+            if choice is not None:
+                self.stats.record_drafter(choice.source, drafted, num_accepted)
             seconds, self.timed = self.stats.verify_s - self.timed, self.stats.verify_s
             alone = self.sharing() == (0, 0)  # a pass of its own: its time is its rows'
-            if self.pending is not None and alone and not self.reproducible:
-                self.price.record(len(self.pending.tokens), seconds)
-        self.pending = None
+            if choice is not None and alone and not self.reproducible:
+                self.price.record(drafted, seconds)
 
 
 def reaching(rates: list[float], factor: float, floor: float = 0.0) -> list[float]:
@@ -275,7 +267,8 @@ def _auto_method(config, artifacts) -> Drafting:
     limit = config.num_draft_tokens or (DRAFT_LIMIT if row_cost < COSTLY_ROW else COSTLY_DRAFT_LIMIT)
     if not artifacts.model.rows_exact:
         limit = 0  # drafts would not be lossless here: every pass is a dense step
-    return Drafting(lambda: AutoDrafter(PromptLookup(num_draft_tokens=max(limit, 1)), table, row_cost, limit),
+    history = artifacts.suffix_cache  # the engine's, shared by all its generations
+    return Drafting(lambda: AutoDrafter(PromptLookup(num_draft_tokens=max(limit, 1)), table, row_cost, limit, history),
                     num_draft_tokens=max(limit, 1), adaptive=False)
 
 

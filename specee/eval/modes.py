@@ -86,6 +86,8 @@ class EngineMode:
         self.strategy = spec.build(engine, options or {})
 
     def run(self, prompt_ids: list[int], max_tokens: int, params: SamplingParams, ignore_eos: bool) -> Run:
+        # Every mode answers the same prompts: a run must not draft from another run's answer.
+        self.engine.suffix_cache.clear()
         result = self.engine.generate(
             prompt_ids, max_tokens=max_tokens, ignore_eos=ignore_eos, strategy=self.strategy,
             temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=params.seed,

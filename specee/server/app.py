@@ -141,7 +141,7 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
     metrics = Metrics(engine.cpu_tier)
     scheduler = Scheduler(Batch(engine.model, config.prefill_chunk), config.max_queue, config.max_batch,
                           on_step=metrics.record_step, on_end=metrics.record_end, on_pass=metrics.record_pass)
-    metrics.watch(scheduler, engine.prefix_cache)
+    metrics.watch(scheduler, engine.prefix_cache, engine.suffix_cache)
     planner = Planner(engine, config.defaults)
     page = PAGE.read_text()
 
@@ -321,6 +321,13 @@ def bind(host: str, port: int) -> socket.socket:
     return listening
 
 
+def start_line(host: str, port: int, engine: Engine) -> str:
+    """What `specee serve` says when it starts serving: where, and the prefix cache's budget."""
+    budget = engine.prefix_cache.budget_bytes
+    cache = f"prefix cache up to {budget / 2**20:.0f} MiB" if budget else "prefix cache off"
+    return f"specee serving on http://{host}:{port} ({cache}; --prefix-cache-mb sets it)"
+
+
 def serve(engine: Engine, config: ServerConfig, listening: socket.socket) -> None:
     """Run until SIGTERM or Ctrl-C: then stop accepting, let running requests finish for
     `config.shutdown_grace` seconds (ending what still runs with an error event just before),
@@ -371,5 +378,5 @@ def serve(engine: Engine, config: ServerConfig, listening: socket.socket) -> Non
     uvicorn_config = uvicorn.Config(app, http=Protocol, timeout_graceful_shutdown=config.shutdown_grace,
                                     timeout_keep_alive=config.keep_alive, log_level="info")
     host, port = listening.getsockname()[:2]
-    log.info("specee serving on http://%s:%d", host, port)
+    log.info("%s", start_line(host, port, engine))
     Server(uvicorn_config).run(sockets=[listening])

@@ -95,6 +95,8 @@ class Planner:
             except ValueError as e:
                 raise BadRequest(f"{grammar[1]}: {e}", param=grammar[1], code="invalid_value") from None
             options["grammar"] = grammar[0]
+        if prompt.tools is not None:
+            options["stop_check"] = prompt.tools.stop_check
         try:
             return self.engine.stream(prompt_ids, strategy=strategy, **options)
         except ValueError as e:
@@ -144,7 +146,8 @@ def chat_prompt(engine: Engine, request: ChatRequest) -> Prompt:
         if request.tools and request.tool_choice_name != "none":
             plan = ToolPlan(knows_tools(tokenizer.chat_template), [t.function.model_dump(exclude_none=True)
                                                                   for t in request.tools],
-                            request.tool_choice_name, request.parallel_tool_calls is not False)
+                            request.tool_choice_name, request.parallel_tool_calls is not False,
+                            request.max_tool_calls)
         elif any(m["role"] == "tool" or "tool_calls" in m for m in messages):
             plan = ToolPlan(knows_tools(tokenizer.chat_template), [], "none")  # earlier calls, no new ones
         if plan is not None:
@@ -241,15 +244,8 @@ class Shaper:
         ]
         if self.chat:
             delta, finish = {"content": event.text}, event.finish_reason
-            if state.calls is not None:  # content as it is known to be content; calls at the end
-                content, calls = state.calls.feed(event.text), []
-                if finish is not None:
-                    rest, calls = state.calls.finish()
-                    content += rest
-                delta = {"content": content} if content else {}
-                if calls:
-                    delta["tool_calls"] = [{"index": i} | call for i, call in enumerate(calls)]
-                    finish = "tool_calls"
+            if state.calls is not None:  # content as it is known to be content; calls as they are written
+                delta, finish = self._call_delta(state.calls, event.text, finish)
             if not state.sent_role:
                 delta = {"role": "assistant", **delta}
                 state.sent_role = True
@@ -258,6 +254,21 @@ class Shaper:
             return self._envelope("chat.completion.chunk", [choice], specee={"tokens": tokens})
         choice = self._completion_choice(index, event.text, event.logprobs, event.prompt_logprobs, event.finish_reason)
         return self._envelope("text_completion", [choice], specee={"tokens": tokens})
+
+    @staticmethod
+    def _call_delta(calls: CallReader, text: str, finish: str | None) -> tuple[dict, str | None]:
+        """A chunk's delta and finish reason in an answer that may call tools: content as soon as
+        it is known to be content, each call's name and then its arguments as they are written."""
+        content, deltas = calls.feed(text), calls.deltas()
+        if finish is not None:
+            rest, _ = calls.finish(cut=finish == "length")
+            content, deltas = content + rest, deltas + calls.deltas()
+            if calls.announced and finish != "length":
+                finish = "tool_calls"
+        delta = {"content": content} if content else {}
+        if deltas:
+            delta["tool_calls"] = deltas
+        return delta, finish
 
     def usage_chunk(self, results: list[Result]) -> dict:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
@@ -271,9 +282,10 @@ class Shaper:
         message, finish = {"role": "assistant", "content": result.text}, result.finish_reason
         if state.calls is not None:
             content = state.calls.feed(result.text)
-            rest, calls = state.calls.finish()
-            if calls:
-                message, finish = {"role": "assistant", "content": None, "tool_calls": calls}, "tool_calls"
+            rest, calls = state.calls.finish(cut=finish == "length")
+            if calls:  # a cut answer keeps its complete calls, and says it was cut
+                message = {"role": "assistant", "content": None, "tool_calls": calls}
+                finish = "length" if finish == "length" else "tool_calls"
             else:
                 message["content"] = content + rest
         return {"index": index, "message": message, "logprobs": self._logprobs(result.logprobs, state),

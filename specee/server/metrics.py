@@ -7,6 +7,7 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from ..drafters.suffix_cache import SuffixCache
 from ..engine import Event
 from ..prefix_cache import PrefixCache
 from .scheduler import Ended, Job, Scheduler
@@ -54,14 +55,24 @@ class Metrics:
                                      "nothing drafted; auto chooses per pass)", ["mode", "method"], registry=r)
         self.switches = Counter("specee_auto_switches", "Changes of auto's drafting method between passes",
                                 ["mode"], registry=r)
+        # `auto`'s choices, per drafter (prompt-lookup, ngram, suffix; none: a dense step).
+        self.drafter_passes = Counter("specee_auto_drafter_passes", "auto's passes by the drafter it chose "
+                                      "(none: nothing drafted)", ["drafter"], registry=r)
+        self.drafter_drafted = Counter("specee_auto_drafter_drafted_tokens", "Draft tokens auto sent to verification, "
+                                       "by drafter", ["drafter"], registry=r)
+        self.drafter_accepted = Counter("specee_auto_drafter_accepted_tokens", "Draft tokens verification accepted, "
+                                        "by drafter", ["drafter"], registry=r)
         self.exit_layers = Counter("specee_exit_layer_tokens", "Tokens by the layer their pass exited at "
                                    "(early-exit modes)", ["mode", "layer"], registry=r)
 
-    def watch(self, scheduler: Scheduler, prefix_cache: PrefixCache | None = None) -> None:
+    def watch(self, scheduler: Scheduler, prefix_cache: PrefixCache | None = None,
+              suffix_cache: SuffixCache | None = None) -> None:
         self.queue_length.set_function(lambda: scheduler.queued)
         self.running.set_function(lambda: scheduler.running)
         if prefix_cache is not None:
             self.registry.register(PrefixCacheCollector(prefix_cache))
+        if suffix_cache is not None:
+            self.registry.register(SuffixCacheCollector(suffix_cache))
 
     def record_step(self, event: Event) -> None:
         self.steps.inc()
@@ -95,6 +106,10 @@ class Metrics:
             self.method_passes.labels(mode, method).inc(passes)
         if stats.switches:
             self.switches.labels(mode).inc(stats.switches)
+        for drafter, counts in stats.drafters.items():
+            self.drafter_passes.labels(drafter).inc(counts["passes"])
+            self.drafter_drafted.labels(drafter).inc(counts["drafted"])
+            self.drafter_accepted.labels(drafter).inc(counts["accepted"])
         for layer in stats.exit_layers:
             self.exit_layers.labels(mode, str(layer)).inc()
 
@@ -117,3 +132,20 @@ class PrefixCacheCollector:
             yield CounterMetricFamily(f"specee_prefix_cache_{name}", text, value=value)
         yield GaugeMetricFamily("specee_prefix_cache_blocks", "Blocks held", value=len(self.cache.blocks))
         yield GaugeMetricFamily("specee_prefix_cache_bytes", "Bytes held (the budget bounds it)", value=self.cache.bytes)
+
+
+class SuffixCacheCollector:
+    """The suffix cache's own counts (earlier requests' text that `auto` drafts from), read when
+    Prometheus scrapes."""
+
+    def __init__(self, cache: SuffixCache) -> None:
+        self.cache = cache
+
+    def collect(self):
+        stats = self.cache.stats
+        for name, text, value in (("documents", "Prompts with their answers added", stats.documents),
+                                  ("evictions", "Documents evicted for room", stats.evicted),
+                                  ("lookups", "Contexts looked up", stats.lookups),
+                                  ("hits", "Lookups that found earlier text to continue", stats.hits)):
+            yield CounterMetricFamily(f"specee_suffix_cache_{name}", text, value=value)
+        yield GaugeMetricFamily("specee_suffix_cache_tokens", "Tokens held (the budget bounds it)", value=self.cache.held)

@@ -10,7 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ..decoding.config import request_schema
 from ..drafters.registry import find_method
 from ..exits.registry import find_exit
-from ..grammar import Grammar
+from ..grammar import Grammar, strict_schema
+from .calls import DEFAULT_MAX_TOOL_CALLS, MAX_TOOL_CALLS
 from ..sampling import MAX_LOGIT_BIAS, MAX_PENALTY, MAX_TOP_LOGPROBS
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
@@ -42,10 +43,11 @@ class Extension(SpecOptions):
     regex: str | None = Field(None, min_length=1, max_length=MAX_GRAMMAR_CHARS)  # the answer matches it whole
     grammar: str | None = Field(None, min_length=1, max_length=MAX_GRAMMAR_CHARS)  # Lark, as llguidance reads it
     prefix_cache: bool | None = None  # false: neither reuse nor keep this request's prefix
+    max_tool_calls: int | None = Field(None, ge=1, le=MAX_TOOL_CALLS)  # calls per answer (default 8)
 
     @property
     def decoding(self) -> dict:
-        return self.model_dump(exclude_none=True, exclude={"regex", "grammar", "prefix_cache"})
+        return self.model_dump(exclude_none=True, exclude={"regex", "grammar", "prefix_cache", "max_tool_calls"})
 
 
 def nesting_depth(value: object) -> int:
@@ -75,6 +77,11 @@ class JsonSchema(Strict):
     @classmethod
     def _shallow(cls, schema):
         return shallow_schema(schema)
+
+    @property
+    def closed_schema(self) -> dict | bool:
+        """The schema the answer follows: under strict, OpenAI's rules (closed objects, all required)."""
+        return strict_schema(self.schema_) if self.strict else self.schema_
 
 
 class ResponseFormat(Strict):
@@ -172,7 +179,7 @@ class Sampling(Strict):
         if self.response_format is not None and self.response_format.type == "json_object":
             asked.append((Grammar.json_object, (), "response_format"))
         elif self.response_format is not None and self.response_format.type == "json_schema":
-            asked.append((Grammar.json_schema, (self.response_format.json_schema.schema_,), "response_format"))
+            asked.append((Grammar.json_schema, (self.response_format.json_schema.closed_schema,), "response_format"))
         for name in ("regex", "grammar"):
             if self.specee is not None and getattr(self.specee, name) is not None:
                 make = Grammar.regex if name == "regex" else Grammar.lark
@@ -313,6 +320,11 @@ class ChatRequest(Sampling):
         if self.tool_choice == "required" and not names:
             raise ParameterError("tool_choice", "required needs tools", code="invalid_value")
         return self
+
+    @property
+    def max_tool_calls(self) -> int:
+        asked = self.specee.max_tool_calls if self.specee is not None else None
+        return asked if asked is not None else DEFAULT_MAX_TOOL_CALLS
 
     @property
     def tool_choice_name(self) -> str:

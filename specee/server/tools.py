@@ -1,5 +1,5 @@
 """Tool calls: a request's tools put into the prompt, tool_choice enforced by a grammar, and the
-calls read back out of the answer, whole or as it streams.
+calls read back out of the answer, whole or as it streams (calls.py).
 
 Two formats. A model whose chat template knows tools (it reads `tools`) gets them from its own
 template and answers in the Hermes format its family was trained on (Qwen 2.5, Hermes, SmolLM3):
@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 from dataclasses import dataclass
+from typing import Callable
 
-from ..grammar import Grammar
+from ..grammar import Grammar, strict_schema
+from .calls import DEFAULT_MAX_TOOL_CALLS, NATIVE_CLOSE, NATIVE_OPEN, CallReader
 
-NATIVE_OPEN, NATIVE_CLOSE = "<tool_call>", "</tool_call>"
-NATIVE_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
-GENERIC_OPEN = "{"
+LOCAL_DEFINITION = re.compile(r"#/(\$defs|definitions)/(.+)")  # a reference to a definition in the same schema
 # A call is written as json.dumps writes it (a grammar's `%json` would otherwise allow any whitespace).
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 GENERIC_INSTRUCTIONS = (
@@ -42,6 +41,7 @@ class ToolPlan:
     tools: list[dict]  # OpenAI function definitions: name, description, parameters
     choice: str = "auto"  # "auto", "required", or the name of the one function to call
     parallel: bool = True  # more than one call per answer
+    max_calls: int = DEFAULT_MAX_TOOL_CALLS  # at most this many (a model may otherwise repeat a call until cut)
 
     def template_tools(self) -> list[dict] | None:
         """The `tools` the chat template renders (native format only)."""
@@ -61,27 +61,37 @@ class ToolPlan:
         """One call per answer: parallel calls refused, or one function named."""
         return not self.parallel or self.choice not in ("auto", "required")
 
+    @property
+    def most_calls(self) -> int:
+        return 1 if self.single else self.max_calls
+
     def _call_schema(self) -> dict:
         """One call, {"name", "arguments"}, of any tool the choice allows. A function takes the
-        arguments it declares: where its schema does not say, no others (as under OpenAI's strict)."""
+        arguments it declares: where its schema does not say, no others (a strict one: at every level)."""
         allowed = [t for t in self.tools if self.choice in ("auto", "required") or t["name"] == self.choice]
-        return {"anyOf": [{"type": "object", "properties": {"name": {"const": t["name"]},
-                                                           "arguments": declared_only(t.get("parameters"))},
-                           "required": ["name", "arguments"], "additionalProperties": False} for t in allowed]}
+        definitions: dict = {}
+        calls = [{"type": "object", "properties": {"name": {"const": t["name"]},
+                                                   "arguments": hoisted(arguments_schema(t), t["name"], definitions)},
+                  "required": ["name", "arguments"], "additionalProperties": False} for t in allowed]
+        return {"anyOf": calls}, definitions
 
     def grammar(self) -> Grammar | None:
         """The constraint the choice puts on the answer: a call for `required` and a named function;
         for `auto`, nothing in the native format, and text or a well-formed call in the generic one."""
-        call = self._call_schema() | {"x-guidance": JSON_LAYOUT}
+        call, definitions = self._call_schema()
+        # References are read from the root of the grammar's schema: the call's own (native), or
+        # the {"tool_calls": [...]} object around it (generic).
+        root = {"$defs": definitions} if definitions else {}
+        call |= {"x-guidance": JSON_LAYOUT}
         if self.native:
             if self.choice == "auto":
                 return None
-            block = f'"{NATIVE_OPEN}\\n" %json {json.dumps(call)} "\\n{NATIVE_CLOSE}"'
-            repeat = "" if self.single else ' ("\\n" call)*'
+            block = f'"{NATIVE_OPEN}\\n" %json {json.dumps(call | root)} "\\n{NATIVE_CLOSE}"'
+            repeat = "" if self.most_calls == 1 else f' ("\\n" call){{0,{self.most_calls - 1}}}'
             return Grammar.lark(f"start: call{repeat}\ncall: {block}\n")
-        calls = {"type": "array", "items": call, "minItems": 1} | ({"maxItems": 1} if self.single else {})
+        calls = {"type": "array", "items": call, "minItems": 1, "maxItems": self.most_calls}
         schema = {"type": "object", "properties": {"tool_calls": calls}, "required": ["tool_calls"],
-                  "additionalProperties": False, "x-guidance": JSON_LAYOUT}
+                  "additionalProperties": False, "x-guidance": JSON_LAYOUT} | root
         if self.choice != "auto":
             return Grammar.json_schema(schema)
         # Plain text may not open with "{": that is how a reader tells it from a call.
@@ -100,8 +110,48 @@ class ToolPlan:
                 converted.insert(0, {"role": "system", "content": instructions})
         return converted
 
-    def reader(self) -> "CallReader":
-        return CallReader(self.native, {t["name"] for t in self.tools})
+    def reader(self) -> CallReader:
+        return CallReader(self.native, {t["name"] for t in self.tools}, self.most_calls)
+
+    def stop_check(self) -> Callable[[str], bool]:
+        """For one answer: given each piece of its text, whether its calls are done (a call that
+        repeats an earlier one, or the most calls), so the generation ends there instead of
+        writing the same call again until max_tokens (a model's usual loop in `required`)."""
+        reader = self.reader()
+
+        def done(piece: str) -> bool:
+            reader.feed(piece)
+            return reader.mode == "call" and reader.ended
+        return done
+
+
+def hoisted(schema: dict, tool: str, definitions: dict) -> dict:
+    """The arguments' schema with its definitions ($defs, definitions) moved into `definitions`
+    under the tool's name, and its references rewritten to them: inside a call the schema is
+    nested, and a `#/$defs/...` reference is read from the root (pydantic writes nested models so)."""
+    def rewrite(node):
+        if isinstance(node, list):
+            return [rewrite(item) for item in node]
+        if not isinstance(node, dict):
+            return node
+        ref = node.get("$ref")
+        if isinstance(ref, str) and (match := LOCAL_DEFINITION.match(ref)):
+            node = node | {"$ref": f"#/$defs/{tool}.{match.group(2)}"}
+        return {key: rewrite(value) for key, value in node.items()}
+
+    schema = dict(schema)
+    for key in ("$defs", "definitions"):
+        for name, member in (schema.pop(key, None) or {}).items():
+            definitions[f"{tool}.{name}"] = rewrite(member)
+    return rewrite(schema)
+
+
+def arguments_schema(tool: dict) -> dict:
+    """The schema a call's arguments follow: a strict function's by OpenAI's strict rules at every
+    level, any other's closed at its top (the arguments it declares, unless it says otherwise)."""
+    if tool.get("strict") and tool.get("parameters"):
+        return strict_schema(tool["parameters"])
+    return declared_only(tool.get("parameters"))
 
 
 def declared_only(parameters: dict | None) -> dict:
@@ -141,59 +191,3 @@ def _arguments(arguments: str):
         return json.loads(arguments)
     except json.JSONDecodeError:
         return arguments
-
-
-class CallReader:
-    """Reads an answer as it streams. Text that cannot open a call is content and passes on at once;
-    while the answer so far could still be the opening of a call it is held back; once it is one,
-    the rest is read whole at the end and becomes tool calls (or content, if it is not a valid call)."""
-
-    def __init__(self, native: bool, names: set[str]) -> None:
-        self.native = native
-        self.names = names
-        self.opening = NATIVE_OPEN if native else GENERIC_OPEN
-        self.text = ""
-        self.mode = "undecided"  # then "content" or "call"
-
-    def feed(self, delta: str) -> str:
-        """The content to send now for this piece of the answer."""
-        self.text += delta
-        if self.mode == "content":
-            return delta
-        if self.mode == "call":
-            return ""
-        start = self.text.lstrip()
-        if start.startswith(self.opening):
-            self.mode = "call"
-            return ""
-        if self.opening.startswith(start):
-            return ""  # still possibly a call (or nothing yet)
-        self.mode = "content"
-        return self.text
-
-    def finish(self) -> tuple[str, list[dict]]:
-        """(content not sent yet, the calls) at the end of the answer."""
-        if self.mode == "content":
-            return "", []
-        calls = self._calls()
-        return ("", calls) if calls else (self.text, [])
-
-    def _calls(self) -> list[dict]:
-        if self.native:
-            found = [_decode(block) for block in NATIVE_CALL.findall(self.text)]
-        else:
-            found = (_decode(self.text.strip()) or {}).get("tool_calls")
-            found = found if isinstance(found, list) else []
-        if not found or not all(isinstance(c, dict) and c.get("name") in self.names and isinstance(
-                c.get("arguments", {}), dict) for c in found):
-            return []
-        return [{"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
-                 "function": {"name": c["name"], "arguments": json.dumps(c.get("arguments", {}), ensure_ascii=False)}}
-                for c in found]
-
-
-def _decode(text: str):
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return None

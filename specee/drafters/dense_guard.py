@@ -1,0 +1,55 @@
+"""A request's guard against speculating below dense decoding.
+
+`auto`'s calibration is a request's whole history: after a long stretch of good copies it keeps
+trusting a drafter for many passes once the text stops repeating. The guard reads only the latest
+drafted passes: when their tokens per unit of pass cost fall below a dense step's (one token for
+one row), drafting rests for a number of passes that doubles with each failed probe, then one
+drafted pass probes again; a probe that pays ends the rest and resets its length.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+# Drafted passes judged together (fewer would stop drafting on one unlucky pass).
+GUARD_PASSES = 4
+# Dense passes of the first rest, and the longest rest (a doubling that never stops would starve
+# a request whose text becomes copyable again).
+FIRST_REST = 4
+LONGEST_REST = 256
+
+
+class DenseGuard:
+    def __init__(self) -> None:
+        self.recent: deque[tuple[int, float]] = deque(maxlen=GUARD_PASSES)  # (tokens gained, pass cost)
+        self.rest_length = FIRST_REST
+        self.resting = 0  # dense passes left before the next probe
+        self.probing = False  # the next drafted pass is judged alone
+
+    @property
+    def open(self) -> bool:
+        return self.resting == 0
+
+    def rest(self) -> None:
+        """One dense pass of the rest went by."""
+        self.resting -= 1
+        self.probing = self.resting == 0
+
+    def record(self, drafted: int, accepted: int, row_cost: float) -> None:
+        """A drafted pass: `drafted` rows beyond the root, each at `row_cost` of a one-row pass,
+        gave accepted + 1 tokens."""
+        if self.probing:
+            self.probing = False
+            if accepted + 1 >= 1 + row_cost * drafted:
+                self.rest_length = FIRST_REST
+                self.recent.clear()
+            else:
+                self._start_rest()
+            return
+        self.recent.append((accepted + 1, 1 + row_cost * drafted))
+        if len(self.recent) == GUARD_PASSES and sum(t for t, _ in self.recent) < sum(c for _, c in self.recent):
+            self._start_rest()
+
+    def _start_rest(self) -> None:
+        self.resting = self.rest_length
+        self.rest_length = min(2 * self.rest_length, LONGEST_REST)
+        self.recent.clear()

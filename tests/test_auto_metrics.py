@@ -1,0 +1,48 @@
+"""`/metrics` counts auto's choices per drafter (passes, draft tokens sent, draft tokens accepted)
+and the suffix cache's state, in process over a tiny random model: a request repeated through the
+server drafts from the first one's answer."""
+import pytest
+from fastapi.testclient import TestClient
+from helpers import tiny_model
+from prometheus_client.parser import text_string_to_metric_families
+
+from specee.engine import Engine
+from specee.server.app import ServerConfig, create_app
+from specee.server.completions import Defaults
+
+CHAT = {"messages": [{"role": "user", "content": "Call the weather tool for Paris."}], "max_tokens": 32}
+
+
+@pytest.fixture(scope="module")
+def client(tiny_tokenizer):
+    engine = Engine(tiny_model(seed=11, vocab_size=tiny_tokenizer.vocab_size, num_hidden_layers=2), tiny_tokenizer)
+    with TestClient(create_app(engine, ServerConfig("tiny", Defaults({})))) as client:
+        yield client
+
+
+def samples(client) -> dict[tuple[str, tuple], float]:
+    """Every sample of /metrics: (name, sorted labels) -> value."""
+    text = client.get("/metrics").text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def per_drafter(metrics: dict, name: str) -> dict[str, float]:
+    return {dict(labels)["drafter"]: value for (sample, labels), value in metrics.items()
+            if sample == f"specee_auto_drafter_{name}_total"}
+
+
+def test_a_repeated_request_drafts_from_the_suffix_cache_and_the_metrics_count_each_drafter(client):
+    answers = [client.post("/v1/chat/completions", json=CHAT).json() for _ in range(2)]
+    assert answers[0]["choices"][0]["message"] == answers[1]["choices"][0]["message"]
+    metrics = samples(client)
+    passes, drafted, accepted = (per_drafter(metrics, name) for name in ("passes", "drafted_tokens", "accepted_tokens"))
+    method_passes = {}
+    for answer in answers:
+        for method, count in answer["specee"]["stats"]["method_passes"].items():
+            method_passes[method] = method_passes.get(method, 0) + count
+    assert passes == method_passes  # every pass of auto, by the drafter it chose
+    assert passes["suffix"] > 0 and accepted["suffix"] >= 24  # the second answer, copied from the first
+    assert all(accepted[d] <= drafted[d] for d in drafted) and drafted.get("none", 0) == 0
+    assert metrics["specee_suffix_cache_documents_total", ()] == 2
+    assert metrics["specee_suffix_cache_tokens", ()] > 2 * 32

@@ -1,0 +1,100 @@
+"""`auto` never speculates below dense decoding for long: when its latest drafted passes give fewer
+tokens per unit of pass cost than dense steps, it rests drafting, for longer after each failed probe,
+and the output is dense decoding's throughout."""
+from helpers import tiny_model
+from specee.decoding.speculative import Speculative
+from specee.drafters.auto import AutoDrafter
+from specee.drafters.dense_guard import FIRST_REST, GUARD_PASSES, LONGEST_REST, DenseGuard
+from specee.drafters.prompt_lookup import PromptLookup
+from specee.engine import Engine
+
+
+class Table:
+    """An n-gram table that always offers `token` with probability `prob`, whatever came before."""
+
+    order = 3
+
+    def __init__(self, token: int, prob: float) -> None:
+        self.token, self.prob = token, prob
+
+    def best(self, tail: list[int]) -> tuple[int, float]:
+        return self.token, self.prob
+
+
+class NoCopies(PromptLookup):
+    """Prompt lookup that never finds a match, so the table's chains are all auto is offered."""
+
+    def match(self, context: list[int]) -> tuple[int, list[int]]:
+        return 0, []
+
+
+def test_failing_passes_rest_drafting_for_longer_after_each_failed_probe():
+    guard, row_cost = DenseGuard(), 0.2
+    for _ in range(GUARD_PASSES - 1):
+        guard.record(drafted=4, accepted=0, row_cost=row_cost)
+    assert guard.open  # too few passes to judge
+    guard.record(drafted=4, accepted=0, row_cost=row_cost)
+    rests = []
+    for _ in range(5):  # every probe fails: 4, 8, 16, ... dense passes between them
+        assert not guard.open
+        length = 0
+        while not guard.open:
+            guard.rest()
+            length += 1
+        rests.append(length)
+        guard.record(drafted=4, accepted=0, row_cost=row_cost)  # the probe
+    assert rests == [FIRST_REST * 2**i for i in range(5)]
+    for _ in range(20):
+        while not guard.open:
+            guard.rest()
+        guard.record(drafted=4, accepted=0, row_cost=row_cost)
+    assert guard.resting <= LONGEST_REST
+    while not guard.open:
+        guard.rest()
+    guard.record(drafted=4, accepted=3, row_cost=row_cost)  # a probe that pays: drafting resumes
+    assert guard.open and guard.rest_length == FIRST_REST
+    for _ in range(10):  # passes that pay keep it open
+        guard.record(drafted=4, accepted=1, row_cost=row_cost)
+    assert guard.open
+
+
+def test_the_guard_stops_a_drafter_that_turned_bad_long_before_calibration_would():
+    """After 20 passes whose chains were all accepted, the table's calibration trusts it 1.4x: it
+    would keep drafting through 200 rejected passes and more (its trust falls to 0.34, and a 1-token
+chain at 0.9 x 0.34 still pays on paper). The guard stops it after GUARD_PASSES."""
+    auto = AutoDrafter(NoCopies(), Table(42, 0.9), row_cost=0.2)
+    context = list(range(10, 30))
+    auto.reset(context, None)
+    for _ in range(20):
+        draft = auto.propose(context, 8)
+        assert draft.source == "ngram"
+        context = context + draft.tokens + [42]
+        auto.update(context, len(draft.tokens))
+    assert auto.calibrations["ngram"].factor > 1.3
+    drafted = 0
+    # Now every draft is refused: GUARD_PASSES of them, a rest, a probe, half of a rest twice as long.
+    for _ in range(GUARD_PASSES + FIRST_REST + 1 + FIRST_REST):
+        draft = auto.propose(context, 8)
+        drafted += bool(draft.tokens)
+        context = context + [7]
+        auto.update(context, 0)
+    assert drafted == GUARD_PASSES + 1 and auto.guard.resting == FIRST_REST
+    assert auto.choose(context, 8).source == "ngram"  # calibration alone would still draft
+
+
+def test_a_drafter_that_is_always_wrong_soon_drafts_nothing_and_the_answer_is_dense(tiny_tokenizer):
+    engine = Engine(tiny_model(seed=5, vocab_size=tiny_tokenizer.vocab_size, num_hidden_layers=2), tiny_tokenizer,
+                    suffix_cache_tokens=0)
+    prompt = "Write one line about the sea."
+    dense = engine.generate(prompt, max_tokens=80, ignore_eos=True, spec_method="none")
+    never = next(t for t in range(engine.tokenizer.vocab_size) if t not in dense.token_ids)
+    wrong = Speculative(lambda: AutoDrafter(NoCopies(), Table(never, 1.0), row_cost=0.05), num_draft_tokens=8,
+                        adaptive=False, name="auto")
+    result = engine.generate(prompt, max_tokens=80, ignore_eos=True, strategy=wrong)
+    assert result.token_ids == dense.token_ids
+    drafters = result.stats.drafters
+    assert drafters["ngram"]["accepted"] == 0
+    # At most GUARD_PASSES passes, then one probe after each rest of 4, 8, 16, 32 dense passes
+    # (calibration alone keeps drafting far longer: the test above).
+    assert 1 <= drafters["ngram"]["passes"] <= GUARD_PASSES + 4
+    assert drafters["none"]["passes"] >= 60
