@@ -5,8 +5,24 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-# Two test runs side by side each take one core: SPECEE_TEST_THREADS=1 (two threads a core run 10x slower).
-torch.set_num_threads(int(os.environ.get("SPECEE_TEST_THREADS", 2)))
+
+
+def _worker_core() -> int | None:
+    """Under pytest-xdist (`-n N`), worker gwK keeps to one core of its own, K modulo the cores
+    this run may use, and so do the servers and builds it starts: two workers' OpenMP threads
+    never wait on each other, and a worker's threads never outnumber its core."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None or not hasattr(os, "sched_setaffinity"):
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    core = cores[int(worker.removeprefix("gw")) % len(cores)]
+    os.sched_setaffinity(0, {core})
+    return core
+
+
+# Two test runs side by side each take one core: SPECEE_TEST_THREADS=1 (two threads a core run 10x
+# slower); an xdist worker runs on its own core with one thread.
+torch.set_num_threads(int(os.environ.get("SPECEE_TEST_THREADS", 1 if _worker_core() is not None else 2)))
 
 import specee.model.loading as loading  # noqa: E402
 from tiers import require_slow, running  # noqa: E402
