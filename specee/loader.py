@@ -68,7 +68,8 @@ def load_parts(model=None, dtype: str = "fp32", device: str = "cpu", threads: in
     if threads is not None:
         if threads <= 0:
             raise ValueError(f"threads must be positive, got {threads}")
-        torch.set_num_threads(threads)
+        if threads != torch.get_num_threads():  # setting it anew leaves a thread behind on the caller
+            torch.set_num_threads(threads)
     source = default_model_path() if model is None else Path(model).expanduser()
     directory = resolve_model_dir(source)  # refuses what is neither a GGUF file nor a model directory
     gguf = is_gguf_file(source)

@@ -12,6 +12,8 @@ pytestmark = pytest.mark.slow  # loads the default model twice
 
 SCRIPT = textwrap.dedent("""
     import argparse, os, time
+    # Every core (a test worker keeps to one): pools of several threads, the CLI's default.
+    os.sched_setaffinity(0, range(os.cpu_count()))
     import torch  # importing starts a thread of its own: count after it
     import specee
     from specee.cli import _load_off_main_thread
