@@ -263,14 +263,17 @@ class Kernels {
     const int64_t widest = std::max({D, heads * hd, I});
     at::Tensor codes = at::empty({T, widest}, f.dtype(at::kChar)), scales = at::empty({T, widest / BLOCK}, f);
     at::Tensor sums = at::empty({T, 2 * widest / BLOCK}, f.dtype(at::kInt));
-    auto quantized = [&](const at::Tensor& rows) {  // rows as int8 blocks, into codes, scales, sums
-      table_->quantize_rows(rows.data_ptr<float>(), T, rows.size(1), codes.data_ptr<int8_t>(), scales.data_ptr<float>(),
-                            sums.data_ptr<int32_t>());
+    // Rows b .. e - 1 of `rows` as int8 blocks, into codes, scales, sums (laid out as for all T rows).
+    auto quantized = [&](const at::Tensor& rows, int64_t b, int64_t e) {
+      const int64_t K = rows.size(1), B = K / BLOCK;
+      table_->quantize_rows(rows.data_ptr<float>() + b * K, e - b, K, codes.data_ptr<int8_t>() + b * K,
+                            scales.data_ptr<float>() + b * B, sums.data_ptr<int32_t>() + 2 * b * B);
     };
-    auto normalized = [&](const at::Tensor& rows, const at::Tensor& weight, double eps) {  // into normed, quantized
-      table_->rms_norm(rows.data_ptr<float>(), T, D, weight.data_ptr<float>(), static_cast<float>(eps),
-                       normed.data_ptr<float>());
-      quantized(normed);
+    // Rows b .. e - 1 normed into `normed`, then quantized.
+    auto normalized = [&](const at::Tensor& rows, const at::Tensor& weight, double eps, int64_t b, int64_t e) {
+      table_->rms_norm(rows.data_ptr<float>() + b * D, e - b, D, weight.data_ptr<float>(), static_cast<float>(eps),
+                       normed.data_ptr<float>() + b * D);
+      quantized(normed, b, e);
     };
     auto norm_in_place = [](float* rows, int64_t count, int64_t width, const at::Tensor& weight, double eps,
                             const KernelTable* table) {  // where the layer has this norm
@@ -282,20 +285,23 @@ class Kernels {
                         superblock_scales(m.scales_zeros), m.out_features, T, K, codes.data_ptr<int8_t>(),
                         scales.data_ptr<float>(), sums.data_ptr<int32_t>(), out.data_ptr<float>()};
     };
-    auto add_bias = [](at::Tensor& rows, const Matrix& m) {  // rows + bias, as IntegerLinear adds it
+    auto add_bias = [](at::Tensor& rows, const Matrix& m, int64_t b, int64_t e) {  // rows b .. e - 1 + bias
       if (!m.bias.defined()) return;
+      const int64_t N = m.out_features;
       float* r = rows.data_ptr<float>();
-      const float* b = m.bias.data_ptr<float>();
-      for (int64_t i = 0; i < rows.numel(); ++i) r[i] = r[i] + b[i % m.out_features];
+      const float* bias = m.bias.data_ptr<float>();
+      for (int64_t i = b * N; i < e * N; ++i) r[i] = r[i] + bias[i % N];
     };
-    auto residual = [T, D](const at::Tensor& from, at::Tensor& onto) {  // onto = from + onto, as `h + ...` adds
+    // Rows b .. e - 1: onto = from + onto, as `h + ...` adds.
+    auto residual = [D](const at::Tensor& from, at::Tensor& onto, int64_t b, int64_t e) {
       const float* a = from.data_ptr<float>();
-      float* b = onto.data_ptr<float>();
-      for (int64_t i = 0; i < T * D; ++i) b[i] = a[i] + b[i];
+      float* o = onto.data_ptr<float>();
+      for (int64_t i = b * D; i < e * D; ++i) o[i] = a[i] + o[i];
     };
     auto tiles = [](const MatmulArgs& a) { return (a.out_features + LANES - 1) / LANES; };
     const std::vector<int64_t> row_segment(T, 0);
     const int threads = static_cast<int>(std::max<int64_t>(1, at::get_num_threads()));
+    const int64_t width = (heads + 2 * kv_heads) * hd;
 #pragma omp parallel num_threads(threads)
     {
       const int64_t id = omp_get_thread_num(), n = omp_get_num_threads();
@@ -303,6 +309,9 @@ class Kernels {
         const int64_t chunk = (count + n - 1) / n, begin = std::min(count, id * chunk), end = std::min(count, begin + chunk);
         if (begin < end) work(begin, end);
       };
+      // The steps between the matmuls work row by row: each thread takes its own rows, so none of
+      // them is serial in rows (a row's bits never depend on which thread computes it).
+      auto rows = [&](auto&& work) { share(T, work); };
       for (int64_t l = first; l < last; ++l) {
         const LayerWeights& w = stack[l];
         float* k = keys.data_ptr<float>() + l * kv_heads * capacity * hd;
@@ -313,56 +322,58 @@ class Kernels {
                                       &segment, row_segment.data(), attended.data_ptr<float>()};
         const MatmulArgs qkv_args = matmul(w.qkv, D, qkv), o_args = matmul(w.o, heads * hd, mixed);
         const MatmulArgs gate_up_args = matmul(w.gate_up, D, gate_up), down_args = matmul(w.down, I, normed);
-#pragma omp single
-        normalized(x, w.input_norm, w.eps);
+        rows([&](int64_t b, int64_t e) { normalized(x, w.input_norm, w.eps, b, e); });
+#pragma omp barrier
         share(tiles(qkv_args), [&](int64_t b, int64_t e) { table_->matmul_tiles(qkv_args, b, e); });
 #pragma omp barrier
-#pragma omp single
-        {
-          add_bias(qkv, w.qkv);
-          const int64_t width = (heads + 2 * kv_heads) * hd;
-          for (int64_t t = 0; t < T; ++t) {  // each query and key head's norm, as Attention.normed_heads
+        rows([&](int64_t b, int64_t e) {
+          add_bias(qkv, w.qkv, b, e);
+          for (int64_t t = b; t < e; ++t) {  // each query and key head's norm, as Attention.normed_heads
             norm_in_place(qkv.data_ptr<float>() + t * width, heads, hd, w.q_norm, w.eps, table_);
             norm_in_place(qkv.data_ptr<float>() + t * width + heads * hd, kv_heads, hd, w.k_norm, w.eps, table_);
           }
-          const int64_t angles = w.rope_index * hd;
-          table_->rotate_rows(qkv.data_ptr<float>(), T, heads, kv_heads, hd, cos.data_ptr<float>() + angles,
-                              sin.data_ptr<float>() + angles, cos.size(1), q.data_ptr<float>(), k, v, capacity, start);
-        }
+          const int64_t angles = w.rope_index * hd, stride = cos.size(1);
+          table_->rotate_rows(qkv.data_ptr<float>() + b * width, e - b, heads, kv_heads, hd,
+                              cos.data_ptr<float>() + b * stride + angles, sin.data_ptr<float>() + b * stride + angles,
+                              stride, q.data_ptr<float>() + b * heads * hd, k, v, capacity, start + b);
+        });
+#pragma omp barrier
         if (T >= 4 * n) {  // row t sees t more keys than row 0: rows dealt in turn keep the threads even
           for (int64_t t = id; t < T; t += n) table_->attend(attention, t * heads, (t + 1) * heads);
         } else {
           share(T * heads, [&](int64_t b, int64_t e) { table_->attend(attention, b, e); });
         }
 #pragma omp barrier
-#pragma omp single
-        quantized(attended);
+        rows([&](int64_t b, int64_t e) { quantized(attended, b, e); });
+#pragma omp barrier
         share(tiles(o_args), [&](int64_t b, int64_t e) { table_->matmul_tiles(o_args, b, e); });
 #pragma omp barrier
-#pragma omp single
-        {
-          add_bias(mixed, w.o);
-          norm_in_place(mixed.data_ptr<float>(), T, D, w.attention_output_norm, w.eps, table_);
-          residual(x, mixed);  // the attention's residual sum
-          normalized(mixed, w.post_norm, w.eps);
-        }
+        rows([&](int64_t b, int64_t e) {
+          add_bias(mixed, w.o, b, e);
+          norm_in_place(mixed.data_ptr<float>() + b * D, e - b, D, w.attention_output_norm, w.eps, table_);
+          residual(x, mixed, b, e);  // the attention's residual sum
+          normalized(mixed, w.post_norm, w.eps, b, e);
+        });
+#pragma omp barrier
         share(tiles(gate_up_args), [&](int64_t b, int64_t e) { table_->matmul_tiles(gate_up_args, b, e); });
 #pragma omp barrier
-#pragma omp single
-        {
-          add_bias(gate_up, w.gate_up);
-          (w.gelu ? table_->gelu_mul : table_->silu_mul)(gate_up.data_ptr<float>(), T, I, gated.data_ptr<float>());
-          quantized(gated);
-        }
+        rows([&](int64_t b, int64_t e) {
+          add_bias(gate_up, w.gate_up, b, e);
+          (w.gelu ? table_->gelu_mul : table_->silu_mul)(gate_up.data_ptr<float>() + b * 2 * I, e - b, I,
+                                                         gated.data_ptr<float>() + b * I);
+          quantized(gated, b, e);
+        });
+#pragma omp barrier
         share(tiles(down_args), [&](int64_t b, int64_t e) { table_->matmul_tiles(down_args, b, e); });
 #pragma omp barrier
+        rows([&](int64_t b, int64_t e) {
+          add_bias(normed, w.down, b, e);
+          norm_in_place(normed.data_ptr<float>() + b * D, e - b, D, w.mlp_output_norm, w.eps, table_);
+          residual(mixed, normed, b, e);  // the MLP's residual sum: the layer's output
+        });
+#pragma omp barrier
 #pragma omp single
-        {
-          add_bias(normed, w.down);
-          norm_in_place(normed.data_ptr<float>(), T, D, w.mlp_output_norm, w.eps, table_);
-          residual(mixed, normed);  // the MLP's residual sum: the layer's output
-          std::swap(x, normed);
-        }
+        std::swap(x, normed);
       }
     }
     return x;
