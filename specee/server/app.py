@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException
 
 from ..batch import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK, Batch
 from ..engine import Engine, Event, Result
+from ..options import LoadOptions, flag
 from .bodies import MAX_BODY_BYTES, ClientGone, read_json  # noqa: F401 (the cluster ingress imports MAX_BODY_BYTES here)
 from .completions import Defaults, Planner, Shaper, check_token_ids, prompts_of
 from .metrics import Metrics
@@ -325,7 +326,7 @@ def start_line(host: str, port: int, engine: Engine) -> str:
     """What `specee serve` says when it starts serving: where, and the prefix cache's budget."""
     budget = engine.prefix_cache.budget_bytes
     cache = f"prefix cache up to {budget / 2**20:.0f} MiB" if budget else "prefix cache off"
-    return f"specee serving on http://{host}:{port} ({cache}; --prefix-cache-mb sets it)"
+    return f"specee serving on http://{host}:{port} ({cache}; {flag(LoadOptions, 'prefix_cache_mb')} sets it)"
 
 
 def serve(engine: Engine, config: ServerConfig, listening: socket.socket) -> None:
