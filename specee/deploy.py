@@ -1,13 +1,15 @@
 """The import path a Ray Serve config names (deploy/serve.yaml): `specee.deploy:build`. Its `args`
-are `specee serve`'s options with underscores, checked as the command line checks them."""
+are `specee serve`'s options with underscores (the declared `LoadOptions`, `SamplingOptions`,
+`ServeOptions`, `ClusterOptions` and decoding options), checked as the command line checks them."""
 from __future__ import annotations
 
 
 def build(args: dict):
-    from .cli import cluster_application, parse_serve_flags, serve_flags
+    from .cli.common import UsageError
+    from .cli.serve import cluster_application, options_from_config
 
     try:
-        options = parse_serve_flags(serve_flags(dict(args)))
-    except SystemExit:  # argparse has said why on stderr; Ray reports an exception, not an exit
-        raise ValueError(f"bad specee serve options in the Ray Serve config: {args}") from None
+        options = options_from_config(dict(args))
+    except UsageError as e:  # Ray reports the exception
+        raise ValueError(f"bad specee serve options in the Ray Serve config: {e}") from None
     return cluster_application(options)

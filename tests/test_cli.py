@@ -170,7 +170,7 @@ def test_generate_end_to_end_json():
 def test_chat_keeps_the_conversation(capsys, monkeypatch, default_engine):
     import builtins
 
-    import specee.cli as cli
+    import specee.cli.loading as loading
 
     seen = []
     real_stream = default_engine.stream
@@ -187,7 +187,7 @@ def test_chat_keeps_the_conversation(capsys, monkeypatch, default_engine):
         except StopIteration:
             raise EOFError from None
 
-    monkeypatch.setattr(cli, "_load", lambda args: default_engine)
+    monkeypatch.setattr(loading, "load", lambda args: default_engine)
     monkeypatch.setattr(default_engine, "stream", recording_stream)
     monkeypatch.setattr(builtins, "input", fake_input)
     assert main(["chat", "--max-tokens", "12", "--system", "Be brief."]) == 0
@@ -205,7 +205,7 @@ def test_each_chat_turn_prefills_only_what_the_last_turn_did_not(capsys, monkeyp
     line, and answers exactly as the same turn without the cache."""
     import builtins
 
-    import specee.cli as cli
+    import specee.cli.loading as loading
     from specee.prefix_cache import BLOCK_TOKENS
 
     results, real_stream = [], default_engine.stream
@@ -217,7 +217,7 @@ def test_each_chat_turn_prefills_only_what_the_last_turn_did_not(capsys, monkeyp
 
     lines = iter(["Name three rivers.", "Which is longest?", "Where does it start?", "Thanks, summarise."])
     monkeypatch.setattr(builtins, "input", lambda prompt="": _next_or_eof(lines))
-    monkeypatch.setattr(cli, "_load", lambda args: default_engine)
+    monkeypatch.setattr(loading, "load", lambda args: default_engine)
     monkeypatch.setattr(default_engine, "stream", recording_stream)
     default_engine.prefix_cache.clear()
     assert main(["chat", "--max-tokens", "24", "--system", "Be brief."]) == 0
@@ -266,7 +266,7 @@ def test_no_prompt_on_a_terminal_is_an_error_not_a_silent_wait(capsys, monkeypat
 
 
 def test_dash_on_a_terminal_says_it_reads_stdin(capsys, monkeypatch):
-    from specee.cli import read_prompt
+    from specee.cli.generate import read_prompt
 
     monkeypatch.setattr(sys, "stdin", Terminal("Name a river."))
     assert read_prompt("-") == "Name a river."
@@ -319,13 +319,13 @@ def test_serve_bad_flags_exit_2_before_loading(capsys, flags, message):
                                          ("::1", False), ("localhost", False)])
 def test_serve_warns_when_it_binds_beyond_loopback_without_a_key(capsys, monkeypatch, tmp_path, host, warned):
     """Nothing binds here: the model load and the server are replaced."""
-    import specee.cli as cli
+    import specee.cli.loading as loading
     import specee.server.app as server_app
 
     calls, bound = [], []
     source = tmp_path / "fake-model.gguf"
     source.write_bytes(b"GGUF")
-    monkeypatch.setattr(cli, "_load", lambda args: type("FakeEngine", (), {"source": source})())
+    monkeypatch.setattr(loading, "load", lambda args: type("FakeEngine", (), {"source": source})())
     monkeypatch.setattr(server_app, "bind", lambda host, port: bound.append((host, port)) or socket.socket())
     monkeypatch.setattr(server_app, "serve", lambda engine, config, listening: calls.append(config))
     code, _, err = run_main(capsys, "serve", "--host", host, "--port", "9999", "--temperature", "0.5")

@@ -14,7 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import specee
 from helpers import tiny_model_directory
-from specee.cli import main, parse_serve_flags, serve_flags, serve_parser
+from specee.cli import UsageError, build_parser, main
+from specee.cli.serve import options_from_config, validate_serve_args
 from specee.cluster import metrics
 from specee.cluster.asgi import Forwarded, Start, call, routing_text
 from specee.cluster.router import BLOCK_CHARS, MIN_MATCH_BLOCKS, PrefixAffinityRouter, block_hashes
@@ -24,17 +25,25 @@ from specee.server.completions import Defaults
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_serve_options_become_flags_that_parse_back_to_them():
-    given = serve_parser().parse_args(["--max-batch", "3", "--stop", "a", "--stop", "b", "--no-compile",
-                                       "--temperature", "0.5", "--prefix-cache-mb", "0", "--api-key", "k"])
-    options = {a.dest: getattr(given, a.dest) for a in serve_parser()._actions if a.option_strings and a.dest != "help"}
-    flags = serve_flags(options)
-    assert "--max-batch" in flags and "--port" not in flags  # defaults are left out
-    again = parse_serve_flags(flags)
-    for dest in options:
-        assert getattr(again, dest) == options[dest], dest
-    with pytest.raises(Exception, match="not a specee serve option: max_batchh"):
-        serve_flags({"max_batchh": 2})
+def test_a_ray_serve_configs_options_are_what_the_same_flags_give():
+    flags = ["--max-batch", "3", "--stop", "a", "--stop", "b", "--no-compile", "--temperature", "0.5",
+             "--prefix-cache-mb", "0", "--api-key", "k", "--replicas", "auto", "--spec-method", "ngram",
+             "--tree-budget", "4", "--threads", "2"]
+    given = {"max_batch": 3, "stop": ["a", "b"], "compile": False, "temperature": 0.5, "prefix_cache_mb": 0,
+             "api_key": "k", "replicas": "auto", "spec_method": "ngram", "tree_budget": 4, "threads": 2}
+    parsed = build_parser().parse_args(["serve", *flags])
+    validate_serve_args(parsed)
+    from_config = options_from_config(given)
+    for dest, value in vars(from_config).items():
+        assert getattr(parsed, dest) == value, dest
+    with pytest.raises(UsageError, match="not a specee serve option: max_batchh"):
+        options_from_config({"max_batchh": 2})
+    for bad, message in (({"threads": 0}, "threads: must be a positive integer"),
+                         ({"compile": "no"}, "compile takes true or false"), ({"stop": "a"}, "stop takes a list"),
+                         ({"routing": "random"}, "routing: 'random' is not one of prefix, fewest"),
+                         ({"tree_budget": "many"}, "tree_budget: invalid literal")):
+        with pytest.raises(UsageError, match=message):
+            options_from_config(bad)
 
 
 def test_replicas_without_ray_exit_2_with_the_install_hint(capsys):
@@ -173,7 +182,7 @@ def test_the_application_asks_ray_for_what_the_flags_say():
     assert config.num_replicas == 3 and replica.ray_actor_options["num_cpus"] == 2
     assert config.max_ongoing_requests == 14  # beyond the batch, the replica's own queue answers 503
     spec, _ = replica.init_args
-    assert spec.load["threads"] == 2 and spec.server.max_batch == 4
+    assert spec.load.threads == 2 and spec.server.max_batch == 4
     assert spec.server.defaults.generation["temperature"] == 0.5
     replica, config = replica_of({"replicas": "auto", "min_replicas": 2, "max_replicas": 5, "target_ongoing": 6})
     scaling = config.autoscaling_config

@@ -32,14 +32,14 @@ def test_the_cli_runs_on_the_physical_cores_unless_told(monkeypatch):
     import argparse
 
     import specee
-    import specee.cli as cli
+    import specee.cli.loading as cli_loading
     import specee.model.cores as cores
 
     seen = {}
     monkeypatch.setattr(cores, "physical_cores", lambda: 3)
     monkeypatch.setattr(specee, "load", lambda *args, **options: seen.update(options))
-    monkeypatch.setattr(cli, "_load_line", lambda engine, seconds: "")
+    monkeypatch.setattr(cli_loading, "load_line", lambda engine, seconds: "")
     for given, expected in ((None, 3), (1, 1)):
-        cli._load(argparse.Namespace(model=None, dtype="fp32", device="cpu", threads=given, quantization="auto",
+        cli_loading.load(argparse.Namespace(model=None, dtype="fp32", device="cpu", threads=given, quantization="auto",
                                      compile=True, cpu_tier=None, ctx_size=None))
         assert seen["threads"] == expected

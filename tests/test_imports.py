@@ -26,7 +26,7 @@ LAYERS = [
     ("specee.drafters", "specee.exits"),
     ("specee.verification", "specee.grammar"),  # the grammar masks verification rows and prunes drafts
     ("specee.model", "specee.sampling", "specee.tokenizer", "specee.text_stream", "specee.stats",
-     "specee.artifact_header", "specee.bundled", "specee.registry"),
+     "specee.artifact_header", "specee.bundled", "specee.registry", "specee.options"),
 ]
 USER_FACING = ("specee.cli", "specee.__main__", "specee.server", "specee.cluster", "specee.deploy")
 ON_THE_ENGINE = ("specee", "specee.engine", "specee.batch", "specee.eval", "specee.train", *USER_FACING)
@@ -57,7 +57,8 @@ def imported_modules(path: Path, root: Path, modules: set[str]) -> set[str]:
             if node.level:
                 parent = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(parent + ([node.module] if node.module else []))
-            candidates = [base] + [f"{base}.{alias.name}" for alias in node.names]
+            # `from . import sibling` imports the sibling module; other names come from the module `base`.
+            candidates = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
         elif isinstance(node, ast.Import):
             candidates = [alias.name for alias in node.names]
         else:

@@ -312,7 +312,7 @@ def test_the_command_line_serves_the_default_models_gguf_with_the_threads(monkey
     gguf.write_bytes(b"GGUF")
     seen = {}
     monkeypatch.setattr(loading, "default_model_path", lambda: gguf)
-    monkeypatch.setattr(cli, "_load", lambda args: "engine")
+    monkeypatch.setattr(cli.loading, "load", lambda args: "engine")
     monkeypatch.setattr(serve_bench, "run_serve_bench", lambda engine, config, flags: seen.update(config=config, flags=flags))
     assert main(["bench-serve", "--threads", "3", "--max-batch", "4", "--quantization", "gguf"]) == 0
     config = seen["config"]
@@ -414,7 +414,7 @@ def test_chat_conversations_chain_two_turn_questions_of_different_categories():
 def test_the_command_line_runs_a_scenario(monkeypatch, tmp_path):
     seen = {}
     monkeypatch.setattr(loading, "default_model_path", lambda: tmp_path / "default.gguf")
-    monkeypatch.setattr(cli, "_load", lambda args: "engine")
+    monkeypatch.setattr(cli.loading, "load", lambda args: "engine")
     monkeypatch.setattr(serve_bench, "run_serve_bench", lambda engine, config, flags: seen.update(config=config))
     assert main(["bench-serve", "--scenario", "chat", "--conversations", "4", "--concurrency", "1,8"]) == 0
     config = seen["config"]

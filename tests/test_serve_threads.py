@@ -16,7 +16,7 @@ SCRIPT = textwrap.dedent("""
     os.sched_setaffinity(0, range(os.cpu_count()))
     import torch  # importing starts a thread of its own: count after it
     import specee
-    from specee.cli import _load_off_main_thread
+    from specee.cli.loading import load_off_main_thread
 
     def threads():
         return len(os.listdir("/proc/self/task"))
@@ -31,7 +31,7 @@ SCRIPT = textwrap.dedent("""
     before = threads()
     args = argparse.Namespace(model=None, dtype="fp32", device="cpu", threads=None, quantization="none", cpu_tier=None, ctx_size=None,
                               compile=True)
-    engine = _load_off_main_thread(args)
+    engine = load_off_main_thread(args)
     assert engine.context_length > 0
     after_serving_load = settled(before)
     specee.load(quantization="none")  # the same load on the main thread keeps a pool there

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 
+from ..options import LoadOptions
 from ..server.app import ServerConfig
 from .ingress import Ingress
 from .replica import Replica
@@ -20,10 +21,10 @@ QUIET = {"enable_access_log": False}
 
 @dataclass
 class ReplicaSpec:
-    """What each replica builds: `specee.load`'s arguments and the server's settings (its
-    model_id is filled in from the loaded model)."""
+    """What each replica builds: the model as `load` says and the server's settings (its model_id
+    is filled in from the loaded model)."""
 
-    load: dict
+    load: LoadOptions
     server: ServerConfig
     threads: int
 

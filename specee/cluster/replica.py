@@ -26,9 +26,9 @@ class Replica:
         from ..server.app import create_app, model_id_of
 
         # Loaded on a thread that then ends: no OpenMP pool left on the event loop's thread
-        # (a second pool slows the scheduler's passes; see specee.cli._load_off_main_thread).
+        # (a second pool slows the scheduler's passes; see specee.cli.loading.load_off_main_thread).
         with ThreadPoolExecutor(max_workers=1) as pool:
-            engine = pool.submit(lambda: load_engine(**spec.load)).result()
+            engine = pool.submit(lambda: load_engine(**spec.load.keywords())).result()
         config = replace(spec.server, model_id=model_id_of(engine))
         self.app = create_app(engine, config)
         self.scheduler = self.app.state.scheduler

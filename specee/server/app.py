@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException
 
 from ..batch import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK, Batch
 from ..engine import Engine, Event, Result
+from ..options import LoadOptions, flag
 from .bodies import MAX_BODY_BYTES, ClientGone, read_json  # noqa: F401 (the cluster ingress imports MAX_BODY_BYTES here)
 from .completions import Defaults, Planner, Shaper, check_token_ids, prompts_of
 from .metrics import Metrics
@@ -142,8 +143,6 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
     scheduler = Scheduler(Batch(engine.model, config.prefill_chunk), config.max_queue, config.max_batch,
                           on_step=metrics.record_step, on_end=metrics.record_end, on_pass=metrics.record_pass)
     metrics.watch(scheduler, engine.prefix_cache, engine.suffix_cache)
-    planner = Planner(engine, config.defaults)
-    page = PAGE.read_text()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -154,11 +153,23 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
     app = FastAPI(title="specee", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.scheduler = scheduler  # serve() drains it on SIGTERM
     app.state.metrics = metrics  # a cluster replica reports them to its ingress
+    add_error_handlers(app)
+    add_status_routes(app, scheduler, metrics, config)
+    add_generation_routes(app, engine, scheduler, config)
+    routes = {route.path for route in app.routes}
+    app.add_middleware(CountRequests, metrics=metrics, routes=routes)
+    return app
 
+
+def key_required(config: ServerConfig) -> Callable:
+    """The dependency of the routes behind the API key."""
     async def require_key(request: Request) -> None:
         if not key_matches(request, config.api_key):
             raise BadRequest(WRONG_KEY, code="invalid_api_key", status=401)
+    return require_key
 
+
+def add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(BadRequest)
     async def bad_request(request: Request, e: BadRequest) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
@@ -182,6 +193,12 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
         return JSONResponse(error_body(message, "invalid_request_error", None, code), status_code=e.status_code,
                             headers=e.headers)
 
+
+def add_status_routes(app: FastAPI, scheduler: Scheduler, metrics: Metrics, config: ServerConfig) -> None:
+    """The live page, health, slots, metrics and the model list."""
+    page = PAGE.read_text()
+    keyed = [Depends(key_required(config))]
+
     @app.get("/", include_in_schema=False)
     async def live_page() -> HTMLResponse:
         return HTMLResponse(page)
@@ -190,7 +207,7 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
     async def health() -> dict:
         return {"status": "ok", "queued": scheduler.queued, "running": scheduler.running}
 
-    @app.get("/slots", dependencies=[Depends(require_key)])
+    @app.get("/slots", dependencies=keyed)
     async def slots() -> dict:
         """Every running generation (llama.cpp's server has the same route): the live page polls it."""
         return {"max_batch": config.max_batch, "queued": scheduler.queued, "slots": scheduler.slots()}
@@ -199,43 +216,44 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
     async def prometheus() -> Response:
         return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/models", dependencies=[Depends(require_key)])
+    @app.get("/v1/models", dependencies=keyed)
     async def models() -> dict:
         return {"object": "list", "data": [{"id": config.model_id, "object": "model", "created": 0,
                                             "owned_by": "specee"}]}
 
-    @app.post("/v1/chat/completions", dependencies=[Depends(require_key)])
+
+def add_generation_routes(app: FastAPI, engine: Engine, scheduler: Scheduler, config: ServerConfig) -> None:
+    """The completions and the tokenizer's routes."""
+    planner = Planner(engine, config.defaults)
+    keyed = [Depends(key_required(config))]
+
+    @app.post("/v1/chat/completions", dependencies=keyed)
     async def chat_completions(request: Request):
         return await complete(request, parse(ChatRequest, await read_json(request, config.body_timeout)))
 
-    @app.post("/v1/completions", dependencies=[Depends(require_key)])
+    @app.post("/v1/completions", dependencies=keyed)
     async def completions(request: Request):
         return await complete(request, parse(CompletionRequest, await read_json(request, config.body_timeout)))
 
-    @app.post("/tokenize", dependencies=[Depends(require_key)])
+    @app.post("/tokenize", dependencies=keyed)
     async def tokenize(request: Request) -> dict:
         """llama-server's route: the text's token ids, as a completion's prompt would have them."""
         body = parse(TokenizeRequest, await read_json(request, config.body_timeout))
-        check_model(body.model)
+        check_model(body.model, config)
         try:
             return {"tokens": engine.tokenizer.encode(body.text, add_special_tokens=body.add_special)}
         except UnicodeError as e:  # lone surrogates
             raise BadRequest(f"cannot encode the text: {e}", code="invalid_value") from None
 
-    @app.post("/detokenize", dependencies=[Depends(require_key)])
+    @app.post("/detokenize", dependencies=keyed)
     async def detokenize(request: Request) -> dict:
         body = parse(DetokenizeRequest, await read_json(request, config.body_timeout))
-        check_model(body.model)
+        check_model(body.model, config)
         check_token_ids(engine, body.tokens, "tokens")
         return {"content": engine.tokenizer.decode(body.tokens, skip_special_tokens=False)}
 
-    def check_model(model: str | None) -> None:
-        if model is not None and model != config.model_id:
-            raise BadRequest(f"the model {model!r} does not exist; this server runs {config.model_id!r}",
-                             param="model", code="model_not_found", status=404)
-
     async def complete(request: Request, body: ChatRequest | CompletionRequest):
-        check_model(body.model)
+        check_model(body.model, config)
         prompts = prompts_of(engine, body)
         generations = []
         for prompt in prompts:  # each prompt's n choices share its prefill
@@ -257,51 +275,57 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         return JSONResponse(shaper.whole(await collect(request, jobs, inbox)))
 
-    async def collect(request: Request, jobs: list[Job], inbox: Inbox) -> list[Result]:
-        async def watch_client():
-            while not await request.is_disconnected():
-                await asyncio.sleep(DISCONNECT_POLL_S)
-            for job in jobs:
-                job.cancel()
 
-        watcher = asyncio.create_task(watch_client())
-        results: list[Result | None] = [None] * len(jobs)
-        try:
-            async for index, item in inbox.events():
-                if isinstance(item, Ended):
-                    if item.outcome != "finished":
-                        raise failure(item)
-                    results[index] = item.result
-            return results
-        finally:
-            watcher.cancel()
-            for job in jobs:
-                job.cancel()  # no-op once finished; stops the work if this handler was cancelled
+def check_model(model: str | None, config: ServerConfig) -> None:
+    if model is not None and model != config.model_id:
+        raise BadRequest(f"the model {model!r} does not exist; this server runs {config.model_id!r}",
+                         param="model", code="model_not_found", status=404)
 
-    async def stream(jobs: list[Job], inbox: Inbox, shaper: Shaper, include_usage: bool) -> AsyncIterator[str]:
-        # A client that disconnects closes this generator (Starlette cancels it): the finally
-        # cancels the jobs, and the worker stops them before their next step.
-        results: list[Result | None] = [None] * len(jobs)
-        try:
-            async for index, item in inbox.events():
-                if isinstance(item, Event):
-                    yield sse(shaper.chunk(item, index))
-                elif item.outcome != "finished":
-                    yield sse(failure(item).body())
-                    break
-                else:
-                    results[index] = item.result
+
+async def collect(request: Request, jobs: list[Job], inbox: Inbox) -> list[Result]:
+    """The whole answers of a request's jobs; a client that hangs up cancels them."""
+    async def watch_client():
+        while not await request.is_disconnected():
+            await asyncio.sleep(DISCONNECT_POLL_S)
+        for job in jobs:
+            job.cancel()
+
+    watcher = asyncio.create_task(watch_client())
+    results: list[Result | None] = [None] * len(jobs)
+    try:
+        async for index, item in inbox.events():
+            if isinstance(item, Ended):
+                if item.outcome != "finished":
+                    raise failure(item)
+                results[index] = item.result
+        return results
+    finally:
+        watcher.cancel()
+        for job in jobs:
+            job.cancel()  # no-op once finished; stops the work if this handler was cancelled
+
+
+async def stream(jobs: list[Job], inbox: Inbox, shaper: Shaper, include_usage: bool) -> AsyncIterator[str]:
+    """A request's jobs as server-sent events."""
+    # A client that disconnects closes this generator (Starlette cancels it): the finally
+    # cancels the jobs, and the worker stops them before their next step.
+    results: list[Result | None] = [None] * len(jobs)
+    try:
+        async for index, item in inbox.events():
+            if isinstance(item, Event):
+                yield sse(shaper.chunk(item, index))
+            elif item.outcome != "finished":
+                yield sse(failure(item).body())
+                break
             else:
-                if include_usage:
-                    yield sse(shaper.usage_chunk(results))
-            yield "data: [DONE]\n\n"
-        finally:
-            for job in jobs:
-                job.cancel()
-
-    routes = {route.path for route in app.routes}
-    app.add_middleware(CountRequests, metrics=metrics, routes=routes)
-    return app
+                results[index] = item.result
+        else:
+            if include_usage:
+                yield sse(shaper.usage_chunk(results))
+        yield "data: [DONE]\n\n"
+    finally:
+        for job in jobs:
+            job.cancel()
 
 
 def sse(payload: dict) -> str:
@@ -325,7 +349,7 @@ def start_line(host: str, port: int, engine: Engine) -> str:
     """What `specee serve` says when it starts serving: where, and the prefix cache's budget."""
     budget = engine.prefix_cache.budget_bytes
     cache = f"prefix cache up to {budget / 2**20:.0f} MiB" if budget else "prefix cache off"
-    return f"specee serving on http://{host}:{port} ({cache}; --prefix-cache-mb sets it)"
+    return f"specee serving on http://{host}:{port} ({cache}; {flag(LoadOptions, 'prefix_cache_mb')} sets it)"
 
 
 def serve(engine: Engine, config: ServerConfig, listening: socket.socket) -> None:
