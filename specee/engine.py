@@ -121,17 +121,19 @@ class SharedPrefill:
 
 def load_engine(model=None, dtype: str = "fp32", device: str = "cpu", threads: int | None = None,
                 quantization: str = "auto", compile: bool = True, cpu_tier: str | None = None,
-                ctx_size: int | None = None, prefix_cache_mb: float | None = None) -> "Engine":
+                ctx_size: int | None = None, prefix_cache_mb: float | None = None,
+                suffix_cache_tokens: int | None = None) -> "Engine":
     parts = load_parts(model, dtype=dtype, device=device, threads=threads, quantization=quantization,
                        compile=compile, cpu_tier=cpu_tier, ctx_size=ctx_size)
     return Engine(parts.model, parts.tokenizer, source=parts.source, quantization=parts.quantization,
-                  context_length=parts.context_length, prefix_cache_mb=prefix_cache_mb)
+                  context_length=parts.context_length, prefix_cache_mb=prefix_cache_mb,
+                  suffix_cache_tokens=suffix_cache_tokens)
 
 
 class Engine:
     def __init__(self, model: Transformer, tokenizer: Tokenizer, source: Path | None = None,
                  quantization: str = "none", context_length: int | None = None,
-                 prefix_cache_mb: float | None = None, suffix_cache_tokens: int = DEFAULT_BUDGET_TOKENS) -> None:
+                 prefix_cache_mb: float | None = None, suffix_cache_tokens: int | None = None) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.source = source  # the GGUF file or model directory it was loaded from
@@ -139,7 +141,7 @@ class Engine:
         # The longest prompt plus answer a generation may hold (the KV cache grows up to it).
         self.context_length = context_length or model.config.max_position_embeddings
         # Earlier generations' prompts and answers, which `auto` drafts from (0 tokens: none kept).
-        self.suffix_cache = SuffixCache(suffix_cache_tokens)
+        self.suffix_cache = SuffixCache(DEFAULT_BUDGET_TOKENS if suffix_cache_tokens is None else suffix_cache_tokens)
         self.artifacts = ArtifactStore(model, tokenizer, self.suffix_cache)
         self.grammars = GrammarCompiler(tokenizer, model.config.vocab_size)
         # Earlier generations' K/V for prompts that begin the same way, within a budget that follows

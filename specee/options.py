@@ -138,7 +138,8 @@ class LoadOptions:
     the physical cores). `ctx_size`: the longest prompt plus answer a generation may hold (default
     the model's context, at most 4096). `prefix_cache_mb`: the prefix cache's memory (default on the
     CPU kernels: the model's K/V for 8192 tokens, at most an eighth of the available memory and
-    1 GiB; else 0 = off). The help texts are the flags'."""
+    1 GiB; else 0 = off). `suffix_cache_tokens`: what `auto`'s suffix cache of earlier requests keeps
+    (None: its default). The help texts are the flags'."""
 
     model: Any = option(help="GGUF file or Hugging Face model directory (default: SmolLM2-135M-Instruct)")
     dtype: str = option("fp32", "fp32 or bf16 (default fp32)")
@@ -160,6 +161,9 @@ class LoadOptions:
         help="memory for the prefix cache, which keeps earlier prompts' and answers' K/V so a prompt that begins the "
              "same way prefills only the rest (default on the CPU kernels: the model's K/V for 8192 tokens, at most an "
              "eighth of the available memory and 1024; 0 = off; off by default elsewhere)", parse=non_negative_float)
+    suffix_cache_tokens: int | None = option(
+        help="tokens of earlier prompts and answers the server-wide suffix cache keeps for `auto` to draft from "
+             "(default 262144, about 16 MB; 0 = off)", parse=non_negative_int)
     cpu_tier: str | None = option(
         help="which instruction set specee's kernels use: auto (the best this CPU runs; or $SPECEE_CPU_TIER), or a "
              "lower tier to run and time it; every tier gives the same bits", choices=("auto",) + TIER_NAMES)

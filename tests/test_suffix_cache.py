@@ -131,3 +131,18 @@ def test_lossy_generations_are_not_remembered_and_seeded_samples_do_not_read_the
     engine.suffix_cache.clear()
     assert engine.generate(PROMPT, **seeded).token_ids == with_history.token_ids
     assert "suffix" not in with_history.stats.drafters
+
+
+def test_the_suffix_cache_size_is_a_load_option_and_zero_turns_it_off(engine):
+    from specee.cli import build_parser
+    from specee.engine import Engine
+
+    args = build_parser().parse_args(["serve", "--suffix-cache-tokens", "0"])
+    assert args.suffix_cache_tokens == 0
+    off = Engine(engine.model, engine.tokenizer, suffix_cache_tokens=args.suffix_cache_tokens)
+    dense = off.generate(PROMPT, max_tokens=48, ignore_eos=True, spec_method="none")
+    for _ in range(2):
+        again = off.generate(PROMPT, max_tokens=48, ignore_eos=True)
+        assert again.token_ids == dense.token_ids and "suffix" not in again.stats.drafters
+    assert off.suffix_cache.held == 0 and not off.suffix_cache.enabled
+    assert Engine(engine.model, engine.tokenizer).suffix_cache.budget == 1 << 18  # None: the default
