@@ -3,6 +3,7 @@ models."""
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -354,3 +355,15 @@ def pass_through_head(config):
         head.layer.self_attn.o_proj.weight.zero_()
         head.layer.mlp.down_proj.weight.zero_()
     return head
+
+
+@contextmanager
+def threads(count: int):
+    """PyTorch's and the kernels' threads set to `count` for a block (an xdist worker runs on one):
+    the fused layers split their rows over them, which one thread never checks."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from helpers import cpu_tier_params, tiny_model
+from helpers import cpu_tier_params, threads, tiny_model
 from specee.batch import Batch
 from specee.decoding.base import Step
 from specee.drafters.prompt_lookup import PromptLookup
@@ -60,8 +60,9 @@ def test_several_sequences_in_one_pass_get_the_bits_they_get_alone(quantization,
             made.append(PassRows(torch.tensor(new), positions, prefilled(model, prefix), mask, logits_from))
         return made
 
+    assert (model.fused_stack is not None) == (quantization == "int4")  # the integer formats run fused
     together = parts()
-    with torch.inference_mode():
+    with torch.inference_mode(), threads(3):  # on the kernels: one fused call, its rows split over threads
         batched = model.run_passes(together)
         alone_parts = parts()
         alone = [model.run_pass(part) for part in alone_parts]

@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from helpers import TINY_ARCHITECTURES, cpu_tier_params, tiny_hf_model
+from helpers import TINY_ARCHITECTURES, cpu_tier_params, threads, tiny_hf_model
 from specee.model.config import LlamaConfig
 from specee.model.cpu_packing import pack_linears
 from specee.model.kernels import cpu_kernels, load_tier
@@ -181,15 +181,11 @@ def test_fused_layers_give_the_bits_of_the_layers_part_by_part(quantization, arc
     rng = random.Random(3)
     prefix, tokens = [rng.randrange(160) for _ in range(25)], [rng.randrange(160) for _ in range(7)]
     passes = [(tokens, random_tree(rng, 7, chain=True)), (tokens, random_tree(rng, 7, chain=False))]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(3)
-    try:
+    with threads(3):
         fused = [tree_pass(model, prefix, *p) for p in passes]
         cache = model.new_cache(40)
         with torch.inference_mode():
             partial = model.hidden(torch.tensor(prefix), torch.arange(25), cache, layers=range(1, 3))
-    finally:
-        torch.set_num_threads(threads)
     stack = model.fused_stack
     model.fused_stack = None
     for layer in model.layers:

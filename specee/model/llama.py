@@ -164,15 +164,25 @@ class Attention(nn.Module):
         cache.append(self.layer_index, k, kv[:, nkv * hd :].view(T, nkv, hd))
 
 
-def run_fused(kernels, stack, layers: range, h: torch.Tensor, angles: RopeAngles, cache: KVCache,
-              bias: AttentionBias) -> torch.Tensor:
-    """`layers` (consecutive, their cache all at one length) for one sequence's rows h [T, hidden] in
-    one kernel call: what running them one by one gives, bit for bit."""
-    T, start = len(h), cache.lengths[layers.start]
-    for i in layers:
-        cache.extend(i, T)
-    return kernels.decoder_layers(stack, layers.start, layers.stop, h.contiguous(), *angles_rows(angles, T), cache.keys,
-                                  cache.values, start, *bias.for_kernel(start + T))
+def run_fused(kernels, stack, layers: range, h: torch.Tensor, angles: RopeAngles, segments: list[Segment]
+              ) -> torch.Tensor:
+    """`layers` (consecutive) for the rows h [T, hidden] of one or more sequences (`segments`, each
+    its rows in turn, its cache at one length over those layers) in one kernel call: what running
+    them one by one gives, bit for bit."""
+    starts = [segment.cache.lengths[layers.start] for segment in segments]
+    for segment in segments:
+        for i in layers:
+            segment.cache.extend(i, segment.rows)
+    seen = zip(*(segment.bias.for_kernel(start + segment.rows) for segment, start in zip(segments, starts)))
+    return kernels.decoder_layers(stack, layers.start, layers.stop, h.contiguous(), *angles_rows(angles, len(h)),
+                                  [segment.cache.keys for segment in segments],
+                                  [segment.cache.values for segment in segments], starts,
+                                  [segment.rows for segment in segments], *seen)
+
+
+def fusable(cache: KVCache, layers: range) -> bool:
+    """Whether `layers` of the cache are all at one length, as one fused call extends them."""
+    return len({cache.lengths[i] for i in layers}) == 1
 
 
 def angles_rows(angles: RopeAngles, T: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -514,8 +524,8 @@ class Transformer(nn.Module):
         bias = AttentionBias(mask, h.shape[0], c.num_attention_heads // c.num_key_value_heads)
         layers = layers if layers is not None else range(len(self.layers))
         if (self.fused_stack is not None and isinstance(cache, KVCache) and h.dim() == 2 and not h.requires_grad
-                and len(layers) and layers.step == 1 and len({cache.lengths[i] for i in layers}) == 1):
-            return run_fused(*self.fused_stack, layers, h, angles, cache, bias)
+                and len(layers) and layers.step == 1 and fusable(cache, layers)):
+            return run_fused(*self.fused_stack, layers, h, angles, [Segment(cache, bias, len(h))])
         for i in layers:
             h = self.layers[i](h, angles, cache, bias)
         return h
@@ -527,6 +537,9 @@ class Transformer(nn.Module):
         if len(parts) == 1:
             return [self.run_pass(parts[0])]
         h, angles, segments = self.begin_passes(parts)
+        every = range(len(self.layers))
+        if self.fused_stack is not None and all(isinstance(s.cache, KVCache) and fusable(s.cache, every) for s in segments):
+            return self.end_passes(parts, run_fused(*self.fused_stack, every, h, angles, segments))
         for layer in self.layers:
             h = layer(h, angles, segments)
         return self.end_passes(parts, h)

@@ -228,28 +228,48 @@ class Kernels {
     return out;
   }
 
-  // Decoder layers first .. last - 1 of `stack` for the T rows h [T, D] of one sequence, each
-  // h + attention(norm(h)), then + the MLP of its norm (Gemma: each output normed before its sum),
-  // with the kernels and the adds its parts run one by one (so the same bits), all in one parallel
-  // region: the threads meet at barriers between steps instead of being woken for each. keys,
-  // values: the cache, [layers, kv_heads, capacity, hd]; every layer writes positions start .. start
-  // + T - 1, which its rows see as `attention`'s visible, tail_mask, prefix and num_keys say (and its
-  // window). cos, sin: [T, R * hd], a layer taking the hd columns of its rope_index. Returns [T, D].
+  // Decoder layers first .. last - 1 of `stack` for the T rows h [T, D] of one or more sequences,
+  // each h + attention(norm(h)), then + the MLP of its norm (Gemma: each output normed before its
+  // sum), with the kernels and the adds its parts run one by one (so the same bits), all in one
+  // parallel region: the threads meet at barriers between steps instead of being woken for each.
+  // Sequence s owns the next rows[s] rows of h (and of cos, sin) and its own cache keys[s],
+  // values[s] [layers, kv_heads, capacity, hd]; every layer writes its positions starts[s] ..
+  // starts[s] + rows[s] - 1, which its rows see as `attention`'s visible, tail_mask, prefix and
+  // num_keys say (and the layer's window). cos, sin: [T, R * hd], a layer taking the hd columns of
+  // its rope_index. Returns [T, D].
   at::Tensor decoder_layers(const std::vector<LayerWeights>& stack, int64_t first, int64_t last, const at::Tensor& h,
-                            const at::Tensor& cos, const at::Tensor& sin, at::Tensor& keys, at::Tensor& values,
-                            int64_t start, const at::Tensor& visible, const at::Tensor& tail_mask, int64_t prefix,
-                            int64_t num_keys) const {
+                            const at::Tensor& cos, const at::Tensor& sin, const std::vector<at::Tensor>& keys,
+                            const std::vector<at::Tensor>& values, const std::vector<int64_t>& starts,
+                            const std::vector<int64_t>& rows_of, const std::vector<at::Tensor>& visible,
+                            const std::vector<at::Tensor>& tail_masks, const std::vector<int64_t>& prefixes,
+                            const std::vector<int64_t>& num_keys) const {
     check_rows(h, 2, "h");
     TORCH_CHECK(0 <= first && first < last && last <= static_cast<int64_t>(stack.size()), "no such layers");
-    TORCH_CHECK(keys.dim() == 4 && keys.is_contiguous() && values.is_contiguous() && keys.sizes() == values.sizes() &&
-                keys.scalar_type() == at::kFloat && last <= keys.size(0), "the cache must be [layers, kv, S, hd] fp32");
-    const int64_t T = h.size(0), D = h.size(1), kv_heads = keys.size(1), capacity = keys.size(2), hd = keys.size(3);
-    TORCH_CHECK(start + T <= capacity && num_keys <= capacity, "cache too small");
+    const size_t n_seq = keys.size();
+    TORCH_CHECK(n_seq > 0 && values.size() == n_seq && starts.size() == n_seq && rows_of.size() == n_seq &&
+                visible.size() == n_seq && tail_masks.size() == n_seq && prefixes.size() == n_seq &&
+                num_keys.size() == n_seq, "one entry per sequence");
+    const int64_t T = h.size(0), D = h.size(1), kv_heads = keys[0].size(1), hd = keys[0].size(3);
+    // Row t belongs to sequence row_segment[t] and writes its cache at position row_position[t].
+    std::vector<int64_t> row_segment, row_position;
+    for (size_t s = 0; s < n_seq; ++s) {
+      const at::Tensor& k = keys[s];
+      TORCH_CHECK(k.dim() == 4 && k.is_contiguous() && values[s].is_contiguous() && k.sizes() == values[s].sizes() &&
+                  k.scalar_type() == at::kFloat && last <= k.size(0) && k.size(1) == kv_heads && k.size(3) == hd,
+                  "each cache must be [layers, kv, S, hd] fp32");
+      TORCH_CHECK(starts[s] + rows_of[s] <= k.size(2) && num_keys[s] <= k.size(2), "cache too small");
+      TORCH_CHECK(tail_masks[s].numel() ? tail_masks[s].size(0) == rows_of[s] : visible[s].numel() == rows_of[s],
+                  "one visibility per row");
+      for (int64_t r = 0; r < rows_of[s]; ++r) {
+        row_segment.push_back(static_cast<int64_t>(s));
+        row_position.push_back(starts[s] + r);
+      }
+    }
+    TORCH_CHECK(static_cast<int64_t>(row_segment.size()) == T, "the sequences' rows must add up to h's");
     check_rows(cos, 2, "cos");
     check_rows(sin, 2, "sin");
     TORCH_CHECK(cos.size(0) == T && cos.size(1) % hd == 0 && sin.sizes() == cos.sizes(), "cos and sin must be [T, R * hd]");
     const int64_t angle_sets = cos.size(1) / hd;
-    TORCH_CHECK(tail_mask.numel() ? tail_mask.size(0) == T : visible.numel() == T, "one visibility per row");
     const LayerWeights& w0 = stack[first];
     const int64_t heads = w0.heads, I = w0.gate_up.out_features / 2;
     for (int64_t l = first; l < last; ++l) {
@@ -299,7 +319,27 @@ class Kernels {
       for (int64_t i = b * D; i < e * D; ++i) o[i] = a[i] + o[i];
     };
     auto tiles = [](const MatmulArgs& a) { return (a.out_features + LANES - 1) / LANES; };
-    const std::vector<int64_t> row_segment(T, 0);
+    // Each layer's view of every sequence's cache.
+    const int64_t most_keys = *std::max_element(num_keys.begin(), num_keys.end());
+    std::vector<std::vector<Segment>> layer_segments;
+    std::vector<float*> layer_keys, layer_values;  // [layer - first][s]: where rotate_rows writes
+    for (int64_t l = first; l < last; ++l) {
+      std::vector<Segment> segments;
+      int64_t first_row = 0;
+      for (size_t s = 0; s < n_seq; ++s) {
+        const int64_t capacity = keys[s].size(2), offset = l * kv_heads * capacity * hd;
+        const bool masked = tail_masks[s].numel() > 0;
+        float* k = keys[s].data_ptr<float>() + offset;
+        float* v = values[s].data_ptr<float>() + offset;
+        layer_keys.push_back(k);
+        layer_values.push_back(v);
+        segments.push_back({k, v, capacity, masked ? nullptr : visible[s].data_ptr<int64_t>(),
+                            masked ? tail_masks[s].data_ptr<uint8_t>() : nullptr, prefixes[s], num_keys[s], first_row,
+                            stack[l].window});
+        first_row += rows_of[s];
+      }
+      layer_segments.push_back(std::move(segments));
+    }
     const int threads = static_cast<int>(std::max<int64_t>(1, at::get_num_threads()));
     const int64_t width = (heads + 2 * kv_heads) * hd;
 #pragma omp parallel num_threads(threads)
@@ -314,12 +354,12 @@ class Kernels {
       auto rows = [&](auto&& work) { share(T, work); };
       for (int64_t l = first; l < last; ++l) {
         const LayerWeights& w = stack[l];
-        float* k = keys.data_ptr<float>() + l * kv_heads * capacity * hd;
-        float* v = values.data_ptr<float>() + l * kv_heads * capacity * hd;
-        const Segment segment{k, v, capacity, tail_mask.numel() ? nullptr : visible.data_ptr<int64_t>(),
-                              tail_mask.numel() ? tail_mask.data_ptr<uint8_t>() : nullptr, prefix, num_keys, 0, w.window};
-        const AttentionArgs attention{q.data_ptr<float>(), T, heads, kv_heads, hd, num_keys, static_cast<float>(w.scale),
-                                      &segment, row_segment.data(), attended.data_ptr<float>()};
+        const std::vector<Segment>& segments = layer_segments[l - first];
+        float* const* k = layer_keys.data() + (l - first) * n_seq;
+        float* const* v = layer_values.data() + (l - first) * n_seq;
+        const AttentionArgs attention{q.data_ptr<float>(), T, heads, kv_heads, hd, most_keys,
+                                      static_cast<float>(w.scale), segments.data(), row_segment.data(),
+                                      attended.data_ptr<float>()};
         const MatmulArgs qkv_args = matmul(w.qkv, D, qkv), o_args = matmul(w.o, heads * hd, mixed);
         const MatmulArgs gate_up_args = matmul(w.gate_up, D, gate_up), down_args = matmul(w.down, I, normed);
         rows([&](int64_t b, int64_t e) { normalized(x, w.input_norm, w.eps, b, e); });
@@ -333,9 +373,13 @@ class Kernels {
             norm_in_place(qkv.data_ptr<float>() + t * width + heads * hd, kv_heads, hd, w.k_norm, w.eps, table_);
           }
           const int64_t angles = w.rope_index * hd, stride = cos.size(1);
-          table_->rotate_rows(qkv.data_ptr<float>() + b * width, e - b, heads, kv_heads, hd,
-                              cos.data_ptr<float>() + b * stride + angles, sin.data_ptr<float>() + b * stride + angles,
-                              stride, q.data_ptr<float>() + b * heads * hd, k, v, capacity, start + b);
+          for (int64_t t = b; t < e; ++t) {  // each row into its own sequence's cache
+            const int64_t s = row_segment[t];
+            table_->rotate_rows(qkv.data_ptr<float>() + t * width, 1, heads, kv_heads, hd,
+                                cos.data_ptr<float>() + t * stride + angles, sin.data_ptr<float>() + t * stride + angles,
+                                stride, q.data_ptr<float>() + t * heads * hd, k[s], v[s], segments[s].capacity,
+                                row_position[t]);
+          }
         });
 #pragma omp barrier
         if (T >= 4 * n) {  // row t sees t more keys than row 0: rows dealt in turn keep the threads even
