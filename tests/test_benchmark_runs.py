@@ -204,10 +204,12 @@ def test_cuda_penalties_logprobs(tiny):
     report = last_json(run("cuda_penalties_logprobs.py", directory=directory)[1])
     modes = report["modes"]
     assert_dense(modes["dense"])
-    for name, method in (("draft chain self:3", "draft"), ("draft tree self:3", "draft"),
-                         ("prompt-lookup", "prompt-lookup"), ("sampled draft tree self:2", "draft")):
+    # (mode, the spec_method it asked for, the name its passes carry: a tree of drafts is "draft-tree")
+    for name, method, passes in (("draft chain self:3", "draft", "draft"), ("draft tree self:3", "draft", "draft-tree"),
+                                 ("prompt-lookup", "prompt-lookup", "prompt-lookup"),
+                                 ("sampled draft tree self:2", "draft", "draft-tree")):
         assert modes[name]["spec_method"] == method
-        assert_speculated(modes[name], method)
+        assert_speculated(modes[name], passes)
     assert all(modes[name]["greedy_identical"] for name in ("draft chain self:3", "draft tree self:3", "prompt-lookup"))
     assert all(0 < v < math.inf for v in report["tokens_per_s"].values())
 
