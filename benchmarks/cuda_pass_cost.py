@@ -90,6 +90,8 @@ def main() -> None:
     parser.add_argument("--tokens", default="1,4,9,16")
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit(f"cuda_pass_cost.py needs a CUDA GPU; PyTorch {torch.__version__} sees none")
     torch.backends.cuda.enable_cudnn_sdp(False)  # as the loader does for a CUDA model
     counts = [int(t) for t in args.tokens.split(",")]
     results = {}
@@ -103,7 +105,9 @@ def main() -> None:
                   + "  ".join(f"T={t}: {ms[t]:6.2f} ms ({ms[t] / ms[counts[0]]:.2f}x)" for t in counts), flush=True)
             del model
             torch.cuda.empty_cache()
-    print(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "results": results}))
+    # decode_tok_s: dense greedy decoding, one pass per token (no drafts)
+    print(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "spec_method": "none",
+                      "results": results}))
 
 
 if __name__ == "__main__":

@@ -98,9 +98,15 @@ def measure_ours(system: str, inputs: dict, with_quality: bool, model: str | Non
         with torch.inference_mode():
             model.prefill(long_prompt, model.new_cache(len(long_prompt)))
 
-    decode_s = statistics.median(decode().stats.decode_s for _ in range(3))
+    runs = [decode().stats for _ in range(3)]
+    decode_s = statistics.median(stats.decode_s for stats in runs)
+    # What the timed runs decoded with: passes by method ("none": dense) and draft tokens.
+    method_passes = {method: sum(stats.method_passes.get(method, 0) for stats in runs)
+                     for method in {m for stats in runs for m in stats.method_passes}}
     result = {"decode_ms": decode_s / (DECODE_TOKENS - 1) * 1e3, "prefill_s": median_s(prefill),
-              "weight_mb": model.weight_bytes / 1e6, "peak_rss_mb": peak_rss_mb(), "load_s": load_s}
+              "weight_mb": model.weight_bytes / 1e6, "peak_rss_mb": peak_rss_mb(), "load_s": load_s,
+              "spec_method": "none", "method_passes": method_passes,
+              "drafted": sum(stats.draft_tokens_proposed for stats in runs)}
     if with_quality:
         result["quality"] = quality_of(engine)
     return result
@@ -255,6 +261,10 @@ def main() -> None:
         results[system] = {key: statistics.median(r[key] for r in rs)
                            for key in ("decode_ms", "prefill_s", "weight_mb", "peak_rss_mb", "load_s")}
         results[system]["quality"] = rs[0].get("quality")
+        if "spec_method" in rs[0]:  # specee's formats: what every round decoded with
+            results[system] |= {"spec_method": rs[0]["spec_method"], "drafted": sum(r["drafted"] for r in rs),
+                                "method_passes": {m: sum(r["method_passes"].get(m, 0) for r in rs)
+                                                  for m in {m for r in rs for m in r["method_passes"]}}}
     bandwidth = read_bandwidth_gb_s()
     print(table(results, bandwidth))
     print(json.dumps({"threads": torch.get_num_threads(), "bandwidth_gb_s": bandwidth,

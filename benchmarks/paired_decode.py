@@ -12,6 +12,7 @@ median and geometric mean of the per-round ratios, then one JSON line.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import statistics
@@ -30,6 +31,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--tokens", type=int, default=32, help="tokens decoded per system and round")
     args = parser.parse_args()
+    if importlib.util.find_spec("llama_cpp") is None:
+        raise SystemExit("paired_decode.py times llama.cpp beside specee: it needs llama-cpp-python "
+                         "(pip install 'specee[llamacpp]')")
 
     import specee
     from llama_cpp import Llama
@@ -38,11 +42,16 @@ def main() -> None:
     threads = torch.get_num_threads()
     llm = Llama(model_path=args.model, n_ctx=4096, n_threads=threads, n_threads_batch=threads, verbose=False)
     prompt_ids = engine.tokenizer.encode_prompt(PROMPT, chat=False)
+    method_passes, drafted = {}, 0  # over every timed and warm-up run of ours: what it ran
 
     def ours() -> float:
+        nonlocal drafted
         stats = engine.generate(PROMPT, chat=False, max_tokens=args.tokens + 1, ignore_eos=True,
                                 spec_method="none").stats
         assert set(stats.method_passes) == {"none"}, stats.method_passes  # dense against dense
+        for method, passes in stats.method_passes.items():
+            method_passes[method] = method_passes.get(method, 0) + passes
+        drafted += stats.draft_tokens_proposed
         return stats.decode_s / args.tokens * 1e3
 
     def theirs() -> float:
@@ -67,7 +76,8 @@ def main() -> None:
     geomean = math.exp(statistics.fmean(math.log(r) for r in ratios))
     print(f"specee / llama.cpp decode speed: median {statistics.median(ratios):.2f}x, geometric mean {geomean:.2f}x "
           f"over {args.rounds} rounds ({engine.quantization}, {threads} threads)")
-    print(json.dumps({"model": args.model, "spec_method": "none", "quantization": engine.quantization, "threads": threads,
+    print(json.dumps({"model": args.model, "spec_method": "none", "method_passes": method_passes, "drafted": drafted,
+                      "quantization": engine.quantization, "threads": threads,
                       "tokens": args.tokens, "ratios": ratios, "median": statistics.median(ratios),
                       "geomean": geomean}))
 

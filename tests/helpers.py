@@ -218,14 +218,14 @@ def gguf_blocks(kind: str, rows: int, columns: int, rng) -> "np.ndarray":
 
 
 def gguf_writer(path: Path, architecture: str, tokenizer_directory: Path, hidden: int, ffn: int, layers: int,
-                heads: int, kv_heads: int, rope_base: float, eps: float):
+                heads: int, kv_heads: int, rope_base: float, eps: float, context: int = 512):
     """A GGUFWriter for `architecture` with a model's shape and the tiny tokenizer written."""
     import gguf
 
     vocab = json.loads((tokenizer_directory / "tokenizer.json").read_text())["model"]
     tokens = sorted(vocab["vocab"], key=vocab["vocab"].get)
     writer = gguf.GGUFWriter(str(path), architecture)
-    writer.add_context_length(512)
+    writer.add_context_length(context)
     writer.add_embedding_length(hidden)
     writer.add_feed_forward_length(ffn)
     writer.add_block_count(layers)
@@ -243,7 +243,7 @@ def gguf_writer(path: Path, architecture: str, tokenizer_directory: Path, hidden
 
 
 def write_llama_gguf(path: Path, kinds: dict[str, str], tokenizer_directory: Path, rope_freqs: bool = False,
-                     seed: int = 0) -> Path:
+                     seed: int = 0, context: int = 512) -> Path:
     """A tiny random Llama GGUF with the tiny tokenizer: `kinds` maps "default" and any tensor's
     short name ("attn_v", "ffn_down", "token_embd", "output") to a block type; untied when "output"
     is given. With `rope_freqs`, Llama 3.1's frequency factors (a vector of head_dim / 2)."""
@@ -254,7 +254,7 @@ def write_llama_gguf(path: Path, kinds: dict[str, str], tokenizer_directory: Pat
     s = GGUF_LLAMA
     hd = s["hidden"] // s["heads"]
     writer = gguf_writer(path, "llama", tokenizer_directory, s["hidden"], s["ffn"], s["layers"], s["heads"],
-                         s["kv_heads"], 10000.0, 1e-5)
+                         s["kv_heads"], 10000.0, 1e-5, context)
     writer.add_chat_template(CHATML)
     vocab_size = len(json.loads((tokenizer_directory / "tokenizer.json").read_text())["model"]["vocab"])
 
