@@ -87,7 +87,7 @@ def assert_speculated(report: dict, method: str) -> None:
 def test_every_benchmark_script_has_a_run_here():
     """A new script in benchmarks/ needs its run below."""
     covered = {"cluster_scaling.py", "cuda_pass_cost.py", "cuda_penalties_logprobs.py", "formats.py",
-               "head_bounds.py", "multirow_cost.py", "paired_decode.py",
+               "head_bounds.py", "multirow_cost.py", "paired_decode.py", "pass_profile.py",
                "prefix_cache_budget.py", "prefix_cache_turns.py", "structured_output.py", "tier_rows.py"}
     assert {p.name for p in BENCHMARKS.glob("*.py")} <= covered
 
@@ -278,3 +278,16 @@ def test_tier_rows(tiny):
                            "--out-features", "64", "--repeats", "1", "--threads", "1", directory=directory)[1])
     assert set(report["ms"]) == set(tiers) and all(list(report["ms"][t]) == ["1", "4"] for t in tiers)
     assert all(0 < v < math.inf for v in numbers(report["ms"]))
+
+
+@pytest.mark.slow
+def test_pass_profile(tiny):
+    directory, model = tiny
+    report = last_json(run("pass_profile.py", "--model", model, "--tokens", "1,4", "--threads", "1", "--context", "8",
+                           "--repeats", "1", directory=directory)[1])
+    assert [(row["threads"], row["tokens"]) for row in report["rows"]] == [(1, 1), (1, 4)]
+    for row in report["rows"]:
+        ms = row["ms"]
+        assert set(ms) == {"pass", "layers", "head", "matmuls", "attention", "rest of the layers"}
+        assert all(0 < ms[part] < math.inf for part in ("pass", "layers", "head", "matmuls", "attention"))
+        assert ms["rest of the layers"] == pytest.approx(ms["layers"] - ms["matmuls"] - ms["attention"])
