@@ -22,8 +22,9 @@ LAYERS = [
     ("specee.batch",),  # generations of the engine sharing passes
     ("specee.engine",),
     ("specee.exits.builder", "specee.exits.autoregressive", "specee.exits.speculative"),  # the loops with exits
-    ("specee.decoding", "specee.loader", "specee.artifact_store", "specee.prefix_cache"),
+    ("specee.decoding", "specee.prefix_cache"),
     ("specee.drafters", "specee.exits"),
+    ("specee.artifact_store", "specee.loader"),  # what the drafters and exits load; they register its loaders
     ("specee.verification", "specee.grammar"),  # the grammar masks verification rows and prunes drafts
     ("specee.model", "specee.sampling", "specee.tokenizer", "specee.text_stream", "specee.stats",
      "specee.artifact_header", "specee.bundled", "specee.registry"),

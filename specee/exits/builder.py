@@ -36,6 +36,6 @@ def build_early_exit(artifacts: ArtifactStore, config: ExitConfig, speculative: 
 def exit_candidates(artifacts: ArtifactStore, k: int, ngram_model: str | None = None) -> Candidates:
     """Prompt lookup's and the trigram table's guesses, filled up with the table's most common tokens
     (decoding and `specee train exits` alike)."""
-    table = artifacts.ngram(ngram_model)
+    table = artifacts.load("ngram", ngram_model)
     fallback = [token for token, _ in table.top_k([], k)]
     return Candidates(lambda: Hybrid(PromptLookup(), NgramProposer(table)), fallback, k)

@@ -109,7 +109,7 @@ def rule_settings(rule: str | None) -> RuleSettings:
 
 
 def _learned(config, artifacts, num_layers: int):
-    artifact, predictors = artifacts.exit_predictors(config.predictors)
+    artifact, predictors = artifacts.load("exits", config.predictors)
     if predictors.num_layers != num_layers:
         raise ValueError(f"the exit predictors cover {predictors.num_layers} layers, the model has {num_layers + 1}")
     threshold = artifact.settings.threshold if config.threshold is None else config.threshold
