@@ -21,6 +21,7 @@ class ArtifactLoader:
     # (a file, the store: its .model and .tokenizer) -> what every request shares
     load: Callable[[str | Path, "ArtifactStore"], Any]
     missing: str  # what the error says when no file is named and none is bundled, e.g. which option names one
+    train: str | None = None  # the command that makes one (default: `specee train NAME`)
 
 
 LOADERS = Registry("artifact kind")
@@ -44,8 +45,9 @@ class ArtifactStore:
         if path is None:
             path = self.bundled(kind)
             if path is None:
+                train = loader.train or f"specee train {kind} --model MODEL"
                 raise ValueError(f"{loader.missing}: specee bundles none for this model (train one with "
-                                 f"`specee train {kind} --model MODEL --out FILE`)")
+                                 f"`{train} --out FILE`)")
         key = (kind, str(path))
         if key not in self._loaded:
             self._loaded[key] = loader.load(path, self)

@@ -83,8 +83,8 @@ def _add_model_options(p: argparse.ArgumentParser, default_quantization: str = "
 
 
 def _add_sampling_options(p: argparse.ArgumentParser) -> None:
-    from .decoding.config import add_flags
     from .drafters.registry import METHODS  # importing the drafters registers the built-in methods
+    from .strategies.config import add_flags
 
     p.add_argument("--max-tokens", type=int, default=256, help="most tokens to generate (default 256)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -349,7 +349,7 @@ def _train_kangaroo(args) -> int:
 
 
 def _train_exits(args) -> int:
-    from .exits.builder import exit_candidates
+    from .strategies.builder import exit_candidates
     from .train.exits import ExitTrainConfig, train_exits
 
     _check_training_options(args)
@@ -428,8 +428,8 @@ def _sampling_kwargs(args) -> dict:
 def _validate_sampling(args) -> None:
     """Checked before the model loads, so bad flags fail in milliseconds; sets args.config, the
     decoding configuration."""
-    from .decoding.config import from_flags
     from .sampling import SamplingParams
+    from .strategies.config import from_flags
 
     try:
         args.config = from_flags(args)

@@ -60,7 +60,7 @@ def test_the_default_format_on_the_cpu_is_the_files_own_blocks(default_engine):
 
 
 def test_drafts_are_sized_for_what_a_row_costs_unless_the_user_sizes_them(engines, default_engine):
-    from specee.decoding.builder import (DEAR_CHAIN_LENGTH, DEAR_ROW, DEAR_TREE_NODE_COST, QUANTIZED_CHAIN_LENGTH,
+    from specee.strategies.builder import (DEAR_CHAIN_LENGTH, DEAR_ROW, DEAR_TREE_NODE_COST, QUANTIZED_CHAIN_LENGTH,
                                          QUANTIZED_EAGLE_BUDGET, QUANTIZED_TREE_NODE_COST)
 
     for costly in (engines["int4"], engines[EAGER]):  # extra rows cost int8 products or weight reads

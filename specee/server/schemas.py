@@ -7,12 +7,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ..decoding.config import request_schema
 from ..drafters.registry import find_method
 from ..exits.registry import find_exit
 from ..grammar import Grammar, strict_schema
-from .calls import DEFAULT_MAX_TOOL_CALLS, MAX_TOOL_CALLS
 from ..sampling import MAX_LOGIT_BIAS, MAX_PENALTY, MAX_TOP_LOGPROBS
+from ..strategies.config import request_schema
+from .calls import DEFAULT_MAX_TOOL_CALLS, MAX_TOOL_CALLS
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 MAX_CHOICES = 16  # n: each choice holds a batch slot while it runs
