@@ -104,11 +104,20 @@ VERBOSE_HELP = "after each answer, list the passes by drafting method and auto's
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .batch import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK
 
     parser = argparse.ArgumentParser(prog="specee", description="Fast LLM decoding on your machine.")
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_generate(sub)
+    _add_chat(sub)
+    _add_serve(sub)
+    _add_bench(sub)
+    _add_bench_serve(sub)
+    _add_train(sub)
+    return parser
 
+
+def _add_generate(sub) -> None:
+    """`specee generate`: one prompt, its answer."""
     gen = sub.add_parser("generate", help="generate a completion for one prompt")
     gen.add_argument("prompt", nargs="?", help="prompt text, or - to read stdin (the default when stdin is piped)")
     _add_model_options(gen)
@@ -123,11 +132,20 @@ def build_parser() -> argparse.ArgumentParser:
     constraint.add_argument("--regex", help="the answer matches this regular expression, whole")
     constraint.add_argument("--grammar", metavar="FILE", help="the answer follows this Lark grammar (llguidance's)")
 
+
+def _add_chat(sub) -> None:
+    """`specee chat`: an interactive conversation."""
     chat = sub.add_parser("chat", help="interactive conversation (empty line or Ctrl-D ends it)")
     _add_model_options(chat)
     _add_sampling_options(chat)
     chat.add_argument("--system", help="system message")
     chat.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
+
+
+def _add_serve(sub) -> None:
+    """`specee serve`: the HTTP server, alone or on Ray Serve replicas."""
+    from .batch import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK
+
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with a live page at /")
     _add_model_options(serve)
     _add_sampling_options(serve)  # the defaults of requests that leave these out
@@ -169,6 +187,10 @@ def build_parser() -> argparse.ArgumentParser:
     cluster.add_argument("--address", default=None,
                          help="with --replicas: join this Ray cluster (auto, or the head's host:port); default: "
                               "start a local Ray that stops with the command")
+
+
+def _add_bench(sub) -> None:
+    """`specee bench`: every mode's speed and quality."""
     bench = sub.add_parser("bench", help="speed and quality of every mode, side by side with baselines")
     _add_model_options(bench)
     bench.add_argument("--suite", default="quick", help="quick (a few minutes) or full (every category and dataset, about an hour on 2 cores; default quick)")
@@ -190,6 +212,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="run every mode N times on each prompt, in rotated rounds, and count its fastest run "
                             "(other work on the machine only slows a run down) (default 1)")
     bench.add_argument("--out", default="bench-out", help="output folder (default bench-out)")
+
+
+def _add_bench_serve(sub) -> None:
+    """`specee bench-serve`: the server under load."""
     load = sub.add_parser("bench-serve", help="load-test `specee serve` side by side with llama.cpp's server: requests/s, "
                           "tokens/s, time to first token and peak memory at 1 to 16 clients")
     _add_model_options(load)
@@ -216,6 +242,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="run specee's modes at every concurrency N times, interleaved, each keeping its fastest "
                            "round (default 1)")
     load.add_argument("--out", default="bench-serve.json", help="JSON output file, the plot beside it (default bench-serve.json)")
+
+
+def _add_train(sub) -> None:
+    """`specee train ngram|eagle|kangaroo|exits|copy-prior`."""
     train = sub.add_parser("train", help="train drafter artifacts")
     train_sub = train.add_subparsers(dest="artifact", required=True)
     ngram = train_sub.add_parser("ngram", help="a Katz-backoff n-gram table for the ngram/staged drafters")
@@ -269,7 +299,6 @@ def build_parser() -> argparse.ArgumentParser:
     prior.add_argument("--skip-first", type=_non_negative_int, default=5, help="leave out each category's first N (reported)")
     prior.add_argument("--limit", type=_positive_int, default=5, help="prompts per category")
     prior.add_argument("--max-tokens", type=_positive_int, default=128, help="longest answer")
-    return parser
 
 
 def _add_training_options(p: argparse.ArgumentParser, minutes: float, tokens: int = 400_000, epochs: int = 10) -> None:
