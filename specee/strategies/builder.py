@@ -58,7 +58,7 @@ def build_strategy(config: SpecConfig, artifacts: ArtifactStore) -> Strategy:
     speculative = None if config.method == "none" else build_speculative(artifacts, config)
     if config.exit.kind != "none":
         return build_early_exit(artifacts, config.exit, speculative, config.ngram_model)
-    return speculative or Autoregressive()
+    return Autoregressive() if speculative is None else speculative
 
 
 def resolve(config: SpecConfig, model: Transformer) -> SpecConfig:
