@@ -1,13 +1,18 @@
 """The header every trained specee file carries (n-gram tables, EAGLE heads, Kangaroo adapters,
 exit predictors): its format and version, the fingerprint of what it was trained for, how it was
 made (`info`: corpus, licence, training figures) and the settings it was chosen with. Written and
-checked in one place, so a wrong file fails the same clear way whatever its kind."""
+checked in one place, so a wrong file fails the same clear way whatever its kind. `TrainedArtifact`
+is the file of trained weights for one model (EAGLE heads, Kangaroo adapters, exit predictors)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, ClassVar
 
 import torch
+
+from .model.fingerprint import weights_fingerprint
+from .model.llama import Transformer
 
 
 @dataclass(frozen=True)
@@ -44,3 +49,35 @@ class ArtifactKind:
             raise ValueError(f"{path} was trained for another {self.fingerprint_of} (fingerprint "
                              f"{saved['fingerprint']!r}, this model's is {fingerprint!r}): {retrain}")
         return {"info": {}, "settings": {}} | saved
+
+
+@dataclass
+class TrainedArtifact:
+    """Trained weights for one model: the weights, the reduced vocabulary, the settings they were
+    chosen with (by measurement) and how they were made. Subclasses name the format and the settings."""
+
+    HEADER: ClassVar[ArtifactKind]
+    SETTINGS: ClassVar[type]
+
+    weights: dict
+    vocab: torch.Tensor  # [N] token ids the drafter scores, most frequent first
+    fingerprint: str
+    settings: Any = None
+    info: dict = field(default_factory=dict)  # corpus, licence, training figures
+
+    def __post_init__(self) -> None:
+        if self.settings is None:
+            self.settings = self.SETTINGS()
+
+    def save(self, path: str | Path) -> None:
+        # "head": the drafter's own trained weights (the key predates the adapter)
+        self.HEADER.save(path, self.fingerprint, {
+            "head": {k: v.detach().to("cpu", torch.float16) for k, v in self.weights.items()},
+            "vocab": self.vocab.to(torch.int32)}, self.info, vars(self.settings))
+
+    @classmethod
+    def load(cls, path: str | Path, model: Transformer):
+        """The weights trained for `model`; a file for another model (or of another kind) is a ValueError."""
+        saved = cls.HEADER.load(path, weights_fingerprint(model))
+        return cls(saved["head"], saved["vocab"].long(), saved["fingerprint"], cls.SETTINGS(**saved["settings"]),
+                   saved["info"])

@@ -27,7 +27,10 @@ def artifact_path(model: str, kind: str) -> Path:
 
 
 def bundled(kind: str, weights: str, tokenizer: str) -> Path | None:
-    """The bundled artifact of `kind` for a model with these fingerprints, or None."""
+    """The bundled artifact of `kind` for a model with these fingerprints, or None (always for a kind
+    specee ships no file of)."""
+    if kind not in KINDS:
+        return None
     suffix, tied_to = KINDS[kind]
     wanted = tokenizer if tied_to == "tokenizer" else weights
     for name, prints in models().items():

@@ -13,12 +13,7 @@ from typing import Callable, Iterator, NamedTuple
 import torch
 
 from .artifact_store import ArtifactStore
-from .decoding.autoregressive import Autoregressive
-from .decoding.base import DecodeState, Step, Strategy
-from .decoding.builder import build_speculative
-from .decoding.config import MAX_DRAFT_NODES, SpecConfig
 from .drafters.suffix_cache import DEFAULT_BUDGET_TOKENS, SuffixCache
-from .exits.builder import build_early_exit
 from .grammar import Grammar, GrammarCompiler
 from .loader import load_parts
 from .model.cache import KVCache
@@ -27,6 +22,9 @@ from .model.memory import kv_cache_bytes
 from .prefix_cache import PrefixCache, available_memory, default_budget_bytes
 from .sampling import MAX_TOP_LOGPROBS, Sampler, SamplingParams
 from .stats import GenerationStats
+from .strategies.base import DecodeState, Step, Strategy
+from .strategies.builder import build_strategy
+from .strategies.config import MAX_DRAFT_NODES, SpecConfig
 from .text_stream import TextStream
 from .tokenizer import Messages, Tokenizer
 
@@ -178,7 +176,7 @@ class Engine:
         alternatives for each prompt token: its log-probabilities are reported), grammar (a Grammar), stop_check
         (makes a test of each token's text that ends the answer: Generation's), and either a
         ready `strategy` or a decoding configuration: a SpecConfig, or its keywords (spec_method,
-        tree, ..., exit, exit_kv, ...; decoding/config.py declares them all). Without any, the
+        tree, ..., exit, exit_kv, ...; strategies/config.py declares them all). Without any, the
         default method (`auto`); spec_method="none" decodes densely."""
         spec = {k: v for k in list(options) if k not in GENERATION_OPTIONS and (v := options.pop(k)) is not None}
         if config is not None or spec:
@@ -198,12 +196,7 @@ class Engine:
             config = SpecConfig.from_keywords({"spec_method": config, **keywords} if config else keywords)
         elif keywords:
             config = config.merged(keywords)
-        if config.exit.kind != "none":
-            speculative = None if config.method == "none" else build_speculative(self.artifacts, config)
-            return build_early_exit(self.artifacts, config.exit, speculative, config.ngram_model)
-        if config.method == "none":
-            return Autoregressive()
-        return build_speculative(self.artifacts, config)
+        return build_strategy(config, self.artifacts)
 
     def new_cache(self, prompt_tokens: int, max_tokens: int) -> KVCache:
         """A cache for one generation: room for all it may write, allocated as it goes."""
@@ -250,9 +243,9 @@ class Generation:
         self.stop = [stop] if isinstance(stop, str) else list(stop)
         self.eos = set() if ignore_eos else set(engine.tokenizer.eos_token_ids)
         self.strategy = strategy or engine.default_strategy
-        if getattr(self.strategy, "greedy_only", False) and temperature > 0:
+        if self.strategy.greedy_only and temperature > 0:
             raise ValueError(f"{self.strategy.name} runs greedy only: use temperature 0")
-        if not getattr(self.strategy, "full_logits", True):
+        if not self.strategy.full_logits:
             if self.params.adjusts:
                 raise ValueError(f"{self.strategy.name} does not apply presence or frequency penalties or a logit bias")
             if logprobs is not None or prompt_logprobs is not None:
@@ -381,7 +374,7 @@ class Generation:
         """Run the prompt: (logits after its last token [1, vocab], the last layer's states of every
         prompt token, the states after the drafter's shared layers or None)."""
         layers = self.engine.model.config.num_hidden_layers
-        shallow_layers = getattr(self.strategy, "shallow_layers", None)
+        shallow_layers = self.strategy.shallow_layers
         # The states the strategy reads besides K/V, which cached blocks must then hold.
         depth = shallow_layers or (layers if self.strategy.reads_features else None)
         first, cached_states = 0, None
@@ -401,7 +394,7 @@ class Generation:
         """Prefill the prompt from position `first` (the cache holds those before it, and
         `cached_states` their states where the strategy reads some), then store its blocks."""
         model, layers = self.engine.model, self.engine.model.config.num_hidden_layers
-        shallow_layers = getattr(self.strategy, "shallow_layers", None)
+        shallow_layers = self.strategy.shallow_layers
         if shallow_layers:  # a drafter sharing the first layers takes their states on the way
             stats.weight_bytes += model.weight_bytes
             logits, hidden, shallow = model.prefill(self.prompt_ids[first:], cache, shallow_layers, start=first)

@@ -1,4 +1,5 @@
-"""A table of named entries that modules fill as they are imported (speculative methods, exit kinds)."""
+"""A table of named entries that modules fill as they are imported (speculative methods, exit kinds,
+artifact loaders)."""
 from __future__ import annotations
 
 

@@ -148,9 +148,9 @@ def decode(model, strategy, prompt, steps=30, params=None, constraint=None):
     """The first `steps` tokens a strategy commits after `prompt` (prefilled as the engine does,
     with the shallow states a self-drafter asks for, under a grammar's `constraint` if given), the
     run's stats and the target's cache."""
-    from specee.decoding.base import DecodeState
     from specee.sampling import Sampler, SamplingParams
     from specee.stats import GenerationStats
+    from specee.strategies.base import DecodeState
 
     with torch.inference_mode():
         cache = model.new_cache(len(prompt) + steps + 80)

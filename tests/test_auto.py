@@ -13,13 +13,13 @@ import torch
 from helpers import tiny_model, tiny_model_directory
 from specee.batch import Batch
 from specee.cli import main
-from specee.decoding.config import SpecConfig
 from specee.drafters.auto import MARGIN, AutoDrafter, Choice, RowPrice
 from specee.drafters.ngram import NgramModel
 from specee.drafters.prompt_lookup import PromptLookup
 from specee.engine import Engine
 from specee.sampling import Sampler, SamplingParams
 from specee.stats import GenerationStats
+from specee.strategies.config import SpecConfig
 
 PROMPTS = ["Repeat exactly: the red fox, the red fox, the red fox.", "Count from one to ten in words.",
            "the cat sat on the mat and looked at the dog.", "Hello there, name three colours: red, green"]

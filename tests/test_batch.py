@@ -10,12 +10,12 @@ import torch
 
 from helpers import cpu_tier_params, threads, tiny_model
 from specee.batch import Batch
-from specee.decoding.base import Step
 from specee.drafters.prompt_lookup import PromptLookup
 from specee.engine import Engine, Event
-from specee.exits.autoregressive import EarlyExit
 from specee.exits.candidates import Candidates
 from specee.model.llama import PassRows
+from specee.strategies.base import Step, Strategy
+from specee.strategies.early_exit import EarlyExit
 from test_batch_invariance import kernel_model
 
 PROMPTS = ["Repeat exactly: the red fox, the red fox, the red fox.", "Count from one to ten in words.",
@@ -155,13 +155,11 @@ def test_a_long_prompt_is_prefilled_in_chunks_beside_decoding(engine):
     assert len(events[0]) == 60 and max(rows) == 8 + 1
 
 
-class Scripted:
+class Scripted(Strategy):
     """Yields fixed steps with no pass of the target (like a strategy with early exits, which runs
     its own passes), then fails if told to."""
 
     name = "scripted"
-    lossless = True
-    reads_features = False
 
     def __init__(self, steps, fail: bool = False):
         self.steps, self.fail = steps, fail

@@ -5,16 +5,16 @@ import pytest
 import torch
 
 from helpers import tiny_model
-from specee.decoding.autoregressive import Autoregressive
 from specee.drafters.prompt_lookup import PromptLookup
 from specee.engine import Engine
 from specee.eval import modes as bench_modes
 from specee.eval.bench import BenchConfig, run_bench
 from specee.eval.modes import REGISTRY, StrategySpec, register
 from specee.eval.report import RECORD_FIELDS
-from specee.exits.autoregressive import EarlyExit
 from specee.exits.candidates import Candidates
 from specee.sampling import SamplingParams
+from specee.strategies.dense import Autoregressive
+from specee.strategies.early_exit import EarlyExit
 
 
 class OffByOne(Autoregressive):

@@ -3,12 +3,12 @@ import pytest
 import torch
 
 from helpers import tiny_model
-from specee.decoding.config import SpecConfig
 from specee.drafters.base import Proposer
 from specee.drafters.draft_model import DraftModel, fit_vocabulary
 from specee.engine import Engine
 from specee.model.fingerprint import weights_fingerprint
-from specee.decoding.speculative import Speculative
+from specee.strategies.config import SpecConfig
+from specee.strategies.speculative import Speculative
 from specee.verification.tree import static_tree
 
 

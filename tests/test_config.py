@@ -6,10 +6,10 @@ import pytest
 from pydantic import ValidationError
 
 from specee.cli import build_parser
-from specee.decoding.builder import (DEAR_CHAIN_LENGTH, DEAR_TREE_NODE_COST, DEFAULTS, QUANTIZED_CHAIN_LENGTH,
+from specee.strategies.builder import (DEAR_CHAIN_LENGTH, DEAR_TREE_NODE_COST, DEFAULTS, QUANTIZED_CHAIN_LENGTH,
                                      QUANTIZED_TREE_NODE_COST, resolve)
-from specee.decoding.config import SpecConfig, all_fields, flag, from_flags, keyword
 from specee.server.schemas import SpecOptions
+from specee.strategies.config import SpecConfig, all_fields, flag, from_flags, keyword
 
 RANGED = [f for f in all_fields() if f.metadata["ge"] is not None]
 

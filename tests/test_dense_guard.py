@@ -2,11 +2,11 @@
 tokens per unit of pass cost than dense steps, it rests drafting, for longer after each failed probe,
 and the output is dense decoding's throughout."""
 from helpers import tiny_model
-from specee.decoding.speculative import Speculative
 from specee.drafters.auto import AutoDrafter
 from specee.drafters.dense_guard import FIRST_REST, GUARD_PASSES, LONGEST_REST, DenseGuard
 from specee.drafters.prompt_lookup import PromptLookup
 from specee.engine import Engine
+from specee.strategies.speculative import Speculative
 
 
 class Table:

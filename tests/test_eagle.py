@@ -5,14 +5,14 @@ import torch
 import torch.nn.functional as F
 
 from helpers import tiny_model
-from specee.decoding.autoregressive import Autoregressive
-from specee.decoding.base import DecodeState
-from specee.decoding.speculative import Speculative
 from specee.drafters.eagle import EagleArtifact, EagleDrafter, EagleHead, EagleModel, merge_path, DraftNode
 from specee.drafters.prompt_lookup import PromptLookup
 from specee.model.fingerprint import weights_fingerprint
 from specee.sampling import Sampler, SamplingParams
 from specee.stats import GenerationStats
+from specee.strategies.base import DecodeState
+from specee.strategies.dense import Autoregressive
+from specee.strategies.speculative import Speculative
 from specee.train.collect import choose_vocabulary, collect
 from specee.train.eagle import EagleTrainConfig, fit_head, unrolled_estimates
 

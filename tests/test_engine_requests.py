@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from helpers import tiny_model
-from specee.decoding.base import Step
 from specee.engine import INITIAL_OUTPUT_SLOTS, Engine
 from specee.model.cache import KVCache
+from specee.strategies.base import Step, Strategy
 
 PROMPTS = ["Repeat exactly: the red fox, the red fox, the red fox.", "Count from one to ten in words."]
 
@@ -74,12 +74,10 @@ def test_cache_grows_and_keeps_what_it_holds():
         cache.append(0, torch.zeros(37, 1, 4), torch.zeros(37, 1, 4))
 
 
-class ScriptedStrategy:
+class ScriptedStrategy(Strategy):
     """Yields fixed steps."""
 
     name = "scripted"
-    lossless = True
-    reads_features = False
 
     def __init__(self, steps):
         self.steps = steps

@@ -7,25 +7,25 @@ import pytest
 import torch
 
 from helpers import decode, tiny_model
-from specee.decoding.autoregressive import Autoregressive
-from specee.decoding.base import DecodeState
-from specee.decoding.speculative import Speculative
 from specee.drafters.draft_model import DraftModel
 from specee.drafters.kangaroo import Adapter, KangarooArtifact, KangarooDrafter, KangarooModel, KangarooSettings
 from specee.drafters.prompt_lookup import PromptLookup
 from specee.engine import Engine
 from specee.eval.teacher_forcing import teacher_forced
-from specee.exits.autoregressive import EarlyExit
 from specee.exits.candidates import Candidates
 from specee.exits.features import layer_features
 from specee.exits.policy import LearnedExit, RuleExit, RuleSettings
 from specee.exits.predictors import ExitArtifact, ExitPredictors, ExitSettings
-from specee.exits.runner import ExitPass
 from specee.exits.scheduler import LayerScheduler
-from specee.exits.speculative import SpeculativeExit
 from specee.model.fingerprint import weights_fingerprint
 from specee.sampling import Sampler, SamplingParams
 from specee.stats import GenerationStats
+from specee.strategies.base import DecodeState
+from specee.strategies.dense import Autoregressive
+from specee.strategies.early_exit import EarlyExit
+from specee.strategies.exit_pass import ExitPass
+from specee.strategies.speculative import Speculative
+from specee.strategies.speculative_exit import SpeculativeExit
 from specee.train.exits import ExitTrainConfig, collect_exit_data, fit_predictors, replay_exits
 from specee.verification.tree import static_tree
 

@@ -9,15 +9,15 @@ import pytest
 import torch
 
 from helpers import chi_square_p_value, decode, first_tokens, tiny_model
-from specee.decoding.autoregressive import Autoregressive
-from specee.decoding.base import DecodeState
-from specee.decoding.speculative import Speculative
 from specee.drafters.draft_model import DraftModel
 from specee.drafters.prompt_lookup import PromptLookup
 from specee.engine import Engine
 from specee.grammar import Constraint, Grammar, GrammarCompiler
 from specee.sampling import Sampler, SamplingParams, processed_probs
 from specee.stats import GenerationStats
+from specee.strategies.base import DecodeState
+from specee.strategies.dense import Autoregressive
+from specee.strategies.speculative import Speculative
 from specee.tokenizer import Tokenizer
 from specee.verification.draft import Draft
 from specee.verification.tree import static_tree

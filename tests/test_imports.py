@@ -21,9 +21,12 @@ LAYERS = [
     ("specee.server",),  # the HTTP face of the engine; the CLI starts it, it never calls back up
     ("specee.batch",),  # generations of the engine sharing passes
     ("specee.engine",),
-    ("specee.exits.builder", "specee.exits.autoregressive", "specee.exits.speculative"),  # the loops with exits
-    ("specee.decoding", "specee.loader", "specee.artifact_store", "specee.prefix_cache"),
-    ("specee.drafters", "specee.exits"),
+    ("specee.strategies.builder",),  # one strategy from a decoding configuration
+    ("specee.strategies",),  # every decoding loop, and the configuration they are built from
+    ("specee.drafters", "specee.exits"),  # what drafts, and the exit policy's parts
+    # What the engine loads and keeps: trained artifacts (their modules above register the loaders),
+    # models, earlier prompts' K/V.
+    ("specee.artifact_store", "specee.loader", "specee.prefix_cache"),
     ("specee.verification", "specee.grammar"),  # the grammar masks verification rows and prunes drafts
     ("specee.model", "specee.sampling", "specee.tokenizer", "specee.text_stream", "specee.stats",
      "specee.artifact_header", "specee.bundled", "specee.registry", "specee.options"),
@@ -112,23 +115,23 @@ def test_no_module_imports_a_layer_above_its_own():
 
 
 def test_the_graph_sees_what_the_engine_imports():
-    assert {"specee.decoding.builder", "specee.loader", "specee.model.cache"} <= import_graph()["specee.engine"]
+    assert {"specee.strategies.builder", "specee.loader", "specee.model.cache"} <= import_graph()["specee.engine"]
 
 
 def test_the_checks_find_a_cycle_and_imports_that_go_up(tmp_path):
     """The graph reader finds relative, absolute and function-level imports, so the tests above can fail."""
     root = tmp_path / "specee"
-    for package in ("decoding", "server"):
+    for package in ("strategies", "server"):
         (root / package).mkdir(parents=True)
         (root / package / "__init__.py").write_text("")
     (root / "__init__.py").write_text("")
-    (root / "decoding" / "a.py").write_text("from . import b\n")
-    (root / "decoding" / "b.py").write_text("def f():\n    from specee.decoding.a import x\n    from ..engine import E\n")
+    (root / "strategies" / "a.py").write_text("from . import b\n")
+    (root / "strategies" / "b.py").write_text("def f():\n    from specee.strategies.a import x\n    from ..engine import E\n")
     (root / "server" / "app.py").write_text("")
     (root / "engine.py").write_text("from .server.app import app\n")
     graph = import_graph(root)
-    assert graph["specee.decoding.b"] == {"specee.decoding.a", "specee.engine"}
-    assert set(cycle_in(graph)) == {"specee.decoding.a", "specee.decoding.b"}
+    assert graph["specee.strategies.b"] == {"specee.strategies.a", "specee.engine"}
+    assert set(cycle_in(graph)) == {"specee.strategies.a", "specee.strategies.b"}
     assert imports_of_the_user_facing(graph) == [("specee.engine", "specee.server.app")]
-    assert imports_of_the_engine_from_below(graph) == [("specee.decoding.b", "specee.engine")]
-    assert upward_imports(graph) == [("specee.decoding.b", "specee.engine"), ("specee.engine", "specee.server.app")]
+    assert imports_of_the_engine_from_below(graph) == [("specee.strategies.b", "specee.engine")]
+    assert upward_imports(graph) == [("specee.engine", "specee.server.app"), ("specee.strategies.b", "specee.engine")]

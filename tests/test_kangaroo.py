@@ -4,11 +4,11 @@ import pytest
 import torch
 
 from helpers import decode, tiny_model
-from specee.decoding.autoregressive import Autoregressive
-from specee.decoding.speculative import Speculative
 from specee.drafters.kangaroo import Adapter, KangarooArtifact, KangarooDrafter, KangarooModel, KangarooSettings
 from specee.drafters.trained import drafter_cache
 from specee.model.fingerprint import weights_fingerprint
+from specee.strategies.dense import Autoregressive
+from specee.strategies.speculative import Speculative
 from specee.train.collect import choose_vocabulary, collect
 from specee.train.kangaroo import KangarooTrainConfig, fit_adapter
 

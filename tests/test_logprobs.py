@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from helpers import tiny_model
-from specee.decoding.autoregressive import Autoregressive
 from specee.engine import Engine
+from specee.strategies.dense import Autoregressive
 
 PROMPT = "the cat sat on the mat. the cat sat on the"
 

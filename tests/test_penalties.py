@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from helpers import decode, tiny_model
-from specee.decoding.autoregressive import Autoregressive
-from specee.decoding.speculative import Speculative
 from specee.drafters.draft_model import DraftModel
 from specee.drafters.prompt_lookup import PromptLookup
 from specee.engine import Engine
 from specee.sampling import Sampler, SamplingParams
+from specee.strategies.dense import Autoregressive
+from specee.strategies.speculative import Speculative
 from specee.verification.tree import static_tree
 
 

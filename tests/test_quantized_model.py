@@ -60,7 +60,7 @@ def test_the_default_format_on_the_cpu_is_the_files_own_blocks(default_engine):
 
 
 def test_drafts_are_sized_for_what_a_row_costs_unless_the_user_sizes_them(engines, default_engine):
-    from specee.decoding.builder import (DEAR_CHAIN_LENGTH, DEAR_ROW, DEAR_TREE_NODE_COST, QUANTIZED_CHAIN_LENGTH,
+    from specee.strategies.builder import (DEAR_CHAIN_LENGTH, DEAR_ROW, DEAR_TREE_NODE_COST, QUANTIZED_CHAIN_LENGTH,
                                          QUANTIZED_EAGLE_BUDGET, QUANTIZED_TREE_NODE_COST)
 
     for costly in (engines["int4"], engines[EAGER]):  # extra rows cost int8 products or weight reads
@@ -71,7 +71,7 @@ def test_drafts_are_sized_for_what_a_row_costs_unless_the_user_sizes_them(engine
         assert costly.strategy("prompt-lookup", num_draft_tokens=7).num_draft_tokens == 7
         assert costly.strategy("hybrid", tree="auto", tree_node_cost=0).node_cost == 0
         assert costly.strategy("eagle-copy", tree_budget=5).tree_budget == 5
-    dense_eagle = default_engine.artifacts.eagle(None).settings.budget  # fp32: near-flat passes
+    dense_eagle = default_engine.artifacts.load("eagle", None).settings.budget  # fp32: near-flat passes
     assert default_engine.strategy("prompt-lookup").num_draft_tokens == 8
     assert default_engine.strategy("hybrid", tree="auto").node_cost == 0
     assert default_engine.strategy("eagle-copy").tree_budget == dense_eagle != QUANTIZED_EAGLE_BUDGET
@@ -201,10 +201,11 @@ def test_trained_drafters_run_like_their_target(engines):
 
     for name, kind in (("int4", IntegerLinear), (EAGER, PackedLinear)):
         artifacts = engines[name].artifacts
-        eagle, kangaroo = artifacts.eagle(None), artifacts.kangaroo(None)
+        eagle, kangaroo = artifacts.load("eagle", None), artifacts.load("kangaroo", None)
         for linear in (eagle.head.fc, eagle.head.layer.mlp.down_proj, eagle.scorer, kangaroo.adapter.self_attn.qkv_proj,
                        kangaroo.scorer):
             assert isinstance(linear, kind), (name, type(linear))
-    assert engines["int4"].artifacts.eagle(None).scorer.bits == 8
+    int4_eagle, eager_eagle = (engines[name].artifacts.load("eagle", None) for name in ("int4", EAGER))
+    assert int4_eagle.scorer.bits == 8
     # What the stats say a draft step reads follows: a byte a weight, not fp32's four.
-    assert engines["int4"].artifacts.eagle(None).pass_bytes * 4 == engines[EAGER].artifacts.eagle(None).pass_bytes
+    assert int4_eagle.pass_bytes * 4 == eager_eagle.pass_bytes

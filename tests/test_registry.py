@@ -1,13 +1,17 @@
-"""A speculative method defined here, outside specee, is registered and then used by name from the
+"""Speculative methods defined here, outside specee, are registered and then used by name from the
 engine, the command line and a server request, with no edit anywhere else: the registry is the one
-list of methods."""
+list of methods. A trained one is its drafter, its file's loader and two registration lines: the
+artifact store loads it by kind, knowing no drafter."""
 import json
 
 import pytest
+import torch
 from fastapi.testclient import TestClient
 
 import specee
 from helpers import tiny_model_directory
+from specee.artifact_header import ArtifactKind
+from specee.artifact_store import LOADERS, ArtifactLoader, register_artifact
 from specee.cli import build_parser, main
 from specee.drafters.base import Proposer
 from specee.drafters.registry import METHODS, Drafting, SpecMethod, register
@@ -24,6 +28,40 @@ class RepeatLast(Proposer):
 
     def propose(self, context, max_tokens):
         return Draft.chain([context[-1]] * max_tokens)
+
+
+# A trained drafter: a table of which token followed which in the text it was trained on.
+BIGRAMS = ArtifactKind("specee-toy-bigrams", 1, "toy bigram table", "bigrams_of", fingerprint_of="tokenizer")
+
+
+class Bigrams(Proposer):
+    def __init__(self, follows: dict[int, int]) -> None:
+        self.follows = follows
+
+    def propose(self, context, max_tokens):
+        tokens = []
+        while len(tokens) < max_tokens and (token := self.follows.get((context + tokens)[-1])) is not None:
+            tokens.append(token)
+        return Draft.chain(tokens)
+
+
+def bigrams_of(ids: list[int], path, fingerprint: str) -> None:
+    """Train: the token after each one in `ids` (the latest wins), saved as [pairs, 2]."""
+    BIGRAMS.save(path, fingerprint, {"pairs": torch.tensor(list(dict(zip(ids, ids[1:])).items()))})
+
+
+def load_bigrams(path, store) -> dict[int, int]:
+    return dict(BIGRAMS.load(path, store.tokenizer.fingerprint)["pairs"].tolist())
+
+
+@pytest.fixture(scope="module", autouse=True)
+def toy_trained():
+    loader = register_artifact(ArtifactLoader("toy-bigrams", load_bigrams, "toy-bigrams needs --drafter FILE",
+                                              train="bigrams_of"))
+    method = register(SpecMethod("toy-bigrams", lambda config, artifacts: Drafting(
+        lambda: Bigrams(artifacts.load("toy-bigrams", config.drafter)), num_draft_tokens=4), options=("drafter",)))
+    yield
+    del METHODS[method.name], LOADERS[loader.name]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -52,6 +90,23 @@ def test_the_engine_runs_a_registered_method_by_name_losslessly(engine):
         accepted += toy.stats.draft_tokens_accepted
         proposed += toy.stats.draft_tokens_proposed
     assert 0 < accepted < proposed  # its drafts were verified, some kept and some refused
+
+
+def test_the_engine_runs_a_registered_trained_method_losslessly(engine, tmp_path):
+    with pytest.raises(ValueError, match=r"toy-bigrams needs --drafter FILE: specee bundles none for this model "
+                                         r"\(train one with `bigrams_of --out FILE`\)"):
+        engine.strategy("toy-bigrams")
+    options = dict(max_tokens=MAX_TOKENS, ignore_eos=True, chat=False)
+    dense = [engine.generate(prompt, spec_method="none", **options).token_ids for prompt in PROMPTS]
+    path = tmp_path / "bigrams.pt"
+    bigrams_of(engine.encode(PROMPTS[0], chat=False) + dense[0], path, engine.tokenizer.fingerprint)
+    for prompt, expected in zip(PROMPTS, dense):
+        trained = engine.generate(prompt, spec_method="toy-bigrams", drafter=str(path), **options)
+        assert trained.token_ids == expected
+        assert trained.stats.draft_tokens_proposed > 0
+    assert trained.stats.draft_tokens_accepted < trained.stats.draft_tokens_proposed  # the table is not the model
+    first = engine.generate(PROMPTS[0], spec_method="toy-bigrams", drafter=str(path), **options)
+    assert first.stats.draft_tokens_accepted > MAX_TOKENS // 2  # drafts from the text it was trained on
 
 
 def test_capabilities_a_method_leaves_out_are_refused(engine):

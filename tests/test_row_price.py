@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from specee.decoding.builder import COSTLY_ROW, DEAR_ROW, resolve
-from specee.decoding.config import SpecConfig
 from specee.model.quantize import extra_row_cost
+from specee.strategies.builder import COSTLY_ROW, DEAR_ROW, resolve
+from specee.strategies.config import SpecConfig
 
 # SmolLM2-135M-Instruct
 LAYERS, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN, VOCAB = 30, 576, 9, 3, 64, 1536, 49152

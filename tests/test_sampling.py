@@ -3,10 +3,10 @@ import pytest
 import torch
 
 from helpers import tiny_model
-from specee.decoding.autoregressive import Autoregressive
-from specee.decoding.base import DecodeState
 from specee.sampling import Sampler, SamplingParams, processed_probs
 from specee.stats import GenerationStats
+from specee.strategies.base import DecodeState
+from specee.strategies.dense import Autoregressive
 
 
 def sample_tokens(model, params, n=20, prompt=(1, 2, 3)):

@@ -17,17 +17,17 @@ import pytest
 import torch
 
 from helpers import chi_square_p_value, first_tokens, tiny_model
-from specee.decoding.base import DecodeState
-from specee.decoding.speculative import Speculative
+from specee.drafters.auto import AutoDrafter
 from specee.drafters.draft_model import DraftModel
 from specee.drafters.eagle import EagleArtifact, EagleDrafter, EagleHead, EagleModel
 from specee.drafters.kangaroo import Adapter, KangarooArtifact, KangarooDrafter, KangarooModel, KangarooSettings
-from specee.model.fingerprint import weights_fingerprint
-from specee.drafters.auto import AutoDrafter
 from specee.drafters.ngram import NgramModel
 from specee.drafters.prompt_lookup import PromptLookup
+from specee.model.fingerprint import weights_fingerprint
 from specee.sampling import Sampler, SamplingParams, processed_probs
 from specee.stats import GenerationStats
+from specee.strategies.base import DecodeState
+from specee.strategies.speculative import Speculative
 from specee.verification.draft import Draft
 from specee.verification.tree import static_tree
 

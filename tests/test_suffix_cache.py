@@ -7,8 +7,8 @@ import pytest
 
 from helpers import tiny_model
 from specee.drafters.suffix_cache import KEY_TOKENS, MAX_MATCH, RECENT_OCCURRENCES, SuffixCache, hit_rate
-from specee.decoding.autoregressive import Autoregressive
 from specee.engine import Engine
+from specee.strategies.dense import Autoregressive
 
 
 def brute_force(documents: list[list[int]], context: list[int], limit: int):

@@ -29,7 +29,7 @@ class SamplingOptions:
 
 
 def add_sampling_options(p: argparse.ArgumentParser) -> None:
-    from ..decoding.config import add_flags as add_decoding_flags
+    from ..strategies.config import add_flags as add_decoding_flags
     from ..drafters.registry import (
         METHODS,  # importing the drafters registers the built-in methods
     )
@@ -45,7 +45,7 @@ def sampling_kwargs(args) -> dict:
 def validate_sampling(args) -> None:
     """Checked before the model loads, so bad flags fail in milliseconds; sets args.config, the
     decoding configuration."""
-    from ..decoding.config import from_flags
+    from ..strategies.config import from_flags
     from ..sampling import SamplingParams
 
     try:

@@ -145,7 +145,7 @@ def options_from_config(given: dict) -> argparse.Namespace:
     """`specee serve`'s options from a Ray Serve config's `args` (the flags' names with underscores;
     what is left out keeps the flag's default), each value converted and checked as its flag's text
     would be, then all of them as the command checks them."""
-    from ..decoding.config import all_fields, flag, keyword, value_type
+    from ..strategies.config import all_fields, flag, keyword, value_type
 
     defaults = argparse.ArgumentParser(add_help=False)
     add_arguments(defaults)

@@ -163,7 +163,7 @@ def train_kangaroo(args) -> int:
 
 
 def train_exits(args) -> int:
-    from ..exits.builder import exit_candidates
+    from ..strategies.builder import exit_candidates
     from ..train.exits import ExitTrainConfig
     from ..train.exits import train_exits as train
 

@@ -259,7 +259,7 @@ def reaching(rates: list[float], factor: float, floor: float = 0.0) -> list[floa
 def _auto_method(config, artifacts) -> Drafting:
     table = None
     try:  # the table is used where one exists for this model's tokenizer
-        table = artifacts.ngram(config.ngram_model)
+        table = artifacts.load("ngram", config.ngram_model)
     except ValueError:
         if config.ngram_model is not None:
             raise

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from ..artifact_store import ArtifactLoader, register_artifact
+from ..loader import dtype_name, load_parts
 from ..model.cache import KVCache
 from ..model.llama import Transformer
 from ..sampling import Sampler
@@ -132,21 +134,43 @@ class StagedDraft(Proposer):
         self.inner.update(context, num_accepted)
 
 
+def draft_weights(artifacts, spec: str | None) -> tuple[Transformer, int | None]:
+    """(draft weights, layers to use: None for all) for a path or "self:L"."""
+    if spec is None:
+        raise ValueError("the draft and staged methods need --draft-model PATH or --draft-model self:L")
+    if spec.startswith("self:"):
+        try:
+            return artifacts.model, int(spec.removeprefix("self:"))
+        except ValueError:
+            raise ValueError(f"--draft-model {spec!r}: write self:L with L a number of layers") from None
+    return artifacts.load("draft", spec), None
+
+
+def _load_draft_model(path: str, artifacts) -> Transformer:
+    """A separate draft model, loaded like the target, which must share its tokenizer."""
+    target = artifacts.model
+    parts = load_parts(path, dtype=dtype_name(target.dtype), device=target.device.type)
+    if parts.tokenizer.vocab != artifacts.tokenizer.vocab:
+        raise ValueError(f"draft model {path!r} does not share the target's tokenizer")
+    return parts.model
+
+
 def _draft_method(config, artifacts) -> Drafting:
-    model, layers = artifacts.draft_model(config.draft_model)
+    model, layers = draft_weights(artifacts, config.draft_model)
     vocab_size = artifacts.model.config.vocab_size
     return Drafting(lambda: DraftModel(model, layers, config.confidence_threshold, vocab_size))
 
 
 def _staged_method(config, artifacts) -> Drafting:
     """The draft model sped up by a cheap proposer: the n-gram table when given, else prompt lookup."""
-    model, layers = artifacts.draft_model(config.draft_model)
-    table = artifacts.ngram(config.ngram_model) if config.ngram_model else None
+    model, layers = draft_weights(artifacts, config.draft_model)
+    table = artifacts.load("ngram", config.ngram_model) if config.ngram_model else None
     vocab_size = artifacts.model.config.vocab_size
     return Drafting(lambda: StagedDraft(DraftModel(model, layers, vocab_size=vocab_size),
                                         NgramProposer(table) if table else PromptLookup()))
 
 
+register_artifact(ArtifactLoader("draft", _load_draft_model, "the draft and staged methods need --draft-model PATH"))
 # The target's first 6 layers as the draft model (alone, or sped up by prompt lookup).
 register(SpecMethod("draft", _draft_method, scored=True, bench={"draft-self": {"draft_model": "self:6"}}))
 register(SpecMethod("staged", _staged_method, bench={"staged": {"draft_model": "self:6"}}))

@@ -19,7 +19,8 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from ..artifact_header import ArtifactKind
+from ..artifact_header import ArtifactKind, TrainedArtifact
+from ..artifact_store import ArtifactLoader, register_artifact
 from ..model.cache import KVCache
 from ..model.config import LlamaConfig
 from ..model.llama import DecoderLayer, Transformer
@@ -28,7 +29,7 @@ from ..verification.draft import Draft
 from .base import Proposer
 from .prompt_lookup import PromptLookup
 from .registry import Drafting, SpecMethod, register
-from .trained import TrainedArtifact, drafter_cache, load_trained
+from .trained import drafter_cache, load_trained
 
 
 class EagleHead(nn.Module):
@@ -214,7 +215,7 @@ def _eagle_method(copy: bool):
         """The head's own tree, shaped by the settings stored in its artifact unless options
         override them; with `copy`, prompt lookup's copies mixed in, which may run deeper than the
         head drafts (the head still stops at `depth`)."""
-        eagle = artifacts.eagle(config.drafter)
+        eagle = artifacts.load("eagle", config.drafter)
         settings = eagle.settings
         depth = config.num_draft_tokens or settings.depth
         width = config.tree_width or settings.width
@@ -231,6 +232,8 @@ def _eagle_method(copy: bool):
     return build
 
 
+register_artifact(ArtifactLoader("eagle", lambda path, store: EagleModel(store.model, EagleArtifact.load(path, store.model)),
+                                 "the eagle method needs --drafter FILE"))
 register(SpecMethod("eagle", _eagle_method(copy=False), own_tree=True, options=("drafter",), bench={"eagle": {}}))
 register(SpecMethod("eagle-copy", _eagle_method(copy=True), own_tree=True, options=("drafter", "copy_alone"),
                     bench={"eagle-copy": {}}))

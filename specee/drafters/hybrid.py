@@ -41,7 +41,7 @@ class Hybrid(Proposer):
 
 
 def _hybrid_method(config, artifacts) -> Drafting:
-    table, n = artifacts.ngram(config.ngram_model), config.num_draft_tokens
+    table, n = artifacts.load("ngram", config.ngram_model), config.num_draft_tokens
     return Drafting(lambda: Hybrid(PromptLookup(num_draft_tokens=n), NgramProposer(table, n, config.confidence_threshold),
                                    config.min_copy_match))
 

@@ -22,7 +22,8 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from ..artifact_header import ArtifactKind
+from ..artifact_header import ArtifactKind, TrainedArtifact
+from ..artifact_store import ArtifactLoader, register_artifact
 from ..model.cache import KVCache
 from ..model.config import LlamaConfig
 from ..model.llama import Attention, RMSNorm, Transformer
@@ -30,7 +31,7 @@ from ..sampling import Sampler
 from ..verification.draft import Draft
 from .base import Proposer
 from .registry import Drafting, SpecMethod, register
-from .trained import TrainedArtifact, drafter_cache, load_trained
+from .trained import drafter_cache, load_trained
 
 
 class Adapter(nn.Module):
@@ -168,7 +169,7 @@ def _kangaroo_method(config, artifacts) -> Drafting:
     """Chains through the shared shallow layers; eta and gamma from the artifact unless given."""
     if config.tree is not None:
         raise ValueError("kangaroo drafts chains: leave the tree option out")
-    kangaroo = artifacts.kangaroo(config.drafter)
+    kangaroo = artifacts.load("kangaroo", config.drafter)
     settings = kangaroo.settings
     gamma = config.num_draft_tokens or settings.gamma
     eta = settings.eta if config.confidence_threshold is None else config.confidence_threshold
@@ -176,4 +177,7 @@ def _kangaroo_method(config, artifacts) -> Drafting:
                     shallow_layers=settings.layers)
 
 
+register_artifact(ArtifactLoader(
+    "kangaroo", lambda path, store: KangarooModel(store.model, KangarooArtifact.load(path, store.model)),
+    "the kangaroo method needs --drafter FILE"))
 register(SpecMethod("kangaroo", _kangaroo_method, scored=True, options=("drafter",), bench={"kangaroo": {}}))

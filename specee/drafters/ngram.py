@@ -20,6 +20,7 @@ import torch
 from tqdm import tqdm
 
 from ..artifact_header import ArtifactKind
+from ..artifact_store import ArtifactLoader, register_artifact
 from ..verification.draft import Draft
 from .base import Proposer
 from .registry import Drafting, SpecMethod, register
@@ -297,8 +298,10 @@ class NgramProposer(Proposer):
 
 
 def _ngram_method(config, artifacts) -> Drafting:
-    table = artifacts.ngram(config.ngram_model)
+    table = artifacts.load("ngram", config.ngram_model)
     return Drafting(lambda: NgramProposer(table, config.num_draft_tokens, config.confidence_threshold))
 
 
+register_artifact(ArtifactLoader("ngram", lambda path, store: NgramModel.load(path, store.tokenizer.fingerprint),
+                                 "the ngram method needs --ngram-model FILE"))
 register(SpecMethod("ngram", _ngram_method, scored=True, bench={"ngram": {}, "ngram-tree": {"tree": "auto"}}))

@@ -1,6 +1,6 @@
 """Speculative methods by name, each registered by its drafter's module (importing `specee.drafters`
 registers the built-in ones). The builder, the CLI, the server and the bench read this table, so a
-new drafter is one module that calls `register`."""
+new drafter is one module that calls `register` (and `register_artifact`, if it loads a file)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -29,8 +29,8 @@ class SpecMethod:
     name: str
     # (config, artifacts) -> Drafting. `config`: the checked, resolved SpecConfig (a trained
     # drafter's sizes unset unless the user set them); `artifacts`: the engine's ArtifactStore
-    # (tables and models, loaded once; .model, .tokenizer). It loads what it needs now, so a bad
-    # path fails before any generation.
+    # (.model, .tokenizer; `load(kind, path)` gives an artifact whose module registered its loader,
+    # loaded once). It loads what it needs now, so a bad path fails before any generation.
     build: Callable[[Any, Any], Drafting]
     scored: bool = False  # a probability per drafted token, which confidence_threshold reads
     own_tree: bool = False  # drafts its own dynamic tree: the tree option does not apply

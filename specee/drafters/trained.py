@@ -1,5 +1,6 @@
-"""What trained self-drafters (the EAGLE head, the Kangaroo adapter) share: the artifact file that
-ties weights to one target model, the scorer over a reduced vocabulary, and a small KV cache.
+"""What trained self-drafters (the EAGLE head, the Kangaroo adapter) share: weights loaded to run
+like the target, the scorer over a reduced vocabulary, and a small KV cache (their file is
+artifact_header's TrainedArtifact).
 
 Reduced vocabulary: a drafter scores only the N tokens the model emits most often (the output
 head costs as much as eight of the default model's 30 layers). A token outside them is never
@@ -7,54 +8,17 @@ drafted, so verification stays exact.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, ClassVar
-
 import torch
 from torch import nn
 
-from ..artifact_header import ArtifactKind
+from ..artifact_header import TrainedArtifact
 from ..model.cache import KVCache
 from ..model.cpu_packing import PackedLinear, pack_linears, packing_available
 from ..model.quantize import int8_linears
-from ..model.fingerprint import weights_fingerprint
 from ..model.llama import MLP, RMSNorm, Transformer
 
 # Drafter-cache slots allocated at the start of a generation; the cache grows when it fills.
 INITIAL_CACHE_SLOTS = 512
-
-
-@dataclass
-class TrainedArtifact:
-    """A trained drafter for one model: its weights, the reduced vocabulary, its drafting settings
-    (chosen by measurement) and how it was made. Subclasses name the format and the settings."""
-
-    HEADER: ClassVar[ArtifactKind]
-    SETTINGS: ClassVar[type]
-
-    weights: dict
-    vocab: torch.Tensor  # [N] token ids the drafter scores, most frequent first
-    fingerprint: str
-    settings: Any = None
-    info: dict = field(default_factory=dict)  # corpus, licence, training figures
-
-    def __post_init__(self) -> None:
-        if self.settings is None:
-            self.settings = self.SETTINGS()
-
-    def save(self, path: str | Path) -> None:
-        # "head": the drafter's own trained weights (the key predates the adapter)
-        self.HEADER.save(path, self.fingerprint, {
-            "head": {k: v.detach().to("cpu", torch.float16) for k, v in self.weights.items()},
-            "vocab": self.vocab.to(torch.int32)}, self.info, vars(self.settings))
-
-    @classmethod
-    def load(cls, path: str | Path, model: Transformer):
-        """The drafter trained for `model`; a file for another model (or of another kind) is a ValueError."""
-        saved = cls.HEADER.load(path, weights_fingerprint(model))
-        return cls(saved["head"], saved["vocab"].long(), saved["fingerprint"], cls.SETTINGS(**saved["settings"]),
-                   saved["info"])
 
 
 def load_trained(module: nn.Module, artifact: TrainedArtifact, target: Transformer

@@ -13,10 +13,10 @@ from typing import Callable
 
 import torch
 
-from ..decoding.base import Strategy
 from ..drafters.registry import METHODS
 from ..engine import Engine
 from ..sampling import SamplingParams
+from ..strategies.base import Strategy
 
 LLAMA_CPP_INSTALL = "pip install 'specee[llamacpp]' (builds llama.cpp from source, ~15 minutes on 2 cores)"
 

@@ -12,13 +12,13 @@ from typing import Iterator
 
 import torch
 
-from ..decoding.speculative import MAX_DRAFT_NODES
 from ..engine import Engine
-from ..exits.autoregressive import EarlyExit
-from ..exits.runner import ExitPass
-from ..exits.speculative import ExitVerifier, SpeculativeExit
 from ..model.llama import Transformer
 from ..stats import GenerationStats
+from ..strategies.early_exit import EarlyExit
+from ..strategies.exit_pass import ExitPass
+from ..strategies.speculative import MAX_DRAFT_NODES
+from ..strategies.speculative_exit import ExitVerifier, SpeculativeExit
 from ..verification.draft import Draft
 from ..verification.tree import TreeLayout
 
@@ -38,7 +38,7 @@ def teacher_forced(strategy: EarlyExit | SpeculativeExit, model: Transformer, id
     contexts = [ids[: t + 1] for t in range(prefix, len(ids) - 1)]
     with torch.inference_mode():
         cache = model.new_cache(len(ids) + MAX_DRAFT_NODES + 1)
-        _, hidden, shallow = model.prefill(ids[:prefix], cache, getattr(strategy, "shallow_layers", None))
+        _, hidden, shallow = model.prefill(ids[:prefix], cache, strategy.shallow_layers)
         runner = ExitPass(model, cache, strategy.make_policy(), strategy.kv, stats)
         logits = torch.cat(list(_passes(strategy, runner, contexts, hidden, shallow)))
     return logits, stats
@@ -50,9 +50,9 @@ def _passes(strategy: EarlyExit | SpeculativeExit, runner: ExitPass, contexts: l
     token and the draft after it (none for plain decoding), as decoding runs it: the root row's,
     where the pass settled. The pass's other rows are then forgotten, as after a step that
     accepted no draft token."""
-    spec, prompt = getattr(strategy, "speculative", None), contexts[0][:-1]
+    spec, prompt = strategy.speculative, contexts[0][:-1]
     proposer = spec.start_proposer(prompt, None, runner.cache, hidden, shallow) if spec else None
-    verifier = ExitVerifier(strategy.candidates, runner, prompt, None, getattr(strategy, "shallow_layers", None))
+    verifier = ExitVerifier(strategy.candidates, runner, prompt, None, strategy.shallow_layers)
     for t, context in enumerate(contexts):
         verifier.update(context, 0)
         if proposer is not None and t:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
+from typing import Protocol
 
 import torch
 
@@ -13,6 +14,19 @@ from .registry import ExitKind, register_exit
 from .scheduler import LayerScheduler
 
 RULE_CANDIDATES = 4
+
+
+class ExitPolicy(Protocol):
+    """What a pass with exits (strategies/exit_pass.py) asks a policy, layer by layer."""
+
+    def active(self) -> list[bool]: ...  # [layers - 1]: whose decision runs for the next pass
+    # Per row: features [T, 3K], candidate softmax [T, K], the drafter's probability of each row's
+    # first candidate [T] -> whether the row's policy asks to exit [T] (bool).
+    def fires(self, layer: int, features: torch.Tensor, probs: torch.Tensor, drafter_probs: torch.Tensor) -> torch.Tensor: ...
+    # After the full head ran on fired rows: logits [n, vocab], each row's first candidate [n] and
+    # the drafter's probability of it [n] -> whether the exit stands [n] (bool).
+    def confirms(self, logits: torch.Tensor, first: torch.Tensor, drafter_probs: torch.Tensor) -> torch.Tensor: ...
+    def exited(self, layer: int) -> None: ...
 
 
 class LearnedExit:
@@ -109,7 +123,7 @@ def rule_settings(rule: str | None) -> RuleSettings:
 
 
 def _learned(config, artifacts, num_layers: int):
-    artifact, predictors = artifacts.exit_predictors(config.predictors)
+    artifact, predictors = artifacts.load("exits", config.predictors)
     if predictors.num_layers != num_layers:
         raise ValueError(f"the exit predictors cover {predictors.num_layers} layers, the model has {num_layers + 1}")
     threshold = artifact.settings.threshold if config.threshold is None else config.threshold

@@ -13,8 +13,8 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from ..artifact_header import ArtifactKind
-from ..drafters.trained import TrainedArtifact
+from ..artifact_header import ArtifactKind, TrainedArtifact
+from ..artifact_store import ArtifactLoader, register_artifact
 
 HIDDEN = 512
 
@@ -71,3 +71,12 @@ class ExitArtifact(TrainedArtifact):
         module = ExitPredictors(*self.weights["w1"].shape)  # [layers, features, hidden]
         module.load_state_dict({k: v.float() for k, v in self.weights.items()})
         return module.to(device).eval().requires_grad_(False)
+
+
+def load_predictors(path, store) -> tuple[ExitArtifact, ExitPredictors]:
+    """The artifact and its predictors on the model's device."""
+    artifact = ExitArtifact.load(path, store.model)
+    return artifact, artifact.predictors(store.model.device)
+
+
+register_artifact(ArtifactLoader("exits", load_predictors, "--exit specee needs --exit-predictors FILE"))

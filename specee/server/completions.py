@@ -7,8 +7,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from ..decoding.config import SpecConfig
 from ..engine import Engine, Event, Generation, Result, TokenLogprob
+from ..strategies.config import SpecConfig
 from ..text_stream import TextStream
 from .schemas import BadRequest, ChatRequest, CompletionRequest, Sampling
 from .tools import CallReader, ToolPlan, knows_tools
@@ -73,7 +73,7 @@ class Planner:
                 raise BadRequest(f"logit_bias: token {max(request.token_bias)} is outside the vocabulary (ids 0.."
                                  f"{vocab - 1})", param="logit_bias", code="invalid_value")
             options["logit_bias"] = request.token_bias
-        if getattr(strategy, "greedy_only", False) and options.get("temperature", 0) > 0:
+        if strategy.greedy_only and options.get("temperature", 0) > 0:
             raise BadRequest(f"{strategy.name} runs greedy only: use temperature 0", param="temperature",
                              code="invalid_value")
         if request.logprobs_asked is not None:
@@ -82,7 +82,7 @@ class Planner:
             options["prompt_logprobs"] = request.prompt_logprobs_asked
         if request.specee is not None and request.specee.prefix_cache is False:
             options["prefix_cache"] = False
-        if not getattr(strategy, "full_logits", True):  # early exits
+        if not strategy.full_logits:  # early exits
             asked = [name for name in ("presence_penalty", "frequency_penalty", "logit_bias") if options.get(name)]
             asked += ["logprobs"] if "logprobs" in options or "prompt_logprobs" in options else []
             asked += [grammar[1]] if grammar else []

@@ -7,12 +7,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ..decoding.config import request_schema
 from ..drafters.registry import find_method
 from ..exits.registry import find_exit
 from ..grammar import Grammar, strict_schema
-from .calls import DEFAULT_MAX_TOOL_CALLS, MAX_TOOL_CALLS
 from ..sampling import MAX_LOGIT_BIAS, MAX_PENALTY, MAX_TOP_LOGPROBS
+from ..strategies.config import request_schema
+from .calls import DEFAULT_MAX_TOOL_CALLS, MAX_TOOL_CALLS
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 MAX_CHOICES = 16  # n: each choice holds a batch slot while it runs
@@ -29,7 +29,7 @@ class Strict(BaseModel):
 
 
 # The `specee` extension field: speculative and early-exit options for this request, declared in
-# decoding/config.py. A request that names a spec_method replaces the server's defaults; one that
+# strategies/config.py. A request that names a spec_method replaces the server's defaults; one that
 # does not adjusts them. Paths to tables, draft models or exit predictors are server flags only, so
 # a client cannot make the server read its files.
 SpecOptions = request_schema(Strict, {"spec_method": find_method, "exit": find_exit})

@@ -181,7 +181,7 @@ def choose_settings(module: ExitPredictors, data: ExitData, rows: torch.Tensor, 
 def train_exits(engine: Engine, out: Path, candidates: Candidates, corpus_files: list[str] = (),
                 use_sharegpt: bool = True, config: ExitTrainConfig | None = None) -> ExitArtifact:
     """Collect, train, choose the threshold and layers, save. `candidates` are made exactly as
-    decoding makes them (exits.builder.exit_candidates)."""
+    decoding makes them (strategies.builder.exit_candidates)."""
     cfg = config or ExitTrainConfig()
     model = engine.model
     began = time.perf_counter()

@@ -22,17 +22,18 @@ from typing import Callable, Iterator
 
 import torch
 
-from ..decoding.base import DecodeState, Step
-from ..decoding.speculative import Speculative, Verified, keep_path
+from ..exits.candidates import Candidates
+from ..exits.policy import ExitPolicy
 from ..verification.acceptance import accept_greedy
 from ..verification.draft import Draft
 from ..verification.tree import TreeLayout
-from .candidates import Candidates
-from .runner import Check, ExitPass, ExitPolicy, Settle
+from .base import DecodeState, Step, Strategy
+from .exit_pass import Check, ExitPass, Settle
+from .speculative import Speculative, Verified, keep_path
 
 
 @dataclass(eq=False)
-class SpeculativeExit:
+class SpeculativeExit(Strategy):
     speculative: Speculative
     candidates: Candidates
     make_policy: Callable[[], ExitPolicy]

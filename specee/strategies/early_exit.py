@@ -9,16 +9,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from ..decoding.base import DecodeState, Step
+from ..exits.candidates import Candidates
+from ..exits.policy import ExitPolicy
 from ..verification.draft import Draft
 from ..verification.tree import TreeLayout
-from .candidates import Candidates
-from .runner import ExitPass, ExitPolicy
-from .speculative import ExitVerifier
+from .base import DecodeState, Step, Strategy
+from .exit_pass import ExitPass
+from .speculative_exit import ExitVerifier
 
 
 @dataclass(eq=False)
-class EarlyExit:
+class EarlyExit(Strategy):
     """Autoregressive decoding with early exits; a recipe like Speculative (fresh drafter and
     policy per generation)."""
 
@@ -28,7 +29,7 @@ class EarlyExit:
     name: str = "exit"
     lossless = False
     full_logits = False
-    reads_features = False
+    speculative = None  # no drafter: each pass verifies an empty draft
 
     def decode(self, state: DecodeState) -> Iterator[Step]:
         tokens, stats = state.tokens, state.stats

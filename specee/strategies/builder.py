@@ -1,18 +1,33 @@
-"""Turn user options (CLI flags or API keywords) into a speculative decoding strategy.
+"""Turn user options (CLI flags or API keywords, a SpecConfig) into a decoding strategy: dense, a
+registered speculative method, or exits of a registered kind in either.
 
-Tables and draft models come from the engine's ArtifactStore, loaded once and shared read-only;
-the strategy builds a fresh proposer for every generation, so requests never share drafting state.
+Tables, draft models and predictors come from the engine's ArtifactStore, loaded once and shared
+read-only; the strategy builds a fresh proposer and policy for every generation, so requests never
+share drafting state.
+
+Exit candidates come from the free drafter (prompt lookup, else the model's trigram table: the one
+named, or the one bundled for its tokenizer): a trained drafter would cost a pass of its own per
+token, more than exits can save on this model.
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
 from ..artifact_store import ArtifactStore
+from ..drafters.hybrid import Hybrid
+from ..drafters.ngram import NgramProposer
+from ..drafters.prompt_lookup import PromptLookup
 from ..drafters.registry import SpecMethod, find_method
+from ..exits.candidates import Candidates
+from ..exits.registry import find_exit
 from ..model.llama import Transformer
 from ..verification.tree import StaticTree, parse_tree_paths, static_tree
-from .config import SpecConfig
+from .base import Strategy
+from .config import ExitConfig, SpecConfig
+from .dense import Autoregressive
+from .early_exit import EarlyExit
 from .speculative import Speculative
+from .speculative_exit import SpeculativeExit
 
 # Where one more verified row costs at least COSTLY_ROW of a one-token pass (the model says, as
 # `extra_row_cost`), drafts are smaller: shorter chains, tree nodes that must pay for their cost,
@@ -36,6 +51,14 @@ DEAR_TREE_NODE_COST = 0.5
 DEFAULTS = dict(num_draft_tokens=8, tree_budget=4, tree_width=4, tree_min_prob=0.0, tree_node_cost=0.0,
                 confidence_threshold=0.0)
 ARTIFACT_SIZES = ("num_draft_tokens", "tree_budget", "tree_width", "tree_min_prob", "confidence_threshold")
+
+
+def build_strategy(config: SpecConfig, artifacts: ArtifactStore) -> Strategy:
+    """The strategy for a checked configuration: dense, speculative, or either under exits."""
+    speculative = None if config.method == "none" else build_speculative(artifacts, config)
+    if config.exit.kind != "none":
+        return build_early_exit(artifacts, config.exit, speculative, config.ngram_model)
+    return Autoregressive() if speculative is None else speculative
 
 
 def resolve(config: SpecConfig, model: Transformer) -> SpecConfig:
@@ -81,3 +104,25 @@ def build_speculative(artifacts: ArtifactStore, config: SpecConfig) -> Speculati
                        budget, width, config.adaptive if drafting.adaptive is None else drafting.adaptive, name,
                        tree_min_prob=config.tree_min_prob or 0.0, node_cost=config.tree_node_cost,
                        shallow_layers=drafting.shallow_layers)
+
+
+def build_early_exit(artifacts: ArtifactStore, config: ExitConfig, speculative: Speculative | None = None,
+                     ngram_model: str | None = None) -> EarlyExit | SpeculativeExit:
+    """Exits of the registered kind `config.kind` in plain decoding, or inside the verification
+    passes of `speculative`; candidates from the table `ngram_model` (default: the bundled one)."""
+    num_layers = artifacts.model.config.num_hidden_layers - 1  # layers with a decision (the last needs none)
+    make_policy, k = find_exit(config.kind).build(config, artifacts, num_layers)
+    kv = config.kv or "exact"
+    name = f"exit-{config.kind}" + ("-approx" if kv == "approx" else "")
+    candidates = exit_candidates(artifacts, k, ngram_model)
+    if speculative is not None:
+        return SpeculativeExit(speculative, candidates, make_policy, kv, name=f"{speculative.name}+{name}")
+    return EarlyExit(candidates, make_policy, kv, name=name)
+
+
+def exit_candidates(artifacts: ArtifactStore, k: int, ngram_model: str | None = None) -> Candidates:
+    """Prompt lookup's and the trigram table's guesses, filled up with the table's most common tokens
+    (decoding and `specee train exits` alike)."""
+    table = artifacts.load("ngram", ngram_model)
+    fallback = [token for token, _ in table.top_k([], k)]
+    return Candidates(lambda: Hybrid(PromptLookup(), NgramProposer(table)), fallback, k)

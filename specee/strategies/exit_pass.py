@@ -15,28 +15,18 @@ from __future__ import annotations
 
 import itertools
 import time
-from typing import Callable, NamedTuple, Protocol
+from typing import Callable, NamedTuple
 
 import torch
 
+from ..exits.features import candidate_logits, exit_features
+from ..exits.policy import ExitPolicy
 from ..model.cache import KVCache
 from ..model.llama import AttentionBias, LayerRows, Passes, Transformer
 from ..model.rope import RopeAngles
 from ..stats import GenerationStats
-from .features import candidate_logits, exit_features
 
 KV_MODES = ("exact", "approx")
-
-
-class ExitPolicy(Protocol):
-    def active(self) -> list[bool]: ...  # [layers - 1]: whose decision runs for the next pass
-    # Per row: features [T, 3K], candidate softmax [T, K], the drafter's probability of each row's
-    # first candidate [T] -> whether the row's policy asks to exit [T] (bool).
-    def fires(self, layer: int, features: torch.Tensor, probs: torch.Tensor, drafter_probs: torch.Tensor) -> torch.Tensor: ...
-    # After the full head ran on fired rows: logits [n, vocab], each row's first candidate [n] and
-    # the drafter's probability of it [n] -> whether the exit stands [n] (bool).
-    def confirms(self, logits: torch.Tensor, first: torch.Tensor, drafter_probs: torch.Tensor) -> torch.Tensor: ...
-    def exited(self, layer: int) -> None: ...
 
 
 class PassResult(NamedTuple):

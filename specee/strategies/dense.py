@@ -6,14 +6,11 @@ from typing import Iterator
 import torch
 
 from ..model.llama import PassRows
-from .base import DecodeState, Step
+from .base import DecodeState, Step, Strategy
 
 
-class Autoregressive:
+class Autoregressive(Strategy):
     name = "dense"
-    lossless = True
-    full_logits = True
-    reads_features = False
 
     def decode(self, state: DecodeState) -> Iterator[Step]:
         model, cache = state.model, state.cache

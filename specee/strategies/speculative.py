@@ -19,9 +19,8 @@ from ..model.llama import PassRows
 from ..verification.acceptance import accept_greedy, accept_sampling
 from ..verification.draft import Draft
 from ..verification.tree import StaticTree, TreeLayout, dynamic_tree
-from .base import DecodeState, Step
+from .base import DecodeState, Step, Strategy
 from .config import MAX_DRAFT_NODES
-
 
 
 @dataclass
@@ -43,12 +42,9 @@ class DraftLength:
         self.current = max(1, min(self.maximum, self.current + step))
 
 
-class Speculative:
+class Speculative(Strategy):
     """A recipe: the options and a way to make a proposer. Each `decode` makes its own proposer,
     so one strategy can serve any number of generations, one after another or at once."""
-
-    lossless = True
-    full_logits = True
 
     def __init__(
         self,

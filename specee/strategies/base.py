@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator, NamedTuple, Protocol
+from typing import Iterator, NamedTuple
 
 import torch
 
@@ -53,20 +53,26 @@ class Step(NamedTuple):
     method: str | None = None
 
 
-class Strategy(Protocol):
-    """A decoding strategy: yields Steps until closed.
+class Strategy:
+    """A decoding strategy: yields Steps until closed. A recipe that holds no generation's state,
+    so one strategy serves any number of generations. What it can do is declared here, with the
+    defaults of dense decoding; the engine and the server read these, never probe for others."""
 
-    A strategy whose drafter shares the target's first layers may also have `shallow_layers`
-    (an int): prefill then hands it the prompt's states after them (DecodeState.shallow)."""
-
-    name: str
-    lossless: bool
+    name: str = "strategy"
+    # Greedy output token-identical to dense decoding, sampling distributed like it: its K/V and
+    # text may be kept for later requests.
+    lossless: bool = True
+    # False where tokens are chosen at a partial depth among a few candidates (early exits): the
+    # request's penalties, logit bias, grammar and log-probabilities, all over the full
+    # vocabulary, then do not apply.
+    full_logits: bool = True
+    greedy_only: bool = False  # acceptance compares argmaxes: temperature 0 only
     # Whether its drafter reads the prompt's last-layer states (DecodeState.hidden): cached prompt
     # blocks must then hold them.
-    reads_features: bool
-    # False where tokens are chosen at a partial depth among a few candidates (early exits): the
-    # request's penalties, logit bias and log-probabilities, all over the full vocabulary, then
-    # do not apply.
-    full_logits: bool
+    reads_features: bool = False
+    # The target's first layers its drafter runs itself (Kangaroo): prefill then hands it the
+    # prompt's states after them (DecodeState.shallow). None: no drafter shares the target's layers.
+    shallow_layers: int | None = None
 
-    def decode(self, state: DecodeState) -> Iterator[Step]: ...
+    def decode(self, state: DecodeState) -> Iterator[Step]:
+        raise NotImplementedError
