@@ -344,11 +344,14 @@ class DecoderLayer(nn.Module):
 
     def forward(self, h: torch.Tensor, angles: RopeAngles, cache: KVCache | list[Segment],
                 mask: torch.Tensor | AttentionBias | None = None) -> torch.Tensor:
-        if self.fused is not None and isinstance(cache, KVCache) and h.dim() == 2 and not h.requires_grad:
+        if self.fused is not None and h.dim() == 2 and not h.requires_grad:
             kernels, stack, index = self.fused
-            group = self.self_attn.num_heads // self.self_attn.num_kv_heads
-            bias = mask if isinstance(mask, AttentionBias) else AttentionBias(mask, len(h), group)
-            return run_fused(kernels, stack, range(index, index + 1), h, angles, cache, bias)
+            if isinstance(cache, KVCache):
+                group = self.self_attn.num_heads // self.self_attn.num_kv_heads
+                bias = mask if isinstance(mask, AttentionBias) else AttentionBias(mask, len(h), group)
+                return run_fused(kernels, stack, range(index, index + 1), h, angles, [Segment(cache, bias, len(h))])
+            if all(isinstance(segment.cache, KVCache) for segment in cache):  # several sequences' rows
+                return run_fused(kernels, stack, range(index, index + 1), h, angles, cache)
         attended = self.self_attn(self.input_layernorm(h), angles, cache, mask)
         h = h + (attended if self.attention_output_norm is None else self.attention_output_norm(attended))
         mixed = self.mlp(self.post_attention_layernorm(h))
