@@ -176,12 +176,18 @@ def test_bad_prompts_are_a_400_naming_the_prompt(client, prompt):
     assert response.status_code == 400 and response.json()["error"]["param"] == "prompt", response.text
 
 
-def test_tokenize_and_detokenize_answer_as_llama_server(client, engine):
+def test_tokenize_and_detokenize_answer_as_llama_server_and_vllm(client, engine):
     text = "the cat sat on the mat, naïve 😀"
     ids = engine.tokenizer.encode(text, add_special_tokens=False)
     for key in ("content", "prompt"):
         assert post(client, "/tokenize", {key: text}).json() == {"tokens": ids}
-    assert post(client, "/detokenize", {"tokens": ids}).json() == {"content": text}
+    assert post(client, "/tokenize", {"prompt": text, "add_special_tokens": False}).json() == {"tokens": ids}
+    assert post(client, "/detokenize", {"tokens": ids}).json() == {"content": text, "prompt": text}
+    # vLLM's /tokenizer_info, which lm-eval's remote tokenizer reads (the special tokens as text)
+    info = client.get("/tokenizer_info").json()
+    assert info["eos_token"] == "<|im_end|>" and info["chat_template"] == engine.tokenizer.chat_template
+    assert info["model_max_length"] == engine.context_length
+    assert post(client, "/tokenize", {"prompt": info["eos_token"]}).json()["tokens"] == engine.tokenizer.eos_token_ids
     for path, body, param in (("/tokenize", {}, None), ("/tokenize", {"content": "a", "prompt": "b"}, None),
                               ("/tokenize", {"content": 3}, "content"), ("/detokenize", {"tokens": [300]}, "tokens"),
                               ("/detokenize", {"tokens": [-1]}, "tokens"), ("/detokenize", {"tokens": "ab"}, "tokens")):
@@ -195,6 +201,8 @@ def test_tokenize_and_detokenize_need_the_key(engine):
         for path, body in (("/tokenize", {"content": "hi"}), ("/detokenize", {"tokens": [5]})):
             assert keyed.post(path, json=body).status_code == 401
             assert keyed.post(path, json=body, headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+        assert keyed.get("/tokenizer_info").status_code == 401
+        assert keyed.get("/tokenizer_info", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
 
 
 # --- 4. Prompt log-probabilities ----------------------------------------------------------------------

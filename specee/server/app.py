@@ -214,11 +214,11 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
 
     @app.post("/tokenize", dependencies=[Depends(require_key)])
     async def tokenize(request: Request) -> dict:
-        """llama-server's route: the text's token ids, as a completion's prompt would have them."""
+        """llama-server's and vLLM's route: the text's token ids, as a completion's prompt would have them."""
         body = parse(TokenizeRequest, await read_json(request, config.body_timeout))
         check_model(body.model)
         try:
-            return {"tokens": engine.tokenizer.encode(body.text, add_special_tokens=body.add_special)}
+            return {"tokens": engine.tokenizer.encode(body.text, add_special_tokens=body.special)}
         except UnicodeError as e:  # lone surrogates
             raise BadRequest(f"cannot encode the text: {e}", code="invalid_value") from None
 
@@ -227,7 +227,17 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
         body = parse(DetokenizeRequest, await read_json(request, config.body_timeout))
         check_model(body.model)
         check_token_ids(engine, body.tokens, "tokens")
-        return {"content": engine.tokenizer.decode(body.tokens, skip_special_tokens=False)}
+        text = engine.tokenizer.decode(body.tokens, skip_special_tokens=False)
+        return {"content": text, "prompt": text}  # llama-server's key and vLLM's
+
+    @app.get("/tokenizer_info", dependencies=[Depends(require_key)])
+    async def tokenizer_info() -> dict:
+        """vLLM's route: what a client needs to tokenize as the server does, through /tokenize
+        (lm-eval's remote tokenizer reads it, so it needs no local copy of the tokenizer)."""
+        tokenizer = engine.tokenizer
+        return {"tokenizer_class": "specee", "bos_token": tokenizer.bos_token, "eos_token": tokenizer.eos_token,
+                "pad_token": None, "chat_template": tokenizer.chat_template,
+                "model_max_length": engine.context_length}
 
     def check_model(model: str | None) -> None:
         if model is not None and model != config.model_id:
