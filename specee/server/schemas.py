@@ -229,6 +229,16 @@ class FunctionCall(Strict):
     name: str
     arguments: str  # JSON text, as OpenAI sends it
 
+    @field_validator("arguments")
+    @classmethod
+    def _shallow(cls, arguments):
+        # JSON inside a string: the body's depth limit never saw it, and the prompt parses it.
+        from .bodies import MAX_JSON_DEPTH, raw_nesting_depth
+
+        if raw_nesting_depth(arguments.encode("utf-8", "surrogatepass")) > MAX_JSON_DEPTH:
+            raise ValueError(f"the arguments nest deeper than {MAX_JSON_DEPTH} levels")
+        return arguments
+
 
 class ToolCall(Strict):
     id: str
