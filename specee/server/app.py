@@ -8,7 +8,7 @@ import json
 import logging
 import socket
 import time
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import AsyncIterator, Callable
@@ -263,7 +263,8 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
             raise BadRequest(f"{e}; retry later", code="queue_full", status=503, kind="server_error") from None
         shaper = Shaper(isinstance(body, ChatRequest), config.model_id, engine, prompts, body.n)
         if body.stream:
-            return StreamingResponse(stream(jobs, inbox, shaper, body.include_usage), media_type="text/event-stream",
+            return StreamingResponse(told_on_failure(stream(jobs, inbox, shaper, body.include_usage)),
+                                     media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         return JSONResponse(shaper.whole(await collect(request, jobs, inbox)))
 
@@ -312,6 +313,19 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
     routes = {route.path for route in app.routes}
     app.add_middleware(CountRequests, metrics=metrics, routes=routes)
     return app
+
+
+async def told_on_failure(chunks: AsyncIterator[str]) -> AsyncIterator[str]:
+    """A stream's chunks; a bug that raises after the headers went out is logged, and the client
+    gets an error event and [DONE] instead of a cut connection."""
+    async with aclosing(chunks):  # a client that leaves closes the inner stream at once (it cancels the jobs)
+        try:
+            async for chunk in chunks:
+                yield chunk
+        except Exception as e:
+            log.error("a streamed answer failed", exc_info=e)
+            yield sse(error_body(f"the answer failed: {type(e).__name__}", "server_error", None, "internal_error"))
+            yield "data: [DONE]\n\n"
 
 
 def sse(payload: dict) -> str:
