@@ -53,7 +53,7 @@ class Planner:
                                  f"{prompt.tools.choice!r} is one", param=grammar[1], code="invalid_value")
             grammar = tool_grammar, "tools"
         room = self.engine.context_length - len(prompt_ids)
-        if room <= 0:
+        if room < 0 or room == 0 and request.token_limit != 0:  # max_tokens 0 scores a prompt that fills the context
             raise BadRequest(f"the prompt has {len(prompt_ids)} tokens but the context is "
                              f"{self.engine.context_length}", param=prompt_param, code="context_length_exceeded")
         max_tokens = request.token_limit
