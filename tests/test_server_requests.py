@@ -87,6 +87,23 @@ def test_a_tools_parameters_schema_nested_too_deep_is_a_400(client):
     assert response.status_code == 400 and response.json()["error"]["param"] == "tools.0.function.parameters"
 
 
+@pytest.mark.parametrize("arguments", ["[" * 5000 + "]" * 5000, '{"a": ' * 100 + "1" + "}" * 100, "[" * 100000],
+                         ids=["arrays", "objects", "unclosed"])
+def test_earlier_call_arguments_nested_too_deep_are_a_400(client, arguments):
+    """JSON inside a string escapes the body's depth limit; the prompt parses it (it was a 500:
+    RecursionError). Past MAX_JSON_DEPTH it is refused, naming the field."""
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    body = {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [call]},
+                         {"role": "tool", "tool_call_id": "c1", "content": "3"}], "max_tokens": 2}
+    response = post(client, ROUTES[0], body)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "messages.1.tool_calls.0.function.arguments"
+    assert f"deeper than {MAX_JSON_DEPTH} levels" in response.json()["error"]["message"]
+    shallow = call | {"function": {"name": "f", "arguments": "[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH}}
+    assert post(client, ROUTES[0], body | {"messages": [body["messages"][0], {"role": "assistant", "tool_calls": [
+        shallow]}, body["messages"][2]]}).status_code == 200
+
+
 @pytest.mark.parametrize("key", ["²", "٣", "３", "1e3", " 3", "-3", "9" * 5000])
 def test_logit_bias_keys_are_ascii_digit_token_ids(client, key):
     response = post(client, ROUTES[1], COMPLETION | {"logit_bias": {key: 5}})
@@ -142,6 +159,31 @@ def test_a_grammar_that_fails_mid_answer_is_an_error_the_client_sees(client):
     events = [line[6:] for line in post(client, ROUTES[1], body | {"stream": True}).text.split("\n\n") if line]
     assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["code"] == "grammar_failed"
     assert all("choices" in json.loads(event) for event in events[:-2])
+
+
+def test_a_stream_that_fails_after_its_headers_ends_with_an_error_event_and_done(client, monkeypatch):
+    """A bug in shaping a chunk, once the 200 and the first chunks went out: the client gets an
+    error event and [DONE] (it was a cut connection), and the server keeps serving."""
+    from specee.server.completions import Shaper
+
+    shaped = Shaper.chunk
+    calls = []
+
+    def failing_on_the_second(self, event, index=0):
+        calls.append(index)
+        if len(calls) == 2:
+            raise RuntimeError("a bug")
+        return shaped(self, event, index)
+
+    monkeypatch.setattr(Shaper, "chunk", failing_on_the_second)
+    response = post(client, ROUTES[0], CHAT | {"max_tokens": 6, "stream": True, "specee": {"spec_method": "none"}})
+    events = [line[6:] for line in response.text.split("\n\n") if line]
+    assert response.status_code == 200 and events[-1] == "[DONE]" and len(events) == 3
+    assert "choices" in json.loads(events[0])
+    assert json.loads(events[1])["error"] == {"message": "the answer failed: RuntimeError", "type": "server_error",
+                                              "param": None, "code": "internal_error"}
+    monkeypatch.undo()
+    assert post(client, ROUTES[0], CHAT | {"stream": True}).text.endswith("data: [DONE]\n\n")
 
 
 # --- 2. Unknown routes ---------------------------------------------------------------------------------
@@ -249,6 +291,17 @@ def test_a_loglikelihood_request_sums_the_continuations_logprobs(client, engine)
     served = sum(answer["choices"][0]["logprobs"]["token_logprobs"][len(context):])
     expected = full_prefill_logprobs(engine, ids)[torch.arange(len(context) - 1, len(ids) - 1), continuation].sum()
     assert served == pytest.approx(expected.item(), rel=1e-6)
+
+
+def test_a_prompt_that_fills_the_context_is_scored_with_max_tokens_0(client, engine):
+    ids = [(7 * i) % 200 + 50 for i in range(engine.context_length)]  # the whole context
+    answer = post(client, ROUTES[1], {"prompt": ids, "max_tokens": 0, "echo": True, "logprobs": 0}).json()
+    expected = full_prefill_logprobs(engine, ids)[torch.arange(len(ids) - 1), ids[1:]]
+    assert answer["choices"][0]["logprobs"]["token_logprobs"][1:] == pytest.approx(expected.tolist(), abs=1e-5)
+    generating = post(client, ROUTES[1], {"prompt": ids, "max_tokens": 1, "echo": True, "logprobs": 0})
+    assert generating.status_code == 400 and generating.json()["error"]["code"] == "context_length_exceeded"
+    over = post(client, ROUTES[1], {"prompt": ids + [5], "max_tokens": 0, "echo": True, "logprobs": 0})
+    assert over.status_code == 400 and over.json()["error"]["code"] == "context_length_exceeded"
 
 
 def test_echo_prepends_the_prompt_and_leaves_the_answer_as_it_was(client):
