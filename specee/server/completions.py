@@ -46,7 +46,10 @@ class Planner:
         requested = request.specee.decoding if request.specee else None
         strategy = self.strategy_for(requested)
         grammar = request.grammar()
-        tool_grammar = prompt.tools.grammar() if prompt.tools else None
+        try:
+            tool_grammar = prompt.tools.grammar() if prompt.tools else None
+        except ValueError as e:  # a tool's parameters the grammar compiler cannot read
+            raise BadRequest(f"tools: {e}", param="tools", code="invalid_value") from None
         if tool_grammar is not None:
             if grammar is not None:
                 raise BadRequest(f"{grammar[1]}: one constraint per request, and tool_choice "
