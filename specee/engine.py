@@ -234,7 +234,7 @@ class Generation:
             self.prompt_ids = engine.encode(prompt, chat=chat)
         if not self.prompt_ids:
             raise ValueError("the prompt is empty")
-        if len(self.prompt_ids) >= engine.context_length:
+        if len(self.prompt_ids) > engine.context_length - (max_tokens > 0):  # max_tokens 0 scores a full context
             raise ValueError(
                 f"the prompt has {len(self.prompt_ids)} tokens but the context is {engine.context_length} "
                 "(--ctx-size): shorten it"

@@ -31,6 +31,33 @@ class GrammarError(RuntimeError):
     regex whose lexer grows past its limits): the request's fault, never a silently broken answer."""
 
 
+def is_engine_panic(error: BaseException) -> bool:
+    """A bug inside llguidance (Rust) reaches Python as pyo3's PanicException, a BaseException
+    that `except Exception` lets through (it would end a server's worker thread). Seen: its error
+    message for some invalid schemas cuts a multi-byte character in two."""
+    return type(error).__name__ == "PanicException"
+
+
+def panic_message(error: BaseException) -> str:
+    return f"the grammar engine failed on it ({str(error).splitlines()[0][:200] if str(error) else 'a panic'})"
+
+
+def panics_as(kind: type[Exception]):
+    """A function calling llguidance: a panic in it is raised as `kind` (a ValueError when a
+    grammar is built, a GrammarError when a generation's constraint fails)."""
+    def decorate(function):
+        @functools.wraps(function)
+        def guarded(*args, **kwargs):
+            try:
+                return function(*args, **kwargs)
+            except BaseException as error:
+                if is_engine_panic(error):
+                    raise kind(panic_message(error)) from None
+                raise
+        return guarded
+    return decorate
+
+
 def limits():
     """llguidance's default limits, with short errors: no parser state or grammar in messages."""
     import llguidance
@@ -52,6 +79,7 @@ class Grammar:
     source: str  # the llguidance grammar (a JSON document)
 
     @staticmethod
+    @panics_as(ValueError)
     def json_schema(schema: dict | bool | str) -> "Grammar":
         import llguidance
 
@@ -75,12 +103,14 @@ class Grammar:
         return Grammar("json_object", Grammar.json_schema({"type": "object"}).source)
 
     @staticmethod
+    @panics_as(ValueError)
     def regex(pattern: str) -> "Grammar":
         import llguidance
 
         return Grammar("regex", llguidance.LLMatcher.grammar_from_regex(pattern))
 
     @staticmethod
+    @panics_as(ValueError)
     def lark(text: str) -> "Grammar":
         """A Lark grammar as llguidance reads it (also takes GBNF-like `start:` rules)."""
         import llguidance
@@ -115,7 +145,9 @@ def strict_schema(schema):
             strict[key] = {name: strict_schema(member) for name, member in strict[key].items()}
     if is_object_schema(strict):
         strict.setdefault("additionalProperties", False)
-        strict.setdefault("required", list(strict.get("properties", {})))
+        properties = strict.get("properties", {})
+        # (properties that are no object: the grammar compiler refuses the schema, saying so)
+        strict.setdefault("required", list(properties) if isinstance(properties, dict) else [])
     return strict
 
 
@@ -163,12 +195,17 @@ class GrammarCompiler:
         vocabulary (a lexer past its limits), and that must be a refusal, not an empty answer."""
         import llguidance
 
-        if error := grammar_error(grammar, self.ll_tokenizer):
-            return error
-        matcher = llguidance.LLMatcher(self.ll_tokenizer, grammar.source, log_level=0, limits=limits())
-        matcher.compute_bitmask()
-        if matcher.is_error():
-            return f"the {KIND_NAMES[grammar.kind]} cannot be used: {matcher_error(matcher)}"
+        try:
+            if error := grammar_error(grammar, self.ll_tokenizer):
+                return error
+            matcher = llguidance.LLMatcher(self.ll_tokenizer, grammar.source, log_level=0, limits=limits())
+            matcher.compute_bitmask()
+            if matcher.is_error():
+                return f"the {KIND_NAMES[grammar.kind]} cannot be used: {matcher_error(matcher)}"
+        except BaseException as error:
+            if not is_engine_panic(error):
+                raise
+            return f"the {KIND_NAMES[grammar.kind]} cannot be used: {panic_message(error)}"
         return ""
 
     def constraint(self, grammar: Grammar) -> "Constraint":
@@ -190,6 +227,7 @@ class Constraint:
         self.end_tokens[end_tokens] = True
         self.consumed = 0  # output tokens the matcher has taken
 
+    @panics_as(GrammarError)
     def advance(self, output: list[int]) -> None:
         """Bring the matcher up to the committed `output` (only ever longer). Tokens after the
         grammar's end (its end-of-sequence token) are past the answer and not its business."""
@@ -209,6 +247,7 @@ class Constraint:
         if self.matcher.is_error():
             raise GrammarError(f"the grammar failed during generation: {matcher_error(self.matcher)}")
 
+    @panics_as(GrammarError)
     def allowed(self) -> torch.Tensor:
         """[vocab] bool: the tokens the grammar allows next (once it has ended, the end tokens)."""
         self._raise_if_failed()
@@ -218,6 +257,7 @@ class Constraint:
         self._raise_if_failed()
         return torch.from_numpy(np.unpackbits(packed, count=self.vocab_size, bitorder="little").view(np.bool_))
 
+    @panics_as(GrammarError)
     def masks(self, paths: list[list[int]]) -> torch.Tensor:
         """[rows, vocab] bool: what the grammar allows after each path of draft tokens. A path the
         grammar refuses part-way leads to a row no accepted path can reach: it is left unmasked."""
@@ -232,12 +272,14 @@ class Constraint:
                 self.matcher.rollback(taken)
         return rows
 
+    @panics_as(GrammarError)
     def forced(self) -> list[int]:
         """Tokens the grammar forces next (llguidance's fast-forward tokens), possibly none."""
         forced = list(self.matcher.compute_ff_tokens())
         self._raise_if_failed()
         return forced
 
+    @panics_as(GrammarError)
     def admissible(self, draft: Draft) -> Draft:
         """The draft without the nodes (and their subtrees) the grammar refuses. Only for drafts
         verification treats as deterministic: dropping a node there changes nothing but the pass."""

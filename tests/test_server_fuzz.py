@@ -4,10 +4,11 @@ field allows, unknown values in loosely typed fields), and arbitrary JSON. Bound
 tokens. Whatever arrives: never a 5xx, never a traceback in the log, the reference request's
 answer unchanged afterwards, and the server's memory back within 10% of where it was."""
 import json
+import os
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 from hypothesis_jsonschema import from_schema
 
@@ -16,11 +17,14 @@ from specee.server.schemas import ChatRequest, CompletionRequest
 
 pytestmark = pytest.mark.slow  # a real server with the default model
 
-EXAMPLES = 60  # per route and per kind of body: about a minute in all
+# Per route and per kind of body: about a minute in all. A longer hunt: SPECEE_FUZZ_EXAMPLES=500, and
+# SPECEE_FUZZ_SEED=N for other bodies than the fixed ones the suite sends.
+EXAMPLES = int(os.environ.get("SPECEE_FUZZ_EXAMPLES", 60))
+FUZZ_SEED = os.environ.get("SPECEE_FUZZ_SEED")
 MAX_TOKENS = 4  # each generation stays short
 REFERENCE = {"messages": [{"role": "user", "content": "Name three rivers in Europe."}], "max_tokens": 16}
 ROUTES = {"/v1/chat/completions": ChatRequest, "/v1/completions": CompletionRequest}
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=FUZZ_SEED is None, database=None,
                 suppress_health_check=list(HealthCheck))
 JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
                     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(), children, max_size=4),
@@ -32,6 +36,10 @@ def server():
     running = running_server("--request-timeout", "60")
     yield running
     assert running.stop() == 0, running.output()
+
+
+def reseeded(test):
+    return seed(int(FUZZ_SEED))(test) if FUZZ_SEED is not None else test
 
 
 def short(body):
@@ -67,11 +75,13 @@ def test_generated_requests_never_break_the_server(server):
     before_memory = rss_bytes(server.pid)
 
     for route, model in ROUTES.items():
+        @reseeded
         @FUZZ
         @given(body=from_schema(model.model_json_schema()))
         def from_the_schema(body):
             send(server, route, body)
 
+        @reseeded
         @FUZZ
         @given(body=JSON | st.dictionaries(st.sampled_from(sorted(model.model_fields)), JSON, max_size=6))
         def arbitrary(body):

@@ -87,6 +87,23 @@ def test_a_tools_parameters_schema_nested_too_deep_is_a_400(client):
     assert response.status_code == 400 and response.json()["error"]["param"] == "tools.0.function.parameters"
 
 
+@pytest.mark.parametrize("arguments", ["[" * 5000 + "]" * 5000, '{"a": ' * 100 + "1" + "}" * 100, "[" * 100000],
+                         ids=["arrays", "objects", "unclosed"])
+def test_earlier_call_arguments_nested_too_deep_are_a_400(client, arguments):
+    """JSON inside a string escapes the body's depth limit; the prompt parses it (it was a 500:
+    RecursionError). Past MAX_JSON_DEPTH it is refused, naming the field."""
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    body = {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [call]},
+                         {"role": "tool", "tool_call_id": "c1", "content": "3"}], "max_tokens": 2}
+    response = post(client, ROUTES[0], body)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "messages.1.tool_calls.0.function.arguments"
+    assert f"deeper than {MAX_JSON_DEPTH} levels" in response.json()["error"]["message"]
+    shallow = call | {"function": {"name": "f", "arguments": "[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH}}
+    assert post(client, ROUTES[0], body | {"messages": [body["messages"][0], {"role": "assistant", "tool_calls": [
+        shallow]}, body["messages"][2]]}).status_code == 200
+
+
 @pytest.mark.parametrize("key", ["²", "٣", "３", "1e3", " 3", "-3", "9" * 5000])
 def test_logit_bias_keys_are_ascii_digit_token_ids(client, key):
     response = post(client, ROUTES[1], COMPLETION | {"logit_bias": {key: 5}})
@@ -131,6 +148,49 @@ def test_no_body_of_any_depth_or_character_gets_a_5xx(client, data, route):
     post(client, route, data.draw(bodies(route)))
 
 
+# JSON schemas as a client might get them wrong: schema keywords with values of any type, nested.
+KEYWORDS = ["type", "properties", "required", "items", "prefixItems", "additionalProperties", "$defs", "definitions",
+            "$ref", "anyOf", "oneOf", "allOf", "enum", "const", "minimum", "maximum", "minLength", "maxLength",
+            "minItems", "maxItems", "pattern", "format", "patternProperties", "not", "if", "then"]
+SCHEMA_VALUES = JSON | st.sampled_from(["object", "array", "string", "integer", "#/$defs/a", "#", 10**30, -1])
+SCHEMAS = st.recursive(st.dictionaries(st.sampled_from(KEYWORDS), SCHEMA_VALUES, max_size=4),
+                       lambda inner: st.dictionaries(st.sampled_from(KEYWORDS), inner | st.lists(inner, max_size=2) |
+                                                     st.dictionaries(st.sampled_from(["a", "b"]), inner, max_size=2),
+                                                     max_size=4), max_leaves=8)
+
+
+def schema_bodies(schema: dict, strict: bool) -> list[dict]:
+    """A schema where a chat request takes one: response_format, and a tool's parameters (forced and `auto`)."""
+    format_ = {"type": "json_schema", "json_schema": {"name": "x", "strict": strict, "schema": schema}}
+    tools = [{"type": "function", "function": {"name": "f", "strict": strict, "parameters": schema}}]
+    return [CHAT | {"response_format": format_}, CHAT | {"tools": tools, "tool_choice": "required"},
+            CHAT | {"tools": tools, "tool_choice": "auto"}]
+
+
+@pytest.mark.parametrize("schema", [{"type": "object", "properties": 5}, {"properties": None}, {"properties": True},
+                                    {"type": "object", "properties": {"a": {"type": "object", "properties": 7}}},
+                                    {"type": "object", "$defs": [1, 2]}, {"type": "integer", "minimum": 10**30},
+                                    {"$ref": [{"aa" + "é" * 60: 1}]}],
+                         ids=["properties-int", "properties-null", "properties-true", "nested", "defs-list", "huge-int",
+                              "llguidance-panic"])
+@pytest.mark.parametrize("strict", [True, False])
+def test_a_schema_the_grammar_cannot_read_is_a_400_naming_where_it_came_from(client, schema, strict):
+    """These were 500s: strict rules applied to properties that are no object, a tool's $defs that
+    are no object, a tool schema llguidance refuses to read, and a panic inside llguidance (its
+    message cuts the "é" at byte 100: a BaseException that `except Exception` lets through)."""
+    for body, param in zip(schema_bodies(schema, strict), ["response_format", "tools", "tools"]):
+        response = post(client, ROUTES[0], body)
+        if response.status_code != 200:  # (some are read: llguidance ignores a list of $defs in response_format)
+            assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(schema=SCHEMAS, strict=st.booleans())
+def test_no_json_schema_gets_a_5xx(client, schema, strict):
+    for body in schema_bodies(schema, strict):
+        post(client, ROUTES[0], body)
+
+
 LEXER_LIMIT = r"(.{0,200}){0,200}x"  # llguidance builds it, then its lexer outgrows its limits a few tokens in
 
 
@@ -142,6 +202,31 @@ def test_a_grammar_that_fails_mid_answer_is_an_error_the_client_sees(client):
     events = [line[6:] for line in post(client, ROUTES[1], body | {"stream": True}).text.split("\n\n") if line]
     assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["code"] == "grammar_failed"
     assert all("choices" in json.loads(event) for event in events[:-2])
+
+
+def test_a_stream_that_fails_after_its_headers_ends_with_an_error_event_and_done(client, monkeypatch):
+    """A bug in shaping a chunk, once the 200 and the first chunks went out: the client gets an
+    error event and [DONE] (it was a cut connection), and the server keeps serving."""
+    from specee.server.completions import Shaper
+
+    shaped = Shaper.chunk
+    calls = []
+
+    def failing_on_the_second(self, event, index=0):
+        calls.append(index)
+        if len(calls) == 2:
+            raise RuntimeError("a bug")
+        return shaped(self, event, index)
+
+    monkeypatch.setattr(Shaper, "chunk", failing_on_the_second)
+    response = post(client, ROUTES[0], CHAT | {"max_tokens": 6, "stream": True, "specee": {"spec_method": "none"}})
+    events = [line[6:] for line in response.text.split("\n\n") if line]
+    assert response.status_code == 200 and events[-1] == "[DONE]" and len(events) == 3
+    assert "choices" in json.loads(events[0])
+    assert json.loads(events[1])["error"] == {"message": "the answer failed: RuntimeError", "type": "server_error",
+                                              "param": None, "code": "internal_error"}
+    monkeypatch.undo()
+    assert post(client, ROUTES[0], CHAT | {"stream": True}).text.endswith("data: [DONE]\n\n")
 
 
 # --- 2. Unknown routes ---------------------------------------------------------------------------------
@@ -176,12 +261,18 @@ def test_bad_prompts_are_a_400_naming_the_prompt(client, prompt):
     assert response.status_code == 400 and response.json()["error"]["param"] == "prompt", response.text
 
 
-def test_tokenize_and_detokenize_answer_as_llama_server(client, engine):
+def test_tokenize_and_detokenize_answer_as_llama_server_and_vllm(client, engine):
     text = "the cat sat on the mat, naïve 😀"
     ids = engine.tokenizer.encode(text, add_special_tokens=False)
     for key in ("content", "prompt"):
         assert post(client, "/tokenize", {key: text}).json() == {"tokens": ids}
-    assert post(client, "/detokenize", {"tokens": ids}).json() == {"content": text}
+    assert post(client, "/tokenize", {"prompt": text, "add_special_tokens": False}).json() == {"tokens": ids}
+    assert post(client, "/detokenize", {"tokens": ids}).json() == {"content": text, "prompt": text}
+    # vLLM's /tokenizer_info, which lm-eval's remote tokenizer reads (the special tokens as text)
+    info = client.get("/tokenizer_info").json()
+    assert info["eos_token"] == "<|im_end|>" and info["chat_template"] == engine.tokenizer.chat_template
+    assert info["model_max_length"] == engine.context_length
+    assert post(client, "/tokenize", {"prompt": info["eos_token"]}).json()["tokens"] == engine.tokenizer.eos_token_ids
     for path, body, param in (("/tokenize", {}, None), ("/tokenize", {"content": "a", "prompt": "b"}, None),
                               ("/tokenize", {"content": 3}, "content"), ("/detokenize", {"tokens": [300]}, "tokens"),
                               ("/detokenize", {"tokens": [-1]}, "tokens"), ("/detokenize", {"tokens": "ab"}, "tokens")):
@@ -195,6 +286,8 @@ def test_tokenize_and_detokenize_need_the_key(engine):
         for path, body in (("/tokenize", {"content": "hi"}), ("/detokenize", {"tokens": [5]})):
             assert keyed.post(path, json=body).status_code == 401
             assert keyed.post(path, json=body, headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+        assert keyed.get("/tokenizer_info").status_code == 401
+        assert keyed.get("/tokenizer_info", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
 
 
 # --- 4. Prompt log-probabilities ----------------------------------------------------------------------
@@ -241,6 +334,17 @@ def test_a_loglikelihood_request_sums_the_continuations_logprobs(client, engine)
     served = sum(answer["choices"][0]["logprobs"]["token_logprobs"][len(context):])
     expected = full_prefill_logprobs(engine, ids)[torch.arange(len(context) - 1, len(ids) - 1), continuation].sum()
     assert served == pytest.approx(expected.item(), rel=1e-6)
+
+
+def test_a_prompt_that_fills_the_context_is_scored_with_max_tokens_0(client, engine):
+    ids = [(7 * i) % 200 + 50 for i in range(engine.context_length)]  # the whole context
+    answer = post(client, ROUTES[1], {"prompt": ids, "max_tokens": 0, "echo": True, "logprobs": 0}).json()
+    expected = full_prefill_logprobs(engine, ids)[torch.arange(len(ids) - 1), ids[1:]]
+    assert answer["choices"][0]["logprobs"]["token_logprobs"][1:] == pytest.approx(expected.tolist(), abs=1e-5)
+    generating = post(client, ROUTES[1], {"prompt": ids, "max_tokens": 1, "echo": True, "logprobs": 0})
+    assert generating.status_code == 400 and generating.json()["error"]["code"] == "context_length_exceeded"
+    over = post(client, ROUTES[1], {"prompt": ids + [5], "max_tokens": 0, "echo": True, "logprobs": 0})
+    assert over.status_code == 400 and over.json()["error"]["code"] == "context_length_exceeded"
 
 
 def test_echo_prepends_the_prompt_and_leaves_the_answer_as_it_was(client):

@@ -56,6 +56,25 @@ def test_what_is_not_a_valid_call_of_a_given_tool_is_content(native, text):
     assert sent + reader.finish()[0] == text and reader.finish()[1] == []
 
 
+@pytest.mark.parametrize("native", [False, True])
+def test_a_call_nested_past_pythons_parser_is_no_call_and_no_error(native):
+    """A model may write arguments 5,000 levels deep (json.loads raises RecursionError past ~1,000):
+    read whole or streamed, such a call is dropped like any invalid one, and valid calls stay."""
+    deep = '{"name": "add", "arguments": {"a": ' + "[" * 5000 + "]" * 5000 + "}}"
+    if native:
+        text = f"<tool_call>\n{deep}\n</tool_call>\n<tool_call>\n{ADD_1}\n</tool_call>"
+    else:
+        text = generic(deep, ADD_1)
+    whole = CallReader(native=native, names={"add"})
+    whole.feed(text)
+    assert named_arguments(whole.finish()[1]) == [("add", {"a": 1})]
+    streamed = CallReader(native=native, names={"add"})
+    deltas, _ = read_in_pieces(streamed, text, size=997)
+    content, calls = streamed.finish()
+    assert content == "" and named_arguments(calls) == [("add", {"a": 1})]
+    assert [d["function"].get("name") for d in deltas if "id" in d][-1] == "add"
+
+
 @pytest.fixture(scope="module")
 def engine(tiny_tokenizer):
     return Engine(tiny_model(seed=11, vocab_size=tiny_tokenizer.vocab_size, num_hidden_layers=2,

@@ -8,7 +8,7 @@ import json
 import logging
 import socket
 import time
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import AsyncIterator, Callable
@@ -237,11 +237,11 @@ def add_generation_routes(app: FastAPI, engine: Engine, scheduler: Scheduler, co
 
     @app.post("/tokenize", dependencies=keyed)
     async def tokenize(request: Request) -> dict:
-        """llama-server's route: the text's token ids, as a completion's prompt would have them."""
+        """llama-server's and vLLM's route: the text's token ids, as a completion's prompt would have them."""
         body = parse(TokenizeRequest, await read_json(request, config.body_timeout))
         check_model(body.model, config)
         try:
-            return {"tokens": engine.tokenizer.encode(body.text, add_special_tokens=body.add_special)}
+            return {"tokens": engine.tokenizer.encode(body.text, add_special_tokens=body.special)}
         except UnicodeError as e:  # lone surrogates
             raise BadRequest(f"cannot encode the text: {e}", code="invalid_value") from None
 
@@ -250,7 +250,17 @@ def add_generation_routes(app: FastAPI, engine: Engine, scheduler: Scheduler, co
         body = parse(DetokenizeRequest, await read_json(request, config.body_timeout))
         check_model(body.model, config)
         check_token_ids(engine, body.tokens, "tokens")
-        return {"content": engine.tokenizer.decode(body.tokens, skip_special_tokens=False)}
+        text = engine.tokenizer.decode(body.tokens, skip_special_tokens=False)
+        return {"content": text, "prompt": text}  # llama-server's key and vLLM's
+
+    @app.get("/tokenizer_info", dependencies=[Depends(require_key)])
+    async def tokenizer_info() -> dict:
+        """vLLM's route: what a client needs to tokenize as the server does, through /tokenize
+        (lm-eval's remote tokenizer reads it, so it needs no local copy of the tokenizer)."""
+        tokenizer = engine.tokenizer
+        return {"tokenizer_class": "specee", "bos_token": tokenizer.bos_token, "eos_token": tokenizer.eos_token,
+                "pad_token": None, "chat_template": tokenizer.chat_template,
+                "model_max_length": engine.context_length}
 
     async def complete(request: Request, body: ChatRequest | CompletionRequest):
         check_model(body.model, config)
@@ -271,7 +281,8 @@ def add_generation_routes(app: FastAPI, engine: Engine, scheduler: Scheduler, co
             raise BadRequest(f"{e}; retry later", code="queue_full", status=503, kind="server_error") from None
         shaper = Shaper(isinstance(body, ChatRequest), config.model_id, engine, prompts, body.n)
         if body.stream:
-            return StreamingResponse(stream(jobs, inbox, shaper, body.include_usage), media_type="text/event-stream",
+            return StreamingResponse(told_on_failure(stream(jobs, inbox, shaper, body.include_usage)),
+                                     media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         return JSONResponse(shaper.whole(await collect(request, jobs, inbox)))
 
@@ -326,6 +337,19 @@ async def stream(jobs: list[Job], inbox: Inbox, shaper: Shaper, include_usage: b
     finally:
         for job in jobs:
             job.cancel()
+
+
+async def told_on_failure(chunks: AsyncIterator[str]) -> AsyncIterator[str]:
+    """A stream's chunks; a bug that raises after the headers went out is logged, and the client
+    gets an error event and [DONE] instead of a cut connection."""
+    async with aclosing(chunks):  # a client that leaves closes the inner stream at once (it cancels the jobs)
+        try:
+            async for chunk in chunks:
+                yield chunk
+        except Exception as e:
+            log.error("a streamed answer failed", exc_info=e)
+            yield sse(error_body(f"the answer failed: {type(e).__name__}", "server_error", None, "internal_error"))
+            yield "data: [DONE]\n\n"
 
 
 def sse(payload: dict) -> str:

@@ -172,7 +172,12 @@ class CallReader:
         if not isinstance(value, dict) or value.get("name") not in self.names:
             return None
         arguments = value.get("arguments", {})
-        return (value["name"], json.dumps(arguments, sort_keys=True)) if isinstance(arguments, dict) else None
+        if not isinstance(arguments, dict):
+            return None
+        try:
+            return value["name"], json.dumps(arguments, sort_keys=True)
+        except RecursionError:  # parsed just below the limit, written just above it
+            return None
 
     def calls(self) -> list[dict]:
         """The kept calls, in OpenAI's shape (arguments as the model wrote them: valid JSON)."""
@@ -227,7 +232,9 @@ class CallReader:
 
 
 def _decode(text: str):
+    """The JSON value of a text, or None for text that is not one. A model may nest a value past
+    what Python's parser takes (RecursionError, ~1,000 levels): no call either, never an error."""
     try:
         return json.loads(text)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         return None

@@ -46,14 +46,17 @@ class Planner:
         requested = request.specee.decoding if request.specee else None
         strategy = self.strategy_for(requested)
         grammar = request.grammar()
-        tool_grammar = prompt.tools.grammar() if prompt.tools else None
+        try:
+            tool_grammar = prompt.tools.grammar() if prompt.tools else None
+        except ValueError as e:  # a tool's parameters the grammar compiler cannot read
+            raise BadRequest(f"tools: {e}", param="tools", code="invalid_value") from None
         if tool_grammar is not None:
             if grammar is not None:
                 raise BadRequest(f"{grammar[1]}: one constraint per request, and tool_choice "
                                  f"{prompt.tools.choice!r} is one", param=grammar[1], code="invalid_value")
             grammar = tool_grammar, "tools"
         room = self.engine.context_length - len(prompt_ids)
-        if room <= 0:
+        if room < 0 or room == 0 and request.token_limit != 0:  # max_tokens 0 scores a prompt that fills the context
             raise BadRequest(f"the prompt has {len(prompt_ids)} tokens but the context is "
                              f"{self.engine.context_length}", param=prompt_param, code="context_length_exceeded")
         max_tokens = request.token_limit

@@ -229,6 +229,16 @@ class FunctionCall(Strict):
     name: str
     arguments: str  # JSON text, as OpenAI sends it
 
+    @field_validator("arguments")
+    @classmethod
+    def _shallow(cls, arguments):
+        # JSON inside a string: the body's depth limit never saw it, and the prompt parses it.
+        from .bodies import MAX_JSON_DEPTH, raw_nesting_depth
+
+        if raw_nesting_depth(arguments.encode("utf-8", "surrogatepass")) > MAX_JSON_DEPTH:
+            raise ValueError(f"the arguments nest deeper than {MAX_JSON_DEPTH} levels")
+        return arguments
+
 
 class ToolCall(Strict):
     id: str
@@ -387,11 +397,13 @@ class CompletionRequest(Sampling):
 
 
 class TokenizeRequest(Strict):
-    """/tokenize: the text as llama-server (`content`) or vLLM (`prompt`) sends it."""
+    """/tokenize: the text as llama-server (`content`, `add_special`) or vLLM (`prompt`,
+    `add_special_tokens`) sends it."""
 
     content: str | None = None
     prompt: str | None = None
     add_special: bool = False  # the tokenizer's own special tokens (a BOS), as llama-server's flag
+    add_special_tokens: bool | None = None  # vLLM's name for it; said, it wins
     model: str | None = None
 
     @model_validator(mode="after")
@@ -403,6 +415,10 @@ class TokenizeRequest(Strict):
     @property
     def text(self) -> str:
         return self.content if self.content is not None else self.prompt
+
+    @property
+    def special(self) -> bool:
+        return self.add_special if self.add_special_tokens is None else self.add_special_tokens
 
 
 class DetokenizeRequest(Strict):

@@ -141,7 +141,10 @@ def hoisted(schema: dict, tool: str, definitions: dict) -> dict:
 
     schema = dict(schema)
     for key in ("$defs", "definitions"):
-        for name, member in (schema.pop(key, None) or {}).items():
+        members = schema.pop(key, None) or {}
+        if not isinstance(members, dict):
+            raise ValueError(f"{key} of {tool!r} is not an object of named schemas")
+        for name, member in members.items():
             definitions[f"{tool}.{name}"] = rewrite(member)
     return rewrite(schema)
 
