@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from specee.engine import Engine
 from specee.server.app import ServerConfig, create_app
-from specee.server.bodies import MAX_JSON_DEPTH, raw_nesting_depth
+from specee.server.json_depth import MAX_JSON_DEPTH, raw_nesting_depth
 from specee.server.completions import Defaults
 from specee.server.schemas import MAX_SCHEMA_DEPTH, nesting_depth
 

@@ -156,6 +156,7 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
     add_error_handlers(app)
     add_status_routes(app, scheduler, metrics, config)
     add_generation_routes(app, engine, scheduler, config)
+    add_tokenizer_routes(app, engine, config)
     routes = {route.path for route in app.routes}
     app.add_middleware(CountRequests, metrics=metrics, routes=routes)
     return app
@@ -223,7 +224,7 @@ def add_status_routes(app: FastAPI, scheduler: Scheduler, metrics: Metrics, conf
 
 
 def add_generation_routes(app: FastAPI, engine: Engine, scheduler: Scheduler, config: ServerConfig) -> None:
-    """The completions and the tokenizer's routes."""
+    """The completions."""
     planner = Planner(engine, config.defaults)
     keyed = [Depends(key_required(config))]
 
@@ -234,33 +235,6 @@ def add_generation_routes(app: FastAPI, engine: Engine, scheduler: Scheduler, co
     @app.post("/v1/completions", dependencies=keyed)
     async def completions(request: Request):
         return await complete(request, parse(CompletionRequest, await read_json(request, config.body_timeout)))
-
-    @app.post("/tokenize", dependencies=keyed)
-    async def tokenize(request: Request) -> dict:
-        """llama-server's and vLLM's route: the text's token ids, as a completion's prompt would have them."""
-        body = parse(TokenizeRequest, await read_json(request, config.body_timeout))
-        check_model(body.model, config)
-        try:
-            return {"tokens": engine.tokenizer.encode(body.text, add_special_tokens=body.special)}
-        except UnicodeError as e:  # lone surrogates
-            raise BadRequest(f"cannot encode the text: {e}", code="invalid_value") from None
-
-    @app.post("/detokenize", dependencies=keyed)
-    async def detokenize(request: Request) -> dict:
-        body = parse(DetokenizeRequest, await read_json(request, config.body_timeout))
-        check_model(body.model, config)
-        check_token_ids(engine, body.tokens, "tokens")
-        text = engine.tokenizer.decode(body.tokens, skip_special_tokens=False)
-        return {"content": text, "prompt": text}  # llama-server's key and vLLM's
-
-    @app.get("/tokenizer_info", dependencies=[Depends(require_key)])
-    async def tokenizer_info() -> dict:
-        """vLLM's route: what a client needs to tokenize as the server does, through /tokenize
-        (lm-eval's remote tokenizer reads it, so it needs no local copy of the tokenizer)."""
-        tokenizer = engine.tokenizer
-        return {"tokenizer_class": "specee", "bos_token": tokenizer.bos_token, "eos_token": tokenizer.eos_token,
-                "pad_token": None, "chat_template": tokenizer.chat_template,
-                "model_max_length": engine.context_length}
 
     async def complete(request: Request, body: ChatRequest | CompletionRequest):
         check_model(body.model, config)
@@ -285,6 +259,38 @@ def add_generation_routes(app: FastAPI, engine: Engine, scheduler: Scheduler, co
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         return JSONResponse(shaper.whole(await collect(request, jobs, inbox)))
+
+
+def add_tokenizer_routes(app: FastAPI, engine: Engine, config: ServerConfig) -> None:
+    """The tokenizer's routes, as llama-server and vLLM serve them."""
+    keyed = [Depends(key_required(config))]
+
+    @app.post("/tokenize", dependencies=keyed)
+    async def tokenize(request: Request) -> dict:
+        """llama-server's and vLLM's route: the text's token ids, as a completion's prompt would have them."""
+        body = parse(TokenizeRequest, await read_json(request, config.body_timeout))
+        check_model(body.model, config)
+        try:
+            return {"tokens": engine.tokenizer.encode(body.text, add_special_tokens=body.special)}
+        except UnicodeError as e:  # lone surrogates
+            raise BadRequest(f"cannot encode the text: {e}", code="invalid_value") from None
+
+    @app.post("/detokenize", dependencies=keyed)
+    async def detokenize(request: Request) -> dict:
+        body = parse(DetokenizeRequest, await read_json(request, config.body_timeout))
+        check_model(body.model, config)
+        check_token_ids(engine, body.tokens, "tokens")
+        text = engine.tokenizer.decode(body.tokens, skip_special_tokens=False)
+        return {"content": text, "prompt": text}  # llama-server's key and vLLM's
+
+    @app.get("/tokenizer_info", dependencies=keyed)
+    async def tokenizer_info() -> dict:
+        """vLLM's route: what a client needs to tokenize as the server does, through /tokenize
+        (lm-eval's remote tokenizer reads it, so it needs no local copy of the tokenizer)."""
+        tokenizer = engine.tokenizer
+        return {"tokenizer_class": "specee", "bos_token": tokenizer.bos_token, "eos_token": tokenizer.eos_token,
+                "pad_token": None, "chat_template": tokenizer.chat_template,
+                "model_max_length": engine.context_length}
 
 
 def check_model(model: str | None, config: ServerConfig) -> None:

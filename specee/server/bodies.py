@@ -5,38 +5,16 @@ from __future__ import annotations
 import asyncio
 import json
 
-import numpy as np
 from fastapi import Request
 from starlette.requests import ClientDisconnect
 
+from .json_depth import MAX_JSON_DEPTH, raw_nesting_depth
 from .schemas import BadRequest
 
 MAX_BODY_BYTES = 1 << 20  # a full 8k-token context is ~40 KB of text; anything near 1 MiB is abuse
-# OpenAI's bodies nest under 10 levels (a JSON schema inside one is held to MAX_SCHEMA_DEPTH); the
-# parsers and validators that read a body recurse once a level, so depth is checked before them.
-MAX_JSON_DEPTH = 64
-
 
 class ClientGone(Exception):
     """The client hung up before its request was read: nobody to answer, one log line."""
-
-
-def raw_nesting_depth(raw: bytes) -> int:
-    """How deep the arrays and objects of a JSON text nest, found without parsing it (so without
-    recursion) in one vectorised scan: brackets count outside strings only. Exact for valid JSON;
-    for malformed JSON some number, and the parser refuses that text anyway. UTF-8 never puts
-    these ASCII bytes inside a multi-byte character."""
-    data = np.frombuffer(raw, dtype=np.uint8)
-    position = np.arange(len(data))
-    # A quote is escaped when an odd run of backslashes stands right before it.
-    last_plain = np.maximum.accumulate(np.where(data != ord("\\"), position, -1))
-    before = np.concatenate(([-1], last_plain[:-1]))  # the last non-backslash before each byte
-    backslashes_before = position - 1 - before
-    quote = (data == ord('"')) & (backslashes_before % 2 == 0)
-    inside_string = np.cumsum(quote) % 2 == 1  # (the quotes themselves are no brackets either way)
-    opens = ((data == ord("[")) | (data == ord("{"))) & ~inside_string
-    closes = ((data == ord("]")) | (data == ord("}"))) & ~inside_string
-    return int(np.cumsum(opens.astype(np.int64) - closes).max(initial=0))
 
 
 async def read_json(request: Request, timeout: float) -> object:

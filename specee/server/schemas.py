@@ -13,6 +13,7 @@ from ..grammar import Grammar, strict_schema
 from ..sampling import MAX_LOGIT_BIAS, MAX_PENALTY, MAX_TOP_LOGPROBS
 from ..strategies.config import request_schema
 from .calls import DEFAULT_MAX_TOOL_CALLS, MAX_TOOL_CALLS
+from .json_depth import MAX_JSON_DEPTH, raw_nesting_depth
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 MAX_CHOICES = 16  # n: each choice holds a batch slot while it runs
@@ -233,8 +234,6 @@ class FunctionCall(Strict):
     @classmethod
     def _shallow(cls, arguments):
         # JSON inside a string: the body's depth limit never saw it, and the prompt parses it.
-        from .bodies import MAX_JSON_DEPTH, raw_nesting_depth
-
         if raw_nesting_depth(arguments.encode("utf-8", "surrogatepass")) > MAX_JSON_DEPTH:
             raise ValueError(f"the arguments nest deeper than {MAX_JSON_DEPTH} levels")
         return arguments
