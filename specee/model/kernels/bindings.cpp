@@ -312,11 +312,12 @@ class Kernels {
       const float* bias = m.bias.data_ptr<float>();
       for (int64_t i = b * N; i < e * N; ++i) r[i] = r[i] + bias[i % N];
     };
-    // Rows b .. e - 1: onto = from + onto, as `h + ...` adds.
-    auto residual = [D](const at::Tensor& from, at::Tensor& onto, int64_t b, int64_t e) {
-      const float* a = from.data_ptr<float>();
-      float* o = onto.data_ptr<float>();
-      for (int64_t i = b * D; i < e * D; ++i) o[i] = a[i] + o[i];
+    // Rows b .. e - 1: into = h + added, as `h + ...` adds (`into` may be either).
+    auto residual = [D](const at::Tensor& h, const at::Tensor& added, at::Tensor& into, int64_t b, int64_t e) {
+      const float* a = h.data_ptr<float>();
+      const float* c = added.data_ptr<float>();
+      float* o = into.data_ptr<float>();
+      for (int64_t i = b * D; i < e * D; ++i) o[i] = a[i] + c[i];
     };
     auto tiles = [](const MatmulArgs& a) { return (a.out_features + LANES - 1) / LANES; };
     // Each layer's view of every sequence's cache.
@@ -395,7 +396,7 @@ class Kernels {
         rows([&](int64_t b, int64_t e) {
           add_bias(mixed, w.o, b, e);
           norm_in_place(mixed.data_ptr<float>() + b * D, e - b, D, w.attention_output_norm, w.eps, table_);
-          residual(x, mixed, b, e);  // the attention's residual sum
+          residual(x, mixed, mixed, b, e);  // the attention's residual sum
           normalized(mixed, w.post_norm, w.eps, b, e);
         });
 #pragma omp barrier
@@ -413,11 +414,10 @@ class Kernels {
         rows([&](int64_t b, int64_t e) {
           add_bias(normed, w.down, b, e);
           norm_in_place(normed.data_ptr<float>() + b * D, e - b, D, w.mlp_output_norm, w.eps, table_);
-          residual(mixed, normed, b, e);  // the MLP's residual sum: the layer's output
+          // The MLP's residual sum, the layer's output, into x: each thread's rows are its own in
+          // the next layer's first step too, so no barrier is needed before it.
+          residual(mixed, normed, x, b, e);
         });
-#pragma omp barrier
-#pragma omp single
-        std::swap(x, normed);
       }
     }
     return x;
