@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import weight_bytes as byte_counts
 from .cache import KVCache
 from .config import LlamaConfig
 from .rope import RopeAngles, apply_rope, inverse_frequencies, rope_angles
@@ -321,12 +322,6 @@ class MLP(nn.Module):
         return self.down_proj((F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)) * up)
 
 
-def matrix_bytes(linear: nn.Module, element_size: int) -> int:
-    """Bytes of a linear layer's matrix: quantized linears report their own (`weight_bytes`);
-    dense ones (plain or CPU-packed) hold in x out values of the model's dtype."""
-    return getattr(linear, "weight_bytes", linear.in_features * linear.out_features * element_size)
-
-
 class DecoderLayer(nn.Module):
     def __init__(self, config: LlamaConfig, layer_index: int) -> None:
         super().__init__()
@@ -485,34 +480,22 @@ class Transformer(nn.Module):
 
     @functools.cached_property
     def weight_bytes(self) -> int:
-        """Weight bytes one pass streams in, as stored (quantized matrices count their codes and
-        scales): every matrix and norm, the full output head, and one embedding row (negligible,
-        so left out)."""
-        return self.layers_bytes(range(len(self.layers))) + self.head_bytes
+        """Weight bytes one pass streams in, as stored (`weight_bytes.weight_bytes`)."""
+        return byte_counts.weight_bytes(self)
 
     def layers_bytes(self, layers: range) -> int:
         """Weight bytes of the decoder layers `layers` (matrices and norms, as stored)."""
-        chosen = [self.layers[i] for i in layers]
-        matrices = [m for layer in chosen for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
-                                                    layer.mlp.gate_up_proj, layer.mlp.down_proj)]
-        norms = [norm for layer in chosen for norm in layer.norms]
-        element_size = self.norm.weight.element_size()
-        return (sum(matrix_bytes(m, element_size) for m in matrices)
-                + sum(n.weight.numel() for n in norms) * element_size)
+        return byte_counts.layers_bytes(self, layers)
 
     @property
     def multiply_adds_per_byte(self) -> float:
         """One row's multiply-adds over the weight bytes a pass reads (`quantize.mark_quantized`)."""
-        matrices = [m for layer in self.layers for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
-                                                         layer.mlp.gate_up_proj, layer.mlp.down_proj)]
-        multiply_adds = sum(m.in_features * m.out_features for m in [*matrices, self.lm_head])
-        return multiply_adds / (self.layers_bytes(range(len(self.layers))) + self.head_bytes)
+        return byte_counts.multiply_adds_per_byte(self)
 
     @property
     def head_bytes(self) -> int:
         """Weight bytes of the final norm and the output head, read by every pass that scores tokens."""
-        element_size = self.norm.weight.element_size()
-        return self.norm.weight.numel() * element_size + matrix_bytes(self.lm_head, element_size)
+        return byte_counts.head_bytes(self)
 
     def hidden(self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, mask: torch.Tensor | None = None,
                layers: range | None = None) -> torch.Tensor:
