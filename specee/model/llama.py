@@ -25,7 +25,7 @@ from .rope import RopeAngles, angles_rows, apply_rope, inverse_frequencies, rope
 
 
 class RMSNorm(nn.Module):
-    kernels = None  # the CPU kernels' one-call norm for fp32 rows; set by `Transformer.use_kernels`
+    kernels = None  # the CPU kernels' one-call norm for fp32 rows; set by `kernel_install.with_kernels`
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -41,7 +41,7 @@ class RMSNorm(nn.Module):
 
 class Attention(nn.Module):
     # The CPU kernels (`kernels/`): rotary embedding and cache write in one call, then attention in
-    # which each row walks its visible keys as a one-row call would. Set by `Transformer.use_kernels`.
+    # which each row walks its visible keys as a one-row call would. Set by `kernel_install.with_kernels`.
     kernels = None
     # Without the kernels, quantized formats (whose matrices give a row the same bits whatever the
     # rows beside it) attend with each new row alone, at T attention calls a pass.
@@ -167,7 +167,7 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    kernels = None  # the CPU kernels' one-call gate for fp32 rows; set by `Transformer.use_kernels`
+    kernels = None  # the CPU kernels' one-call gate for fp32 rows; set by `kernel_install.with_kernels`
 
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
@@ -195,7 +195,7 @@ class DecoderLayer(nn.Module):
         self.attention_output_norm = RMSNorm(config.hidden_size, config.rms_norm_eps) if sandwich else None
         self.mlp_output_norm = RMSNorm(config.hidden_size, config.rms_norm_eps) if sandwich else None
 
-    # The layer as one kernel call, where every part runs on the kernels (`Transformer.use_kernels`):
+    # The layer as one kernel call, where every part runs on the kernels (`kernel_install.with_kernels`):
     # (kernels, the model's LayerStack, this layer's index in it).
     fused = None
 
@@ -220,27 +220,6 @@ class DecoderLayer(nn.Module):
         sandwich = (self.attention_output_norm, self.mlp_output_norm)
         return [n for n in (self.input_layernorm, sandwich[0], self.post_attention_layernorm, sandwich[1]) if n is not None]
 
-    def kernel_weights(self, kernels):
-        """What the kernels' fused layers take of this layer (`bindings.cpp`, LayerWeights), or None
-        where a part does not run on `kernels`."""
-        from .integer_linear import IntegerLinear
-
-        attention, mlp = self.self_attn, self.mlp
-        head_norms = [n for n in (attention.q_norm, attention.k_norm) if n is not None]
-        norms = self.norms + head_norms
-        matrices = (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj)
-        if not (kernels is not None and all(m.kernels is kernels for m in (attention, mlp, *norms))
-                and all(isinstance(m, IntegerLinear) and m.kernels is kernels for m in matrices)
-                and all(n.weight.dtype == torch.float32 for n in norms)):
-            return None
-        qkv, o, gate_up, down = (m.as_kernel_matrix() for m in matrices)
-        optional = lambda norm: None if norm is None else norm.weight  # noqa: E731
-        return kernels.layer_weights(
-            self.input_layernorm.weight, qkv, o, self.post_attention_layernorm.weight, gate_up, down,
-            optional(attention.q_norm), optional(attention.k_norm), optional(self.attention_output_norm),
-            optional(self.mlp_output_norm), self.input_layernorm.eps, attention.num_heads, attention.window or 0,
-            attention.rope_index, attention.scale, mlp.gelu)
-
     def write_kv(self, h: torch.Tensor, angles: RopeAngles, cache: KVCache) -> None:
         """Append the K/V this layer would compute if `h` were its input, without running it."""
         self.self_attn.write_kv(self.input_layernorm(h), angles, cache)
@@ -253,7 +232,7 @@ class Transformer(nn.Module):
     # drafts by it. Dense weights read once for all rows (BENCHMARKS.md, "Multi-row cost per
     # format"); the quantized formats set their own.
     extra_row_cost = 0.03
-    fused_stack = None  # (kernels, LayerStack): every layer as kernel calls (`use_kernels`)
+    fused_stack = None  # (kernels, LayerStack): every layer as kernel calls (`kernel_install.with_kernels`)
 
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
@@ -269,26 +248,9 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.register_buffer("inv_freq", inverse_frequencies(config), persistent=False)
 
-    def use_kernels(self, kernels) -> None:
-        """Attend through the CPU kernels (`kernels.cpu_kernels()`) where they fit (fp32 cache on the
-        CPU, heads of a multiple of 16); None: through PyTorch's."""
-        fits = self.device.type == "cpu" and self.config.head_dim % 16 == 0
-        for layer in self.layers:
-            layer.self_attn.kernels = kernels if fits else None
-        rows_fit = self.device.type == "cpu" and self.config.hidden_size % 16 == 0 and self.config.intermediate_size % 16 == 0
-        for module in self.modules():
-            if isinstance(module, (RMSNorm, MLP)):
-                module.kernels = kernels if rows_fit else None
-        weights = [layer.kernel_weights(kernels) for layer in self.layers]
-        self.fused_stack = None
-        if all(w is not None for w in weights):
-            self.fused_stack = (kernels, kernels.layer_stack(weights))
-        for index, layer in enumerate(self.layers):
-            layer.fused = None if self.fused_stack is None else (*self.fused_stack, index)
-
     @property
     def kernels(self):
-        """specee's compiled CPU kernels where passes run on them (`use_kernels`), else None."""
+        """specee's compiled CPU kernels where passes run on them (`kernel_install.with_kernels`), else None."""
         return self.layers[0].self_attn.kernels
 
     @property
