@@ -19,7 +19,16 @@ import torch
 from greenlet import GreenletExit, greenlet
 
 from .engine import Event, Generation
-from .model.llama import LayerRows, PassRows, RopeAngles, Segment, Transformer
+from .model.llama import Transformer
+from .model.passes import (
+    LayerRows,
+    PassRows,
+    Segment,
+    begin_passes,
+    end_passes,
+    run_passes,
+)
+from .model.rope import RopeAngles
 
 # `specee serve`'s defaults: generations sharing a pass, and prompt tokens a pass takes from a
 # new one (BENCHMARKS.md, "Continuous batching").
@@ -147,9 +156,9 @@ class Batch:
                 if layered:
                     h, brought = self._run_layered(parts, layered)
                     rows += brought
-                    outputs = self.model.end_passes(parts, h) if parts else []
+                    outputs = end_passes(self.model, parts, h) if parts else []
                 else:
-                    outputs = self.model.run_passes(parts) if parts else []
+                    outputs = run_passes(self.model, parts) if parts else []
             self.last_rows = rows
         except Exception as error:  # a bug or a device error: each member fails with it
             outputs = [error] * len(whole)
@@ -163,7 +172,7 @@ class Batch:
         """The pass layer by layer: the whole passes' rows run every layer; before each, the members
         parked at that layer join with theirs and, after it, decide (they exit, or park for the
         next layer). Returns the whole passes' last states and the rows the layered members brought."""
-        h, angles, segments = self.model.begin_passes(parts) if parts else (None, None, [])
+        h, angles, segments = begin_passes(self.model, parts) if parts else (None, None, [])
         whole_rows = [len(h)] if parts else []
         brought: dict[Member, int] = {}
         for i in range(len(self.model.layers)):

@@ -17,8 +17,9 @@ from .drafters.suffix_cache import DEFAULT_BUDGET_TOKENS, SuffixCache
 from .grammar import Grammar, GrammarCompiler
 from .loader import load_parts
 from .model.cache import KVCache
-from .model.llama import Passes, PassRows, Transformer
+from .model.llama import Transformer
 from .model.memory import kv_cache_bytes
+from .model.passes import Passes, PassRows
 from .prefix_cache import PrefixCache, available_memory, default_budget_bytes
 from .sampling import MAX_TOP_LOGPROBS, Sampler, SamplingParams
 from .stats import GenerationStats

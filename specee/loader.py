@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from .model.cpu_packing import pack_linears
+from .model.kernel_install import with_kernels
 from .model.kernels import cpu_kernels
 from .model.llama import Transformer
 from .model.errors import ModelLoadError
@@ -101,7 +102,7 @@ def load_parts(model=None, dtype: str = "fp32", device: str = "cpu", threads: in
             quantize_model(net, quantization, kernels=kernels)
     if torch_device.type == "cpu":
         pack_linears(net)  # the dense matrices left, if any
-    net.use_kernels(kernels)
+    net = with_kernels(net, kernels)
     return ModelParts(net, Tokenizer(directory, config.eos_token_ids), source, quantization, context)
 
 

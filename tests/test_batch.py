@@ -13,7 +13,7 @@ from specee.batch import Batch
 from specee.drafters.prompt_lookup import PromptLookup
 from specee.engine import Engine, Event
 from specee.exits.candidates import Candidates
-from specee.model.llama import PassRows
+from specee.model.passes import PassRows, run_passes
 from specee.strategies.base import Step, Strategy
 from specee.strategies.early_exit import EarlyExit
 from test_batch_invariance import kernel_model
@@ -63,7 +63,7 @@ def test_several_sequences_in_one_pass_get_the_bits_they_get_alone(quantization,
     assert (model.fused_stack is not None) == (quantization == "int4")  # the integer formats run fused
     together = parts()
     with torch.inference_mode(), threads(3):  # on the kernels: one fused call, its rows split over threads
-        batched = model.run_passes(together)
+        batched = run_passes(model, together)
         alone_parts = parts()
         alone = [model.run_pass(part) for part in alone_parts]
     for (states, logits), (states_alone, logits_alone), part, part_alone, shape in zip(

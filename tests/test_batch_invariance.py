@@ -12,6 +12,7 @@ import torch
 from helpers import TINY_ARCHITECTURES, cpu_tier_params, threads, tiny_hf_model
 from specee.model.config import LlamaConfig
 from specee.model.cpu_packing import pack_linears
+from specee.model.kernel_install import with_kernels
 from specee.model.kernels import cpu_kernels, load_tier
 from specee.model.loading import LoadedWeights, build_model
 from specee.model.quantize import quantize_model
@@ -31,8 +32,7 @@ def kernel_model(quantization: str, seed: int = 0, dtype=torch.float32, tier: st
     model = build_model(LoadedWeights(config, state, None), dtype, "cpu", kernels)
     quantize_model(model, quantization, kernels=kernels)
     pack_linears(model)
-    model.use_kernels(kernels)
-    return model
+    return with_kernels(model, kernels)
 
 
 def random_tree(rng: random.Random, size: int, chain: bool) -> list[int]:

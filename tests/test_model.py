@@ -110,11 +110,12 @@ def test_greedy_tokens_match_hugging_face_generate(architecture):
 def test_the_cpu_kernels_match_hugging_face(architecture):
     """The same models on specee's CPU kernels (fp32 weights; their own exp and reductions): HF's
     logits to fp32 tolerance."""
+    from specee.model.kernel_install import with_kernels
     from specee.model.kernels import cpu_kernels
 
     hf = tiny_hf_model(seed=6, **TINY_ARCHITECTURES[architecture])
     ours = specee_from_hf(hf)
-    ours.use_kernels(cpu_kernels())
+    ours = with_kernels(ours, cpu_kernels())
     assert ours.uses_kernels
     ids = torch.randint(0, 97, (40,), generator=torch.Generator().manual_seed(7)).tolist()
     with torch.no_grad():

@@ -9,7 +9,7 @@ import torch
 
 from helpers import tiny_model
 from specee.engine import Engine
-from specee.model.llama import PassRows
+from specee.model.passes import PassRows
 from specee.prefix_cache import BLOCK_TOKENS as BLOCK
 from specee.prefix_cache import PrefixCache
 from test_batch import run_batch

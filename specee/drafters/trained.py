@@ -15,7 +15,8 @@ from ..artifact_header import TrainedArtifact
 from ..model.cache import KVCache
 from ..model.cpu_packing import PackedLinear, pack_linears, packing_available
 from ..model.quantize import int8_linears
-from ..model.llama import MLP, RMSNorm, Transformer
+from ..model.kernel_install import rows_on_kernels
+from ..model.llama import Transformer
 
 # Drafter-cache slots allocated at the start of a generation; the cache grows when it fills.
 INITIAL_CACHE_SLOTS = 512
@@ -47,10 +48,7 @@ def run_like_target(module: nn.Module, target: Transformer) -> nn.Module:
     an int4 target pass), else oneDNN-packed on the CPU. Drafts change, never the output."""
     if target.kernels is not None:
         module = int8_linears(module, target.kernels)
-        for part in module.modules():
-            if isinstance(part, (RMSNorm, MLP)):  # the head's attention keeps PyTorch's, with its masks
-                part.kernels = target.kernels
-        return module
+        return rows_on_kernels(module, target.kernels)  # the head's attention keeps PyTorch's, with its masks
     if target.device.type == "cpu" and packing_available():
         return pack_linears(module, keep_weights=()) if not isinstance(module, nn.Linear) else PackedLinear(module)
     return module

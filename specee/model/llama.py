@@ -11,19 +11,21 @@ two names for the norms before attention and before the MLP (`input_layernorm`,
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import weight_bytes as byte_counts
+from .attention_bias import AttentionBias
 from .cache import KVCache
 from .config import LlamaConfig
-from .rope import RopeAngles, apply_rope, inverse_frequencies, rope_angles
+from .passes import LayerRows, PassRows, Segment, fusable, run_fused
+from .rope import RopeAngles, angles_rows, apply_rope, inverse_frequencies, rope_angles
 
 
 class RMSNorm(nn.Module):
-    kernels = None  # the CPU kernels' one-call norm for fp32 rows; set by `Transformer.use_kernels`
+    kernels = None  # the CPU kernels' one-call norm for fp32 rows; set by `kernel_install.with_kernels`
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -39,7 +41,7 @@ class RMSNorm(nn.Module):
 
 class Attention(nn.Module):
     # The CPU kernels (`kernels/`): rotary embedding and cache write in one call, then attention in
-    # which each row walks its visible keys as a one-row call would. Set by `Transformer.use_kernels`.
+    # which each row walks its visible keys as a one-row call would. Set by `kernel_install.with_kernels`.
     kernels = None
     # Without the kernels, quantized formats (whose matrices give a row the same bits whatever the
     # rows beside it) attend with each new row alone, at T attention calls a pass.
@@ -164,147 +166,8 @@ class Attention(nn.Module):
         cache.append(self.layer_index, k, kv[:, nkv * hd :].view(T, nkv, hd))
 
 
-def run_fused(kernels, stack, layers: range, h: torch.Tensor, angles: RopeAngles, segments: list[Segment]
-              ) -> torch.Tensor:
-    """`layers` (consecutive) for the rows h [T, hidden] of one or more sequences (`segments`, each
-    its rows in turn, its cache at one length over those layers) in one kernel call: what running
-    them one by one gives, bit for bit."""
-    starts = [segment.cache.lengths[layers.start] for segment in segments]
-    for segment in segments:
-        for i in layers:
-            segment.cache.extend(i, segment.rows)
-    seen = zip(*(segment.bias.for_kernel(start + segment.rows) for segment, start in zip(segments, starts)))
-    return kernels.decoder_layers(stack, layers.start, layers.stop, h.contiguous(), *angles_rows(angles, len(h)),
-                                  [segment.cache.keys for segment in segments],
-                                  [segment.cache.values for segment in segments], starts,
-                                  [segment.rows for segment in segments], *seen)
-
-
-def fusable(cache: KVCache, layers: range) -> bool:
-    """Whether `layers` of the cache are all at one length, as one fused call extends them."""
-    return len({cache.lengths[i] for i in layers}) == 1
-
-
-def angles_rows(angles: RopeAngles, T: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin as the kernels take them: [T, R * head_dim] fp32 (each layer its set's columns)."""
-    return angles.cos.reshape(T, -1).float().contiguous(), angles.sin.reshape(T, -1).float().contiguous()
-
-
-class AttentionBias:
-    """The additive attention bias of one pass ([group * T, S]: 0 where visible, -inf where not),
-    built once per key length and shared by every layer: building it per layer cost more than
-    the masked attention itself, and an additive float bias is cheaper for SDPA than a bool mask.
-
-    `mask` is the [T, K] visibility of the last K keys (the new tokens, K = T, or also cached
-    draft nodes, K > T); keys before them are visible to all. None: causal order. Rows come
-    `repeat` times because the query heads sharing a kv head are stacked as rows."""
-
-    def __init__(self, mask: torch.Tensor | None, num_new: int, repeat: int) -> None:
-        self.mask = mask
-        self.num_new = num_new
-        self.repeat = repeat
-        self._by_keys: dict[tuple[int, torch.dtype, int | None], torch.Tensor] = {}
-        self._visible: dict[int, list[int | torch.Tensor]] = {}
-        self._kernel_args: dict[int, tuple] = {}
-
-    def for_keys(self, num_keys: int, dtype: torch.dtype, device, window: int | None = None) -> torch.Tensor | None:
-        """The bias over `num_keys` keys (cached ones first), or None when nothing is hidden. A
-        sliding layer's row (`window`) sees only the last `window` keys it would otherwise see."""
-        if self.num_new == 1 and self.mask is None and (not window or num_keys <= window):
-            return None
-        key = (num_keys, dtype, window)
-        if key not in self._by_keys:
-            visible = full_attention_mask(self.mask, self.num_new, num_keys, device)
-            if window:
-                later = visible.flip(1).cumsum(1).flip(1)  # visible keys from each key on, itself included
-                visible &= later <= window
-            visible = visible.repeat(self.repeat, 1)
-            bias = torch.zeros(visible.shape, dtype=dtype, device=device)
-            self._by_keys[key] = bias.masked_fill_(~visible, float("-inf"))
-        return self._by_keys[key]
-
-    def for_kernel(self, num_keys: int) -> tuple[torch.Tensor, torch.Tensor, int, int]:
-        """The kernels' view of which keys each new token sees among `num_keys`: (visible counts
-        [T] int64, used when there is no mask; the mask over the last K keys [T, K] uint8, or an empty
-        tensor; K's first index; num_keys)."""
-        if num_keys not in self._kernel_args:
-            if self.mask is None:
-                visible = torch.arange(num_keys - self.num_new + 1, num_keys + 1)
-                self._kernel_args[num_keys] = (visible, torch.empty(0, dtype=torch.uint8), 0, num_keys)
-            else:
-                tail = self.mask.to(device="cpu", dtype=torch.uint8).contiguous()
-                self._kernel_args[num_keys] = (torch.empty(0, dtype=torch.long), tail, num_keys - tail.shape[1], num_keys)
-        return self._kernel_args[num_keys]
-
-    def visible_keys(self, num_keys: int, device) -> list[int | torch.Tensor]:
-        """For each new token, the keys it sees among `num_keys`: a count when they are the first
-        ones, else their indices, ascending."""
-        if num_keys not in self._visible and self.mask is None:  # causal: row t sees all keys up to itself
-            self._visible[num_keys] = [num_keys - self.num_new + t + 1 for t in range(self.num_new)]
-        if num_keys not in self._visible:
-            rows = []
-            for visible in full_attention_mask(self.mask, self.num_new, num_keys, "cpu"):
-                index = visible.nonzero().flatten()
-                prefix = len(index) and int(index[-1]) == len(index) - 1
-                rows.append(len(index) if prefix else index.to(device))
-            self._visible[num_keys] = rows
-        return self._visible[num_keys]
-
-
-class Segment(NamedTuple):
-    """One sequence's share of a pass over several: its cache, its attention bias, its row count."""
-
-    cache: KVCache
-    bias: AttentionBias
-    rows: int
-
-
-class PassRows(NamedTuple):
-    """One sequence's new rows for a pass: token ids and positions [T], the cache they extend, the
-    visibility of draft nodes (`mask`, as in `Transformer.hidden`), and the first row that needs
-    logits (a prefill chunk needs only its last row's, or none)."""
-
-    ids: torch.Tensor
-    positions: torch.Tensor
-    cache: KVCache
-    mask: torch.Tensor | None = None
-    logits_from: int = 0
-
-
-class LayerRows(NamedTuple):
-    """One sequence's rows for one layer, for a pass run layer by layer (early exits decide between
-    layers): the layer, its input states [T, hidden], their angles, the cache, the attention bias."""
-
-    layer: int
-    h: torch.Tensor
-    angles: RopeAngles
-    cache: KVCache
-    bias: AttentionBias
-
-
-class Passes(Protocol):
-    """What runs a generation's passes of the target: the Transformer itself, or a server batch's
-    member, which shares them with the other generations of the batch."""
-
-    def run_pass(self, part: PassRows) -> tuple[torch.Tensor, torch.Tensor]: ...
-    def run_layer(self, rows: LayerRows) -> torch.Tensor: ...
-    def sharing(self) -> tuple[int, int]:
-        """(other generations sharing this one's passes, the rows they ran in the last one)."""
-        ...
-
-
-def full_attention_mask(mask: torch.Tensor | None, T: int, S: int, device) -> torch.Tensor:
-    """[T, S] bool: keys before the last K are visible to all new tokens; the last K follow
-    `mask` ([T, K], e.g. a tree); with no mask, the S - T cached keys are visible and the new
-    tokens see each other in causal order."""
-    if mask is None:
-        return torch.ones(T, S, dtype=torch.bool, device=device).tril(S - T)
-    prefix = torch.ones(T, S - mask.shape[1], dtype=torch.bool, device=device)
-    return torch.cat((prefix, mask.to(device=device, dtype=torch.bool)), dim=1)
-
-
 class MLP(nn.Module):
-    kernels = None  # the CPU kernels' one-call gate for fp32 rows; set by `Transformer.use_kernels`
+    kernels = None  # the CPU kernels' one-call gate for fp32 rows; set by `kernel_install.with_kernels`
 
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
@@ -321,12 +184,6 @@ class MLP(nn.Module):
         return self.down_proj((F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)) * up)
 
 
-def matrix_bytes(linear: nn.Module, element_size: int) -> int:
-    """Bytes of a linear layer's matrix: quantized linears report their own (`weight_bytes`);
-    dense ones (plain or CPU-packed) hold in x out values of the model's dtype."""
-    return getattr(linear, "weight_bytes", linear.in_features * linear.out_features * element_size)
-
-
 class DecoderLayer(nn.Module):
     def __init__(self, config: LlamaConfig, layer_index: int) -> None:
         super().__init__()
@@ -338,7 +195,7 @@ class DecoderLayer(nn.Module):
         self.attention_output_norm = RMSNorm(config.hidden_size, config.rms_norm_eps) if sandwich else None
         self.mlp_output_norm = RMSNorm(config.hidden_size, config.rms_norm_eps) if sandwich else None
 
-    # The layer as one kernel call, where every part runs on the kernels (`Transformer.use_kernels`):
+    # The layer as one kernel call, where every part runs on the kernels (`kernel_install.with_kernels`):
     # (kernels, the model's LayerStack, this layer's index in it).
     fused = None
 
@@ -363,27 +220,6 @@ class DecoderLayer(nn.Module):
         sandwich = (self.attention_output_norm, self.mlp_output_norm)
         return [n for n in (self.input_layernorm, sandwich[0], self.post_attention_layernorm, sandwich[1]) if n is not None]
 
-    def kernel_weights(self, kernels):
-        """What the kernels' fused layers take of this layer (`bindings.cpp`, LayerWeights), or None
-        where a part does not run on `kernels`."""
-        from .integer_linear import IntegerLinear
-
-        attention, mlp = self.self_attn, self.mlp
-        head_norms = [n for n in (attention.q_norm, attention.k_norm) if n is not None]
-        norms = self.norms + head_norms
-        matrices = (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj)
-        if not (kernels is not None and all(m.kernels is kernels for m in (attention, mlp, *norms))
-                and all(isinstance(m, IntegerLinear) and m.kernels is kernels for m in matrices)
-                and all(n.weight.dtype == torch.float32 for n in norms)):
-            return None
-        qkv, o, gate_up, down = (m.as_kernel_matrix() for m in matrices)
-        optional = lambda norm: None if norm is None else norm.weight  # noqa: E731
-        return kernels.layer_weights(
-            self.input_layernorm.weight, qkv, o, self.post_attention_layernorm.weight, gate_up, down,
-            optional(attention.q_norm), optional(attention.k_norm), optional(self.attention_output_norm),
-            optional(self.mlp_output_norm), self.input_layernorm.eps, attention.num_heads, attention.window or 0,
-            attention.rope_index, attention.scale, mlp.gelu)
-
     def write_kv(self, h: torch.Tensor, angles: RopeAngles, cache: KVCache) -> None:
         """Append the K/V this layer would compute if `h` were its input, without running it."""
         self.self_attn.write_kv(self.input_layernorm(h), angles, cache)
@@ -396,7 +232,7 @@ class Transformer(nn.Module):
     # drafts by it. Dense weights read once for all rows (BENCHMARKS.md, "Multi-row cost per
     # format"); the quantized formats set their own.
     extra_row_cost = 0.03
-    fused_stack = None  # (kernels, LayerStack): every layer as kernel calls (`use_kernels`)
+    fused_stack = None  # (kernels, LayerStack): every layer as kernel calls (`kernel_install.with_kernels`)
 
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
@@ -412,26 +248,9 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.register_buffer("inv_freq", inverse_frequencies(config), persistent=False)
 
-    def use_kernels(self, kernels) -> None:
-        """Attend through the CPU kernels (`kernels.cpu_kernels()`) where they fit (fp32 cache on the
-        CPU, heads of a multiple of 16); None: through PyTorch's."""
-        fits = self.device.type == "cpu" and self.config.head_dim % 16 == 0
-        for layer in self.layers:
-            layer.self_attn.kernels = kernels if fits else None
-        rows_fit = self.device.type == "cpu" and self.config.hidden_size % 16 == 0 and self.config.intermediate_size % 16 == 0
-        for module in self.modules():
-            if isinstance(module, (RMSNorm, MLP)):
-                module.kernels = kernels if rows_fit else None
-        weights = [layer.kernel_weights(kernels) for layer in self.layers]
-        self.fused_stack = None
-        if all(w is not None for w in weights):
-            self.fused_stack = (kernels, kernels.layer_stack(weights))
-        for index, layer in enumerate(self.layers):
-            layer.fused = None if self.fused_stack is None else (*self.fused_stack, index)
-
     @property
     def kernels(self):
-        """specee's compiled CPU kernels where passes run on them (`use_kernels`), else None."""
+        """specee's compiled CPU kernels where passes run on them (`kernel_install.with_kernels`), else None."""
         return self.layers[0].self_attn.kernels
 
     @property
@@ -485,34 +304,22 @@ class Transformer(nn.Module):
 
     @functools.cached_property
     def weight_bytes(self) -> int:
-        """Weight bytes one pass streams in, as stored (quantized matrices count their codes and
-        scales): every matrix and norm, the full output head, and one embedding row (negligible,
-        so left out)."""
-        return self.layers_bytes(range(len(self.layers))) + self.head_bytes
+        """Weight bytes one pass streams in, as stored (`weight_bytes.weight_bytes`)."""
+        return byte_counts.weight_bytes(self)
 
     def layers_bytes(self, layers: range) -> int:
         """Weight bytes of the decoder layers `layers` (matrices and norms, as stored)."""
-        chosen = [self.layers[i] for i in layers]
-        matrices = [m for layer in chosen for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
-                                                    layer.mlp.gate_up_proj, layer.mlp.down_proj)]
-        norms = [norm for layer in chosen for norm in layer.norms]
-        element_size = self.norm.weight.element_size()
-        return (sum(matrix_bytes(m, element_size) for m in matrices)
-                + sum(n.weight.numel() for n in norms) * element_size)
+        return byte_counts.layers_bytes(self, layers)
 
     @property
     def multiply_adds_per_byte(self) -> float:
         """One row's multiply-adds over the weight bytes a pass reads (`quantize.mark_quantized`)."""
-        matrices = [m for layer in self.layers for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
-                                                         layer.mlp.gate_up_proj, layer.mlp.down_proj)]
-        multiply_adds = sum(m.in_features * m.out_features for m in [*matrices, self.lm_head])
-        return multiply_adds / (self.layers_bytes(range(len(self.layers))) + self.head_bytes)
+        return byte_counts.multiply_adds_per_byte(self)
 
     @property
     def head_bytes(self) -> int:
         """Weight bytes of the final norm and the output head, read by every pass that scores tokens."""
-        element_size = self.norm.weight.element_size()
-        return self.norm.weight.numel() * element_size + matrix_bytes(self.lm_head, element_size)
+        return byte_counts.head_bytes(self)
 
     def hidden(self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, mask: torch.Tensor | None = None,
                layers: range | None = None) -> torch.Tensor:
@@ -532,36 +339,6 @@ class Transformer(nn.Module):
         for i in layers:
             h = self.layers[i](h, angles, cache, bias)
         return h
-
-    def run_passes(self, parts: list[PassRows]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """The rows of several sequences in one pass over the weights, each sequence attending to its
-        own cache only. Returns, per part, what `run_pass` returns. On the CPU kernels every row gets
-        the bits it gets alone (batch invariance): a sequence's output does not depend on the others."""
-        if len(parts) == 1:
-            return [self.run_pass(parts[0])]
-        h, angles, segments = self.begin_passes(parts)
-        every = range(len(self.layers))
-        if self.fused_stack is not None and all(isinstance(s.cache, KVCache) and fusable(s.cache, every) for s in segments):
-            return self.end_passes(parts, run_fused(*self.fused_stack, every, h, angles, segments))
-        for layer in self.layers:
-            h = layer(h, angles, segments)
-        return self.end_passes(parts, h)
-
-    def begin_passes(self, parts: list[PassRows]) -> tuple[torch.Tensor, RopeAngles, list[Segment]]:
-        """What the first layer of `run_passes` takes: the parts' embeddings, angles and segments."""
-        group = self.config.num_attention_heads // self.config.num_key_value_heads
-        segments = [Segment(part.cache, AttentionBias(part.mask, len(part.ids), group), len(part.ids)) for part in parts]
-        return (self.embed(torch.cat([part.ids for part in parts])),
-                self.angles(torch.cat([part.positions for part in parts])), segments)
-
-    def end_passes(self, parts: list[PassRows], h: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Split the last layer's states of `run_passes` by part and score the rows that want logits."""
-        hidden = h.split([len(part.ids) for part in parts])
-        scored = [states[part.logits_from :] for part, states in zip(parts, hidden)]
-        if not any(len(rows) for rows in scored):
-            return [(states, h.new_empty(0, self.config.vocab_size)) for states in hidden]
-        logits = self.logits(self.norm(torch.cat(scored))).split([len(rows) for rows in scored])
-        return list(zip(hidden, logits))
 
     def run_layer(self, rows: LayerRows) -> torch.Tensor:
         """One layer over one sequence's rows (a pass run layer by layer)."""

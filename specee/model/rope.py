@@ -81,3 +81,8 @@ def apply_rope(x: torch.Tensor, angles: RopeAngles) -> torch.Tensor:
     The swap is a cat of two views: the values of `roll`, in fewer ops."""
     half = x.shape[-1] // 2
     return x * angles.cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * angles.sin
+
+
+def angles_rows(angles: RopeAngles, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin as the kernels take them: [T, R * head_dim] fp32 (each layer its set's columns)."""
+    return angles.cos.reshape(T, -1).float().contiguous(), angles.sin.reshape(T, -1).float().contiguous()

@@ -7,7 +7,8 @@ from typing import Iterator, NamedTuple
 import torch
 
 from ..model.cache import KVCache
-from ..model.llama import Passes, Transformer
+from ..model.llama import Transformer
+from ..model.passes import Passes
 from ..sampling import Sampler
 from ..stats import GenerationStats
 

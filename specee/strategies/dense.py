@@ -5,7 +5,7 @@ from typing import Iterator
 
 import torch
 
-from ..model.llama import PassRows
+from ..model.passes import PassRows
 from .base import DecodeState, Step, Strategy
 
 

@@ -21,8 +21,10 @@ import torch
 
 from ..exits.features import candidate_logits, exit_features
 from ..exits.policy import ExitPolicy
+from ..model.attention_bias import AttentionBias
 from ..model.cache import KVCache
-from ..model.llama import AttentionBias, LayerRows, Passes, Transformer
+from ..model.llama import Transformer
+from ..model.passes import LayerRows, Passes
 from ..model.rope import RopeAngles
 from ..stats import GenerationStats
 

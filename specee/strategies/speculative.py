@@ -15,7 +15,7 @@ from typing import Callable, Iterator, NamedTuple
 import torch
 
 from ..drafters.base import Proposer
-from ..model.llama import PassRows
+from ..model.passes import PassRows
 from ..verification.acceptance import accept_greedy, accept_sampling
 from ..verification.draft import Draft
 from ..verification.tree import StaticTree, TreeLayout, dynamic_tree
