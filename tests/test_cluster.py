@@ -132,9 +132,18 @@ def test_concurrent_requests_reach_both_replicas_and_a_shared_prefix_sticks(tiny
     assert counter(tiny_replicated, "specee_routed_requests_total", reason="prefix") - prefix_before == 3
 
 
-def test_ctrl_c_in_a_terminal_stops_a_local_ray_gracefully(tiny):
+def healthy(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_ctrl_c_in_a_terminal_stops_a_local_ray_gracefully(tiny_replicated, tiny):
     """Ctrl-C reaches the whole foreground process group, where a local Ray's processes live too:
-    they must outlive it long enough for the replicas to stop in order, and then go."""
+    they must outlive it long enough for the replicas to stop in order, and then go. The module's
+    cluster runs meanwhile, its CPUs taken by its replicas: without --address the command starts a Ray of its own
+    rather than join the cluster `ray start` left on this machine (where its replica would wait)."""
     port = free_port()
     command = [sys.executable, "-m", "specee.cli", "serve", "--port", str(port), "--model", tiny, "--replicas", "1",
                "--threads", "1"]  # no --address: a local Ray that stops with the command
@@ -142,13 +151,9 @@ def test_ctrl_c_in_a_terminal_stops_a_local_ray_gracefully(tiny):
                               stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
+        while not healthy(port):
             assert server.poll() is None, server.stderr.read()[-3000:]
+            assert time.monotonic() < deadline, "the replica never answered /health"
             time.sleep(0.5)
         os.killpg(server.pid, signal.SIGINT)  # as a terminal does
         assert server.wait(120) == 0

@@ -355,11 +355,15 @@ def test_echo_prepends_the_prompt_and_leaves_the_answer_as_it_was(client):
     shaped = both["choices"][0]["logprobs"]
     generated = len(plain["logprobs"]["tokens"])
     assert shaped["tokens"][-generated:] == plain["logprobs"]["tokens"]
-    assert shaped["token_logprobs"][-generated:] == plain["logprobs"]["token_logprobs"]
+    # The tiny model runs PyTorch's kernels, whose last bits follow a pass's row count, and `auto`
+    # drafts by measured time: equal to rounding (the compiled kernels' rows are exact:
+    # test_batch_invariance.py).
+    assert shaped["token_logprobs"][-generated:] == pytest.approx(plain["logprobs"]["token_logprobs"], abs=1e-5)
     assert shaped["text_offset"][-generated] == len(PROMPT)
     events = [json.loads(line[6:]) for line in post(client, ROUTES[1], {
         "prompt": PROMPT, "max_tokens": 6, "echo": True, "logprobs": 1, "stream": True}).text.split("\n\n")
         if line.startswith("data: {")]
     assert "".join(e["choices"][0]["text"] for e in events) == both["choices"][0]["text"]
-    assert [value for e in events for value in e["choices"][0]["logprobs"]["token_logprobs"]] == shaped["token_logprobs"]
+    streamed = [value for e in events for value in e["choices"][0]["logprobs"]["token_logprobs"]]
+    assert streamed[0] is None and streamed[1:] == pytest.approx(shaped["token_logprobs"][1:], abs=1e-5)
     assert post(client, ROUTES[1], {"prompt": PROMPT, "max_tokens": 0}).json()["error"]["param"] == "max_tokens"

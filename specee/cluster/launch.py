@@ -23,7 +23,9 @@ def run(app, host: str, port: int, address: str | None, replicas: int | str, gra
     local = address is None
     if local:
         bind(host, port).close()  # a busy port fails now, not inside Ray's proxy
-    ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING,
+    # "local": a Ray of its own even where `ray start` left a cluster on this machine, which
+    # ray.init() without an address would join.
+    ray.init(address=address or "local", include_dashboard=False, logging_level=logging.WARNING,
              configure_logging=True, log_to_driver=True)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):  # after ray.init, which installs its own
