@@ -165,6 +165,20 @@ def test_the_row_price_follows_the_measured_passes():
     assert cheap.cost == pytest.approx(0.01, abs=0.01)
 
 
+def test_the_first_drafted_row_pays_a_step_the_price_follows():
+    """Dense steps take 10 ms; a pass with k drafted rows 10 ms x (1 + 0.3 + 0.1 k): one line through
+    every pass would price one drafted row at about half of what it costs."""
+    price = RowPrice(0.2)
+    for rows in [0, 1, 0, 4, 0, 2, 1, 0, 3] * 6:
+        price.record(rows, 0.010 * (1 + (0.3 + 0.1 * rows if rows else 0)))
+    assert price.step == pytest.approx(0.3, abs=0.02) and price.cost == pytest.approx(0.1, abs=0.01)
+    assert price.share(1) == pytest.approx(1.4, rel=0.02) and price.share(0) == 1
+    single = RowPrice(0.2)  # one drafted shape only: its whole cost, the model's price per row
+    for rows in [0, 1, 0, 0, 1] * 6:
+        single.record(rows, 0.010 * (1.5 if rows else 1))
+    assert single.share(1) == pytest.approx(1.5, rel=0.02) and single.cost == pytest.approx(0.2)
+
+
 def decayed_least_squares(rows: list[int], seconds: list[float]) -> float:
     """The row price as a least-squares line through the passes, each weighing 0.95 of the next:
     the estimator `auto` used before issue 50 (less its prior)."""

@@ -1,6 +1,9 @@
 """The CLI's default thread count: physical cores, hyper-thread siblings counted once."""
 import os
+import subprocess
+import sys
 
+import specee
 from specee.model.cores import physical_cores
 
 
@@ -43,3 +46,14 @@ def test_the_cli_runs_on_the_physical_cores_unless_told(monkeypatch):
         cli_loading.load(argparse.Namespace(model=None, dtype="fp32", device="cpu", threads=given, quantization="auto",
                                      compile=True, cpu_tier=None, ctx_size=None))
         assert seen["threads"] == expected
+
+
+def spin_count_seen_by_a_new_process(env: dict) -> str:
+    code = "import specee, os; print(os.environ['GOMP_SPINCOUNT'])"
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_openmp_threads_spin_between_passes_unless_the_user_says_otherwise():
+    env = {key: value for key, value in os.environ.items() if key != "GOMP_SPINCOUNT"}
+    assert spin_count_seen_by_a_new_process(env) == specee.SPIN_COUNT != "300000"
+    assert spin_count_seen_by_a_new_process({**env, "GOMP_SPINCOUNT": "1000"}) == "1000"

@@ -29,11 +29,11 @@ class NoCopies(PromptLookup):
 
 
 def test_failing_passes_rest_drafting_for_longer_after_each_failed_probe():
-    guard, row_cost = DenseGuard(), 0.2
+    guard, cost = DenseGuard(), 1.8  # four drafted rows at 0.2 of a dense step each
     for _ in range(GUARD_PASSES - 1):
-        guard.record(drafted=4, accepted=0, row_cost=row_cost)
+        guard.record(accepted=0, cost=cost)
     assert guard.open  # too few passes to judge
-    guard.record(drafted=4, accepted=0, row_cost=row_cost)
+    guard.record(accepted=0, cost=cost)
     rests = []
     for _ in range(5):  # every probe fails: 4, 8, 16, ... dense passes between them
         assert not guard.open
@@ -42,19 +42,19 @@ def test_failing_passes_rest_drafting_for_longer_after_each_failed_probe():
             guard.rest()
             length += 1
         rests.append(length)
-        guard.record(drafted=4, accepted=0, row_cost=row_cost)  # the probe
+        guard.record(accepted=0, cost=cost)  # the probe
     assert rests == [FIRST_REST * 2**i for i in range(5)]
     for _ in range(20):
         while not guard.open:
             guard.rest()
-        guard.record(drafted=4, accepted=0, row_cost=row_cost)
+        guard.record(accepted=0, cost=cost)
     assert guard.resting <= LONGEST_REST
     while not guard.open:
         guard.rest()
-    guard.record(drafted=4, accepted=3, row_cost=row_cost)  # a probe that pays: drafting resumes
+    guard.record(accepted=3, cost=cost)  # a probe that pays: drafting resumes
     assert guard.open and guard.rest_length == FIRST_REST
     for _ in range(10):  # passes that pay keep it open
-        guard.record(drafted=4, accepted=1, row_cost=row_cost)
+        guard.record(accepted=1, cost=cost)
     assert guard.open
 
 

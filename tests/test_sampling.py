@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from helpers import tiny_model
-from specee.sampling import Sampler, SamplingParams, processed_probs
+from specee.sampling import Sampler, SamplingParams, argmax, processed_probs
 from specee.stats import GenerationStats
 from specee.strategies.base import DecodeState
 from specee.strategies.dense import Autoregressive
@@ -62,6 +62,17 @@ def test_sampled_tokens_stay_in_the_allowed_set(top_k, top_p):
 def test_greedy_picks_the_argmax():
     logits = torch.tensor([[0.1, 3.0, -1.0], [5.0, 0.0, 4.9]])
     assert Sampler(SamplingParams()).pick(logits).tolist() == [1, 0]
+
+
+def test_the_quick_argmax_is_torchs_with_ties_infinities_and_nan():
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randint(-3, 3, (64, 1000), generator=generator).float()  # many tied maxima
+    logits[5, 17] = logits[6, 900] = float("inf")
+    logits[7, 3] = logits[7, 500] = float("nan")
+    logits[8] = float("-inf")
+    for rows in (logits, logits[:, ::3], logits[9:10]):  # strided and one-row views too
+        assert torch.equal(argmax(rows), rows.argmax(-1))
+        assert torch.equal(argmax(rows.double()), rows.double().argmax(-1))
 
 
 @pytest.mark.parametrize("kwargs", [dict(temperature=-0.1), dict(top_p=0.0), dict(top_p=1.01), dict(top_k=-1)])

@@ -13,7 +13,7 @@ verified by the target, so the output is dense decoding's, whatever it chooses.
 
 A row's price, as a share of a one-row pass, starts at the model's `extra_row_cost` and follows
 this request's own passes (row_price.py: a median line through their verification times against
-their rows, which a few slow passes barely move): a row attends to the whole context, so at a few
+their rows, which a few slow passes barely move, above a step that any drafted row pays): a row attends to the whole context, so at a few
 thousand tokens it costs several times what it does at a hundred. In a
 server batch the pass also carries the other generations' rows and tokens, and the draft
 maximises the whole pass's tokens per cost: the more rows already share a pass, the surer a draft
@@ -181,16 +181,16 @@ class AutoDrafter(Proposer):
     def choose(self, context: list[int], limit: int) -> Choice:
         """The offer and length with the most tokens per unit of pass cost, or none."""
         others, other_rows = self.sharing()
-        row_cost = self.price.cost
+        price = self.price
 
         def value(drafted: int, expected: float) -> float:  # the pass's tokens over its cost
-            return (others + 1 + expected) / (1 + row_cost * (other_rows + drafted))
+            return (others + 1 + expected) / price.share(other_rows + drafted)
 
         dense = value(0, 0.0)
         best = None
         # A node adds to the tokens per cost only if its reach is above a row's price times the
         # value so far, which a draft worth taking has above the dense step's.
-        for offer in self.offers(context, limit, floor=row_cost * dense):
+        for offer in self.offers(context, limit, floor=price.cost * dense):
             expected = 0.0
             for k, reach in enumerate(offer.reach, start=1):
                 expected += reach
@@ -226,6 +226,7 @@ class AutoDrafter(Proposer):
             offer["expected"], offer["gain"] = round(offer["expected"], 2), round(offer["gain"], 3)
         return {"at": len(context) - self.prompt_tokens, "from": self.last.source, "to": choice.source,
                 "offer": offer, "acceptance": acceptance, "row_cost": round(self.price.cost, 3),
+                "row_step": round(self.price.step, 3),
                 "sharing": list(self.sharing()), "resting": choice.resting}
 
     def update(self, context: list[int], num_accepted: int) -> None:
@@ -234,7 +235,8 @@ class AutoDrafter(Proposer):
         drafted = 0 if choice is None else len(choice.tokens)
         if drafted:
             self.calibrations[choice.source].record(choice.estimated, drafted, num_accepted)
-            self.guard.record(drafted, num_accepted, self.price.cost)
+            other_rows = self.sharing()[1]  # the pass against the dense step it replaced
+            self.guard.record(num_accepted, self.price.share(other_rows + drafted) / self.price.share(other_rows))
         if self.stats is not None:
             if choice is not None:
                 self.stats.record_drafter(choice.source, drafted, num_accepted)

@@ -34,18 +34,17 @@ class DenseGuard:
         self.resting -= 1
         self.probing = self.resting == 0
 
-    def record(self, drafted: int, accepted: int, row_cost: float) -> None:
-        """A drafted pass: `drafted` rows beyond the root, each at `row_cost` of a one-row pass,
-        gave accepted + 1 tokens."""
+    def record(self, accepted: int, cost: float) -> None:
+        """A drafted pass gave accepted + 1 tokens and cost `cost` dense steps."""
         if self.probing:
             self.probing = False
-            if accepted + 1 >= 1 + row_cost * drafted:
+            if accepted + 1 >= cost:
                 self.rest_length = FIRST_REST
                 self.recent.clear()
             else:
                 self._start_rest()
             return
-        self.recent.append((accepted + 1, 1 + row_cost * drafted))
+        self.recent.append((accepted + 1, cost))
         if len(self.recent) == GUARD_PASSES and sum(t for t, _ in self.recent) < sum(c for _, c in self.recent):
             self._start_rest()
 

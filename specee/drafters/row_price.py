@@ -1,12 +1,16 @@
-"""What one more verified row costs, as a share of a one-row pass, measured on a request's own passes.
+"""What a pass that verifies drafted rows costs, as a share of a one-row pass (a dense step), measured
+on a request's own passes: 1 + step + cost x rows.
 
 A row attends to the whole context, so its price grows with the text; `auto` follows it from the
-verification time of each pass against its rows. Passes share the CPU with whatever else runs (another
+verification time of each pass against its rows. The first drafted row also pays a step: a one-row
+pass takes the kernels' quicker path for a single row, which no pass with more rows does, so a line
+through dense steps and drafted passes alike prices one drafted row below what it costs. Passes share the CPU with whatever else runs (another
 process, a page fault), so a few come out many times slower than their rows make them: a
-least-squares line moves as far as they are slow, a median barely at all. The price is therefore
-the median of the slopes between pairs of recent passes (Theil-Sen) over the median time of a
-one-row pass, each pass's time first clamped to a band around the current line (the median cannot
-help where a single pass is the only one with another row count).
+least-squares line moves as far as they are slow, a median barely at all. So a one-row pass's time
+is the median of the dense steps', and the price per row the median of the slopes between pairs of
+recent drafted passes (Theil-Sen), the step what the median line's intercept holds above a dense
+step; each pass's time is first clamped to a band around the current line (the median cannot help
+where a single pass is the only one with another row count).
 """
 from __future__ import annotations
 
@@ -18,50 +22,79 @@ import numpy as np
 # Each pass weighs this much less than the next; the window holds the latest PRICE_WINDOW passes.
 PRICE_DECAY = 0.95
 PRICE_WINDOW = 24
-# The model's price enters as two pseudo-passes on its line (dense, and with PRIOR_ROWS extra rows),
-# each weighing PRICE_PRIOR_WEIGHT passes at first and decaying like a pass.
+# The model's price enters as two pseudo-passes on its line (no step: with 1 and PRIOR_ROWS drafted
+# rows), each weighing PRICE_PRIOR_WEIGHT passes at first and decaying like a pass.
 PRICE_PRIOR_WEIGHT = 2.0
 PRIOR_ROWS = 4
 # A pass counts as at most CLAMP times (at least 1 / CLAMP of) what the current line predicts for it.
 CLAMP = 2.0
 MIN_PRICE = 0.01
+# A dense pass moves the line little: the fit (a few dozen numpy calls, a share of a pass) reruns
+# after every drafted pass and after every DENSE_REFIT-th dense one.
+DENSE_REFIT = 4
 
 
 class RowPrice:
     def __init__(self, prior: float) -> None:
         self.prior = prior
-        self.cost = prior
-        self.one_row: float | None = None  # a one-row pass's seconds on the current line
+        self.cost = prior  # one more drafted row
+        self.step = 0.0  # any drafted row at all
+        self.one_row: float | None = None  # a one-row pass's seconds
         self.passes: deque[tuple[int, float]] = deque(maxlen=PRICE_WINDOW)  # (extra rows, seconds)
         self.prior_weight = PRICE_PRIOR_WEIGHT
+        self.dense_since_fit = 0
 
-    def predicted(self, extra_rows: int) -> float:
-        return self.one_row * (1 + self.cost * extra_rows)
+    def share(self, extra_rows: int) -> float:
+        """A pass of one row and `extra_rows` more (drafted, or other sequences'), in one-row passes."""
+        return 1 + (self.step if extra_rows else 0.0) + self.cost * extra_rows
 
     def record(self, extra_rows: int, seconds: float) -> None:
         if self.one_row is None:
-            self.one_row = seconds / (1 + self.prior * extra_rows)
+            self.one_row = seconds / self.share(extra_rows)
         else:
             self.prior_weight *= PRICE_DECAY
-        expected = self.predicted(extra_rows)
+        expected = self.one_row * self.share(extra_rows)
         self.passes.append((extra_rows, min(max(seconds, expected / CLAMP), expected * CLAMP)))
+        self.dense_since_fit = 0 if extra_rows else self.dense_since_fit + 1
+        if self.dense_since_fit % DENSE_REFIT == 0:
+            self.fit()
+
+    def fit(self) -> None:
         rows = np.array([r for r, _ in self.passes], dtype=np.float64)
         if np.all(rows == rows[0]):
             return  # one shape of pass: nothing to fit a line to, the price stays
         times = np.array([s for _, s in self.passes])
-        scale = float(np.median(times / (1 + self.cost * rows)))  # a one-row pass now, on the price's line
-        rows = np.append(rows, [0.0, PRIOR_ROWS])
-        times = np.append(times, [scale, scale * (1 + self.prior * PRIOR_ROWS)])
-        weights = np.append(PRICE_DECAY ** np.arange(len(self.passes) - 1, -1, -1), [self.prior_weight] * 2)
-        first, second = pairs(len(rows))
-        spread = rows[second] - rows[first]
-        apart = spread != 0
-        slopes = (times[second] - times[first])[apart] / spread[apart]
-        per_row = weighted_median(slopes, (weights[first] * weights[second])[apart])
-        one_row = weighted_median(times - per_row * rows, weights)
-        if one_row > 0:
-            self.one_row = one_row
-            self.cost = max(MIN_PRICE, per_row / one_row)
+        weights = PRICE_DECAY ** np.arange(len(self.passes) - 1, -1, -1)
+        dense = rows == 0
+        shares = 1 + np.where(dense, 0.0, self.step) + self.cost * rows
+        one_row = weighted_median(times[dense], weights[dense]) if dense.any() else \
+            weighted_median(times / shares, weights)  # no dense step in the window: on the current line
+        if one_row <= 0:
+            return
+        self.one_row = one_row
+        drafted, drafted_times, drafted_weights = rows[~dense], times[~dense], weights[~dense]
+        if len(set(drafted)) == 1:  # one drafted shape: its cost is known, not how it splits
+            share = weighted_median(drafted_times, drafted_weights) / one_row - 1
+            self.cost = max(MIN_PRICE, min(self.cost, share / drafted[0]))
+            self.step = max(0.0, share - self.cost * drafted[0])
+        elif len(drafted):
+            self.cost, self.step = drafted_line(drafted, drafted_times / one_row, drafted_weights,
+                                                self.prior, self.prior_weight)
+
+
+def drafted_line(rows: np.ndarray, shares: np.ndarray, weights: np.ndarray, prior: float, prior_weight: float
+                 ) -> tuple[float, float]:
+    """(cost, step): the median line (Theil-Sen) through drafted passes' shares of a one-row pass,
+    with the model's price as two pseudo-passes."""
+    rows = np.append(rows, [1.0, PRIOR_ROWS])
+    shares = np.append(shares, [1 + prior, 1 + prior * PRIOR_ROWS])
+    weights = np.append(weights, [prior_weight] * 2)
+    first, second = pairs(len(rows))
+    spread = rows[second] - rows[first]
+    apart = spread != 0
+    slopes = (shares[second] - shares[first])[apart] / spread[apart]
+    per_row = max(MIN_PRICE, weighted_median(slopes, (weights[first] * weights[second])[apart]))
+    return per_row, max(0.0, weighted_median(shares - per_row * rows, weights) - 1)
 
 
 @lru_cache(maxsize=None)

@@ -16,6 +16,7 @@ import torch
 
 from ..drafters.base import Proposer
 from ..model.passes import PassRows
+from ..sampling import argmax
 from ..verification.acceptance import accept_greedy, accept_sampling
 from ..verification.draft import Draft
 from ..verification.tree import StaticTree, TreeLayout, dynamic_tree
@@ -196,7 +197,7 @@ class FullPass:
             paths = [[]] + [[draft.tokens[n] for n in layout.path_to(node)] for node in range(len(draft))]
             scores = self.sampler.adjusted(logits, tokens, paths)
         if self.sampler.greedy:
-            accepted, next_token = accept_greedy(draft, scores.argmax(-1))
+            accepted, next_token = accept_greedy(draft, argmax(scores))
         else:
             accepted, next_token = accept_sampling(draft, self.sampler.probs(scores), self.sampler.generator)
         keep_path(cache, prefix, draft, accepted)

@@ -24,6 +24,7 @@ import torch
 
 from ..exits.candidates import Candidates
 from ..exits.policy import ExitPolicy
+from ..sampling import argmax
 from ..verification.acceptance import accept_greedy
 from ..verification.draft import Draft
 from ..verification.tree import TreeLayout
@@ -92,7 +93,7 @@ class ExitVerifier:
         if result.layers < runner.num_layers:  # exited: the pass kept the settled path and its bonus row
             accepted, next_token = [row - 1 for row in result.kept[1:]], int(result.logits[-1].argmax())
         else:
-            accepted, next_token = accept_greedy(draft, result.logits.argmax(-1))
+            accepted, next_token = accept_greedy(draft, argmax(result.logits))
             keep_path(runner.cache, position, draft, accepted)
         return Verified(accepted, next_token, result.logits, result.hidden,
                         [result.kept.index(row) for row in [0, *(1 + node for node in accepted)]],
