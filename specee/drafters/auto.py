@@ -13,11 +13,11 @@ verified by the target, so the output is dense decoding's, whatever it chooses.
 
 A row's price, as a share of a one-row pass, starts at the model's `extra_row_cost` and follows
 this request's own passes (row_price.py: a median line through their verification times against
-their rows, which a few slow passes barely move, above a step that any drafted row pays): a row attends to the whole context, so at a few
-thousand tokens it costs several times what it does at a hundred. In a
-server batch the pass also carries the other generations' rows and tokens, and the draft
-maximises the whole pass's tokens per cost: the more rows already share a pass, the surer a draft
-token must be.
+their rows, which a few slow passes barely move, above a step that any drafted row pays): a row
+attends to the whole context, so at a few thousand tokens it costs several times what it does at a
+hundred. In a server batch the pass also carries the other generations' rows and tokens, and the
+draft maximises the whole pass's tokens per cost: the more rows already share a pass, the surer a
+draft token must be.
 
 Where a multi-row pass rounds differently from one-row passes (bf16), greedy speculation could
 change the answer, so `auto` drafts nothing there: it always gives dense decoding's output.

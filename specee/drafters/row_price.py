@@ -2,11 +2,12 @@
 on a request's own passes: 1 + step + cost x rows.
 
 A row attends to the whole context, so its price grows with the text; `auto` follows it from the
-verification time of each pass against its rows. The first drafted row also pays a step: a one-row
-pass takes the kernels' quicker path for a single row, which no pass with more rows does, so a line
-through dense steps and drafted passes alike prices one drafted row below what it costs. Passes share the CPU with whatever else runs (another
-process, a page fault), so a few come out many times slower than their rows make them: a
-least-squares line moves as far as they are slow, a median barely at all. So a one-row pass's time
+verification time of each pass against its rows. The first drafted rows cost more than later
+ones (BENCHMARKS.md, "Between passes"), so a line through dense steps and drafted passes alike
+prices a short draft below what it costs: drafted passes pay a step besides their rows. Passes
+share the CPU with whatever else runs (another process, a page fault), so a few come out many times
+slower than their rows make them: a least-squares line moves as far as they are slow, a median
+barely at all. So a one-row pass's time
 is the median of the dense steps', and the price per row the median of the slopes between pairs of
 recent drafted passes (Theil-Sen), the step what the median line's intercept holds above a dense
 step; each pass's time is first clamped to a band around the current line (the median cannot help
