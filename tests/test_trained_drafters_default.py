@@ -56,9 +56,9 @@ def test_drafter_flag_with_another_method_is_refused(capsys):
 def test_train_eagle_from_the_command_line(tmp_path, default_engine, monkeypatch):
     """A short run on a small text file: an artifact that loads and drafts, and records how it was made."""
     monkeypatch.setenv("SPECEE_CACHE", str(tmp_path / "cache"))
-    corpus = arithmetic_corpus(tmp_path / "corpus.txt", 200)
+    corpus = arithmetic_corpus(tmp_path / "corpus.txt", 80)
     out = tmp_path / "head.pt"
-    assert main(["train", "eagle", "--out", str(out), "--corpus", str(corpus), "--no-sharegpt", "--minutes", "0.3",
+    assert main(["train", "eagle", "--out", str(out), "--corpus", str(corpus), "--no-sharegpt", "--minutes", "0.08",
                  "--epochs", "2", "--budget", "5"]) == 0
     from specee.drafters.eagle import EagleArtifact
 
@@ -68,7 +68,7 @@ def test_train_eagle_from_the_command_line(tmp_path, default_engine, monkeypatch
     assert result.token_ids == default_engine.generate("What is 3 plus 3?", max_tokens=8, spec_method="none").token_ids
     # A second stage drafting 2 levels deep from that head keeps its vocabulary and settings.
     second = tmp_path / "head2.pt"
-    assert main(["train", "eagle", "--out", str(second), "--corpus", str(corpus), "--no-sharegpt", "--minutes", "0.2",
+    assert main(["train", "eagle", "--out", str(second), "--corpus", str(corpus), "--no-sharegpt", "--minutes", "0.05",
                  "--epochs", "1", "--init", str(out), "--unroll", "2", "--lr", "3e-4"]) == 0
     staged = EagleArtifact.load(second, default_engine.model)
     assert staged.settings.budget == 5 and torch.equal(staged.vocab, artifact.vocab)
@@ -96,9 +96,9 @@ def test_bad_kangaroo_training_flags_exit_2(capsys, tmp_path, flags, message):
 def test_train_kangaroo_from_the_command_line(tmp_path, default_engine, monkeypatch):
     """A short run on a small text file: an artifact that loads, drafts exactly, and records its settings."""
     monkeypatch.setenv("SPECEE_CACHE", str(tmp_path / "cache"))
-    corpus = arithmetic_corpus(tmp_path / "corpus.txt", 200)
+    corpus = arithmetic_corpus(tmp_path / "corpus.txt", 80)
     out = tmp_path / "adapter.pt"
-    assert main(["train", "kangaroo", "--out", str(out), "--corpus", str(corpus), "--no-sharegpt", "--minutes", "0.3",
+    assert main(["train", "kangaroo", "--out", str(out), "--corpus", str(corpus), "--no-sharegpt", "--minutes", "0.08",
                  "--epochs", "2", "--layers", "3", "--eta", "0.4", "--gamma", "5"]) == 0
     from specee.drafters.kangaroo import KangarooArtifact, KangarooSettings
 
