@@ -19,6 +19,11 @@ PROMPTS = ["Summarize: The cat sat on the mat. The cat sat on the mat because th
            "Write a Python function that returns the square of a number."]
 
 
+@pytest.fixture(scope="module")
+def dense_answers(default_engine):
+    return [default_engine.generate(prompt, max_tokens=40, spec_method="none") for prompt in PROMPTS]
+
+
 @pytest.mark.parametrize("options", [dict(exit="specee", exit_threshold=1.5),
                                      dict(exit="specee", exit_threshold=1.5, spec_method="hybrid"),
                                      dict(exit="specee", exit_threshold=1.5, spec_method="hybrid", tree="auto"),
@@ -26,12 +31,11 @@ PROMPTS = ["Summarize: The cat sat on the mat. The cat sat on the mat because th
                                      dict(exit="specee", exit_threshold=1.5, spec_method="kangaroo", exit_kv="approx"),
                                      dict(exit="specee", exit_threshold=1.5, exit_kv="approx"),
                                      dict(exit="rule", exit_rule="1.01,1.01")])
-def test_exits_that_never_fire_equal_dense(default_engine, options):
+def test_exits_that_never_fire_equal_dense(default_engine, dense_answers, options):
     """Token-identical to dense, every pass full depth; inside verification, the same drafts
     proposed and accepted as the speculative mode without exits."""
     accepted = 0
-    for prompt in PROMPTS:
-        dense = default_engine.generate(prompt, max_tokens=40, spec_method="none")
+    for prompt, dense in zip(PROMPTS, dense_answers):
         result = default_engine.generate(prompt, max_tokens=40, **options)
         assert (result.text, result.token_ids, result.finish_reason) == (dense.text, dense.token_ids, dense.finish_reason)
         assert result.stats.predictors_run > 0 and set(result.stats.exit_layers) == {30}
