@@ -233,15 +233,16 @@ class AutoDrafter(Proposer):
         self.lookup.update(context, num_accepted)
         choice, self.pending = self.pending, None  # None: a pass auto did not draft (a grammar's)
         drafted = 0 if choice is None else len(choice.tokens)
+        sharing = self.sharing()
         if drafted:
             self.calibrations[choice.source].record(choice.estimated, drafted, num_accepted)
-            other_rows = self.sharing()[1]  # the pass against the dense step it replaced
+            other_rows = sharing[1]  # the pass against the dense step it replaced
             self.guard.record(num_accepted, self.price.share(other_rows + drafted) / self.price.share(other_rows))
         if self.stats is not None:
             if choice is not None:
                 self.stats.record_drafter(choice.source, drafted, num_accepted)
             seconds, self.timed = self.stats.verify_s - self.timed, self.stats.verify_s
-            alone = self.sharing() == (0, 0)  # a pass of its own: its time is its rows'
+            alone = sharing == (0, 0)  # a pass of its own: its time is its rows'
             if choice is not None and alone and not self.reproducible:
                 self.price.record(drafted, seconds)
 

@@ -7,11 +7,11 @@ ones (BENCHMARKS.md, "Between passes"), so a line through dense steps and drafte
 prices a short draft below what it costs: drafted passes pay a step besides their rows. Passes
 share the CPU with whatever else runs (another process, a page fault), so a few come out many times
 slower than their rows make them: a least-squares line moves as far as they are slow, a median
-barely at all. So a one-row pass's time
-is the median of the dense steps', and the price per row the median of the slopes between pairs of
-recent drafted passes (Theil-Sen), the step what the median line's intercept holds above a dense
-step; each pass's time is first clamped to a band around the current line (the median cannot help
-where a single pass is the only one with another row count).
+barely at all. So a one-row pass's time is the median of the dense steps', and the price per row
+the median of the slopes between pairs of recent drafted passes (Theil-Sen), the step what the
+median line's intercept holds above a dense step; each pass's time is first clamped to a band
+around the current line (the median cannot help where a single pass is the only one with another
+row count).
 """
 from __future__ import annotations
 
@@ -67,9 +67,11 @@ class RowPrice:
         times = np.array([s for _, s in self.passes])
         weights = PRICE_DECAY ** np.arange(len(self.passes) - 1, -1, -1)
         dense = rows == 0
-        shares = 1 + np.where(dense, 0.0, self.step) + self.cost * rows
-        one_row = weighted_median(times[dense], weights[dense]) if dense.any() else \
-            weighted_median(times / shares, weights)  # no dense step in the window: on the current line
+        if dense.any():
+            one_row = weighted_median(times[dense], weights[dense])
+        else:  # no dense step in the window: each pass read on the current line
+            shares = 1 + self.step + self.cost * rows
+            one_row = weighted_median(times / shares, weights)
         if one_row <= 0:
             return
         self.one_row = one_row
