@@ -1,4 +1,5 @@
-"""The CLI's default thread count: physical cores, hyper-thread siblings counted once."""
+"""The CLI's default thread count: physical cores, hyper-thread siblings counted once; and the
+OpenMP spin between passes that `import specee` sets unless the user set one."""
 import os
 import subprocess
 import sys
