@@ -255,6 +255,20 @@ def test_the_four_prompt_forms_give_the_same_answers_in_openai_order(client, eng
         assert [c["text"] for c in single["choices"]] == [c["text"] for c in alone[i]["choices"]]
 
 
+def test_ignore_eos_decodes_to_the_token_limit_as_vllm_and_llama_server_do(client, engine):
+    """Fixed-length benchmarks send `ignore_eos`: end-of-sequence tokens (here made certain by a
+    bias) no longer end the answer; without it they do. With a grammar it is a 400."""
+    eos = str(min(engine.tokenizer.eos_token_ids))
+    stopped = post(client, ROUTES[1], {"prompt": "the cat", "max_tokens": 6, "logit_bias": {eos: 100}}).json()
+    assert stopped["choices"][0]["finish_reason"] == "stop" and stopped["usage"]["completion_tokens"] <= 1
+    for route, prompt in ((ROUTES[1], {"prompt": "the cat"}), (ROUTES[0], {"messages": CHAT["messages"]})):
+        full = post(client, route, prompt | {"max_tokens": 6, "logit_bias": {eos: 100}, "ignore_eos": True}).json()
+        assert full["choices"][0]["finish_reason"] == "length" and full["usage"]["completion_tokens"] == 6, full
+    for bad in ({"ignore_eos": 1}, {"ignore_eos": True, "response_format": {"type": "json_object"}}):
+        response = post(client, ROUTES[0], CHAT | bad)
+        assert response.status_code == 400 and response.json()["error"]["param"] == "ignore_eos", response.text
+
+
 @pytest.mark.parametrize("prompt", [[], [[]], [""], [5, 300], [[5], [-1]], [5, 1.5], [True], ["a"] * 17])
 def test_bad_prompts_are_a_400_naming_the_prompt(client, prompt):
     response = post(client, ROUTES[1], {"prompt": prompt, "max_tokens": 2})

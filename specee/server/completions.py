@@ -85,6 +85,11 @@ class Planner:
             options["prompt_logprobs"] = request.prompt_logprobs_asked
         if request.specee is not None and request.specee.prefix_cache is False:
             options["prefix_cache"] = False
+        if request.ignore_eos:
+            if grammar is not None:  # a constraint ends the answer where it is complete
+                raise BadRequest(f"ignore_eos: {grammar[1]} ends the answer when it is complete",
+                                 param="ignore_eos", code="invalid_value")
+            options["ignore_eos"] = True
         if not strategy.full_logits:  # early exits
             asked = [name for name in ("presence_penalty", "frequency_penalty", "logit_bias") if options.get(name)]
             asked += ["logprobs"] if "logprobs" in options or "prompt_logprobs" in options else []

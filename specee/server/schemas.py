@@ -134,6 +134,7 @@ class Sampling(Strict):
     presence_penalty: float | None = Field(None, ge=-MAX_PENALTY, le=MAX_PENALTY)
     frequency_penalty: float | None = Field(None, ge=-MAX_PENALTY, le=MAX_PENALTY)
     logit_bias: dict[str, float] | None = None  # token id (a string, as JSON keys are) -> bias
+    ignore_eos: bool = False  # vLLM's and llama-server's: run to max_tokens past end-of-sequence tokens
     # NEUTRAL's fields, typed loosely here and checked by value in _neutral.
     store: Any = None
     metadata: Any = None
