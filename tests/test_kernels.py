@@ -361,13 +361,13 @@ def test_damaged_bindings_are_built_again_with_a_warning(tmp_path, monkeypatch):
     real, calls = kernels_module._compile_bindings, []
 
     def compile_bindings(directory):
-        calls.append(sorted(p.name for p in directory.glob("*.so")) if directory.exists() else None)
+        calls.append(directory.exists())
         return real(directory) if len(calls) == 1 else "built again"
 
     monkeypatch.setattr(kernels_module, "_compile_bindings", compile_bindings)
     with pytest.warns(UserWarning, match="could not be loaded .*rebuilding"):
         assert kernels_module.bindings.__wrapped__() == "built again"
-    assert calls[0] and calls[1] is None  # the damaged folder was removed before the second build
+    assert calls == [True, False]  # the damaged folder was removed before the second build
 
 
 @pytest.mark.slow
