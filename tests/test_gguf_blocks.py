@@ -103,10 +103,10 @@ def test_supported_types_are_those_tested():
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_k_quant_scales_factor_exactly(qtype):
-    """Q5_K's and Q6_K's scales and offsets are an fp32 factor per 256 weights times an int8 per
+    """The K-quants' scales and offsets are an fp32 factor per 256 weights times an int8 per
     group, exactly (what the kernels' superblock scales multiply back); the other types have none."""
     affine = decode(random_blocks(qtype), qtype)
-    if qtype not in (Type.Q5_K, Type.Q6_K):
+    if qtype not in (Type.Q4_K, Type.Q5_K, Type.Q6_K):
         assert qtype not in FACTORED and affine.factors is None and affine.multipliers is None
         return
     assert qtype in FACTORED

@@ -13,7 +13,10 @@ from specee.model.integer_linear import IntegerLinear
 
 # Block type -> (bits, group size) of the kernel format it is read into by --quantization gguf.
 FORMATS = {"Q4_0": (4, 32), "Q4_1": (4, 32), "Q4_K": (4, 32), "Q5_0": (8, 32), "Q5_1": (8, 32),
-           "Q5_K": (8, 32), "Q6_K": (8, 16), "Q8_0": (8, 32)}
+           "Q5_K": (6, 32), "Q6_K": (6, 16), "Q8_0": (8, 32)}
+# Bytes a weight of the K-quants as they run, from their layouts: codes, an int8 (or two) per group
+# and an fp32 (or two) per 256 weights. The file's: Q4_K 4.5 bits, Q6_K 6.5625.
+K_QUANT_BYTES = {"Q4_K": 4 / 8 + 2 / 32 + 8 / 256, "Q5_K": 6 / 8 + 2 / 32 + 8 / 256, "Q6_K": 6 / 8 + 1 / 16 + 4 / 256}
 Q4_K_M = {"default": "Q4_K", "attn_v": "Q6_K", "ffn_down": "Q6_K", "token_embd": "Q6_K"}
 
 
@@ -44,14 +47,16 @@ def test_each_block_type_is_read_into_its_format_with_the_files_values(tmp_path,
     bits, group = FORMATS[kind]
     down = engine.model.layers[1].mlp.down_proj
     assert isinstance(down, IntegerLinear) and (down.bits, down.group_size) == (bits, group)
-    # The K-quants' 8-bit forms keep their scales factored: a quarter of the bytes (or less).
-    assert down.superblock_scales == (kind in ("Q5_K", "Q6_K"))
+    # The K-quants keep their scales factored, in about the file's bytes.
+    assert down.superblock_scales == (kind in K_QUANT_BYTES)
+    if kind in K_QUANT_BYTES:
+        assert down.weight_bytes == down.in_features * down.out_features * K_QUANT_BYTES[kind]
     # The tied head keeps its rows for the embedding: the file's values, exactly for the 8-bit
-    # formats; 4-bit formats round d and the zero point to bf16 (relative 2^-9 of each).
+    # formats and the K-quants; Q4_0 and Q4_1 round d and the zero point to bf16 (relative 2^-9 of each).
     rows = torch.arange(40)
     ours = engine.model.embed_tokens.dequantize(rows)
     expected = dequantized_rows(path, "token_embd.weight", slice(0, 40))
-    if bits == 8:
+    if bits != 4 or kind in K_QUANT_BYTES:
         assert torch.equal(ours, expected)
     else:
         step = ours.abs().max()
@@ -62,13 +67,14 @@ def test_each_block_type_is_read_into_its_format_with_the_files_values(tmp_path,
 
 
 def test_a_q4_k_m_mix_runs_as_the_dequantized_model_does(tmp_path, tiny_tokenizer, cache):
-    """q and k (Q4_K) fuse with v (Q6_K) into one grouped-int8 matrix; the result follows the
-    dense model built from gguf-py's dequantization up to the activations' int8 rounding."""
+    """q and k (Q4_K) fuse with v (Q6_K) into one matrix of 6-bit codes with superblock scales in
+    groups of 16; the result follows the dense model built from gguf-py's dequantization up to the
+    activations' int8 rounding."""
     path = gguf_file(tmp_path, tiny_tokenizer, Q4_K_M)
     quantized, dense = specee.load(path, threads=1), specee.load(path, quantization="none", threads=1)
     qkv = quantized.model.layers[0].self_attn.qkv_proj
-    assert (qkv.bits, qkv.group_size, qkv.superblock_scales) == (8, 16, False)
-    assert quantized.model.layers[0].mlp.down_proj.superblock_scales  # Q6_K alone keeps its factored scales
+    assert (qkv.bits, qkv.group_size, qkv.superblock_scales, qkv.centered) == (6, 16, True, False)
+    assert quantized.model.layers[0].mlp.down_proj.centered  # Q6_K alone: its own scales alone
     ids = torch.tensor(quantized.tokenizer.encode_prompt("Hello there, name three colours"))
     with torch.no_grad():
         ours, reference = (e.model.embed(ids) for e in (quantized, dense))

@@ -113,26 +113,33 @@ def test_int4_and_grouped_int8_fuse_into_one_matrix_of_the_same_values(kernels, 
         torch.testing.assert_close(out, alone, rtol=1e-5, atol=1e-5)
 
 
-def superblock_weight(N: int, K: int, group: int, seed: int) -> SuperblockInt8Weight:
-    """Q6_K-like: 6-bit codes, scale d * sc with an fp16 d per 256 inputs and an int8 sc per group,
-    offset -32 d * sc; the offsets' factor and multipliers drawn apart, so a swap would show."""
+def superblock_weight(N: int, K: int, group: int, seed: int, centered: bool = False, bits: int = 6) -> SuperblockInt8Weight:
+    """Q5_K-like: 6-bit codes, scale d * sc with an fp16 d per 256 inputs and an int8 sc per group,
+    offset m * mc; the offsets' factor and multipliers drawn apart, so a swap would show. `centered`:
+    Q6_K-like, offset -32 d * sc; bits 4: Q4_K-like."""
     g = torch.Generator().manual_seed(seed)
     d = (torch.rand(N, K // 256, generator=g) * 1e-3).half().float()
-    m = (torch.randn(N, K // 256, generator=g) * 1e-2).half().float()
+    m = -32 * d if centered else (torch.randn(N, K // 256, generator=g) * 1e-2).half().float()
     multipliers = torch.randint(-128, 128, (N, K // group, 2), generator=g, dtype=torch.int8)
-    return SuperblockInt8Weight(torch.randint(0, 64, (N, K), generator=g, dtype=torch.uint8), torch.stack((d, m), -1),
-                                multipliers, group)
+    if centered:
+        multipliers[..., 1] = multipliers[..., 0]
+    codes = torch.randint(0, 2**bits, (N, K), generator=g, dtype=torch.uint8)
+    return SuperblockInt8Weight(codes, torch.stack((d, m), -1), multipliers, group, bits)
 
 
-@pytest.mark.parametrize("group", [16, 32])
-def test_superblock_scales_multiply_as_their_fp32_products_do(kernels, portable, group):
-    """Scales kept as fp32 factors times int8 multipliers (a GGUF file's Q6_K, Q5_K) give the bits of
-    the same matrix with the products stored as fp32 scales, in every tier, in under half the bytes."""
-    weight = superblock_weight(200, 512, group, seed=group)
+@pytest.mark.parametrize("group, centered, bits", [(16, False, 6), (32, False, 6), (16, True, 6), (32, False, 4)])
+def test_superblock_scales_multiply_as_their_fp32_products_do(kernels, portable, group, centered, bits):
+    """Scales kept as fp32 factors times int8 multipliers (a GGUF file's Q5_K; Q6_K's centered, its
+    offset -32 times its scale; Q4_K's over 4-bit codes) over 6- or 4-bit codes give the bits of the
+    same matrix with 8-bit codes and the products stored as fp32 scales, in every tier, in the bytes
+    the file takes (but for fp32 factors)."""
+    weight = superblock_weight(200, 512, group, seed=group, centered=centered, bits=bits)
     layer = quantized_linear(weight, kernels=kernels)
     plain = quantized_linear(weight.grouped(), kernels=kernels)
-    assert layer.superblock_scales and not plain.superblock_scales
-    assert layer.scales_zeros.numel() * 2 < plain.scales_zeros.numel() * plain.scales_zeros.element_size()
+    assert layer.superblock_scales and not plain.superblock_scales and layer.centered == centered
+    assert (layer.bits, plain.bits) == (bits, 8) and layer.packed.numel() * 8 == plain.packed.numel() * bits
+    pairs = 1 if centered else 2  # per superblock and lane: fp32 factors, an int8 multiplier per group
+    assert layer.scales_zeros.numel() == 13 * 2 * 16 * pairs * (4 + 256 // group)
     rows_back = torch.tensor([0, 15, 16, 199, 77])
     assert torch.equal(layer.dequantize(rows_back), weight.dequantize(rows_back))
     for T in (1, 2, 4, 5, 9):
@@ -151,16 +158,25 @@ def test_superblock_scales_refuse_codes_of_more_than_six_bits(kernels):
 
 
 def test_superblock_scales_fuse_as_their_own_format_or_as_grouped_int8(kernels):
-    """Q6_K q, k and v stay factored when fused; beside int4 they become fp32-scaled grouped int8."""
+    """Q6_K q, k and v stay factored when fused; Q4_K q and k beside Q6_K v become 6-bit codes with
+    superblock scales in groups of 16; beside int4 they become fp32-scaled grouped int8. Each part's
+    outputs keep their bits."""
     parts = [superblock_weight(32, 256, 16, seed=s) for s in range(3)]
     fused = cat_rows(parts)
     assert isinstance(fused, SuperblockInt8Weight)
     assert torch.equal(fused.dequantize(), torch.cat([p.dequantize() for p in parts]))
+    x = rows(3, 256, seed=7)
+    alone = quantized_linear(parts[0], kernels=kernels)(x)
+    q4_k = superblock_weight(48, 256, 32, seed=5, bits=4)
+    k_quants = cat_rows([q4_k, parts[0]])
+    assert isinstance(k_quants, SuperblockInt8Weight) and (k_quants.group_size, k_quants.bits) == (16, 6)
+    assert torch.equal(k_quants.dequantize(), torch.cat([q4_k.dequantize(), parts[0].dequantize()]))
+    out = quantized_linear(k_quants, kernels=kernels)(x)
+    assert torch.equal(out[:, 48:], alone)
+    torch.testing.assert_close(out[:, :48], quantized_linear(q4_k, kernels=kernels)(x), rtol=1e-5, atol=1e-5)
     mixed = cat_rows([quantize_int4(torch.randn(32, 256, generator=torch.Generator().manual_seed(9)) * 0.05, 32),
                       parts[0]])
     assert not isinstance(mixed, SuperblockInt8Weight) and mixed.group_size == 16
-    x = rows(3, 256, seed=7)
-    alone = quantized_linear(parts[0], kernels=kernels)(x)
     assert torch.equal(quantized_linear(mixed, kernels=kernels)(x)[:, 32:], alone)
 
 

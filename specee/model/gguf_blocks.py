@@ -48,7 +48,7 @@ class AffineCodes:
     offsets: np.ndarray  # float32 [N, K // group_size]
     bits: int  # 4, or 8 for the 5-, 6- and 8-bit codes
     group_size: int
-    # The K-quants' scales and offsets factored as the file keeps them (Q5_K, Q6_K; else None):
+    # The K-quants' scales and offsets factored as the file keeps them (Q4_K, Q5_K, Q6_K; else None):
     # scales = factors[n, s, 0] * multipliers[n, g, 0], offsets = factors[n, s, 1] * multipliers[n, g, 1]
     # for group g of superblock s (256 weights), exact products.
     factors: np.ndarray | None = None  # float32 [N, K // 256, 2]
@@ -206,7 +206,7 @@ def _k_scales_offsets(blocks, scales, offsets) -> None:
 
 
 def _k_factors(blocks, factors, multipliers) -> None:
-    """Q5_K: scale d * sc and offset (-dmin) * mn, as superblock factors and sub-block multipliers."""
+    """Q4_K, Q5_K: scale d * sc and offset (-dmin) * mn, as superblock factors and sub-block multipliers."""
     factors[..., 0] = _fp16(blocks[..., 0:2])
     np.negative(_fp16(blocks[..., 2:4]), out=factors[..., 1])
     sub_scales, sub_mins = _k_scales_mins(blocks[..., 4:16])  # 6 bits: valid int8
@@ -268,7 +268,7 @@ def _q6_k_factors(blocks, factors, multipliers) -> None:
 _FORMATS: dict[Type, _Format] = {
     Type.Q4_0: _Format(4, 32, _q4_0),
     Type.Q4_1: _Format(4, 32, _q4_1),
-    Type.Q4_K: _Format(4, 32, _q4_k),
+    Type.Q4_K: _Format(4, 32, _q4_k, _k_factors),
     Type.Q5_0: _Format(8, 32, _q5_0),
     Type.Q5_1: _Format(8, 32, _q5_1),
     Type.Q5_K: _Format(8, 32, _q5_k, _k_factors),

@@ -4,11 +4,12 @@ one tensor's temporaries.
 
 Per `quantization`:
 - "gguf" (what "auto" picks on the CPU for a file whose matrices are quantized): the file's own blocks, as
-  `gguf_blocks.py` decodes them. 4-bit blocks (Q4_0, Q4_1, Q4_K) become int4 in groups of 32 with the
-  file's codes; the int4 kernel takes bf16 scales and zero points, so d (or d * sc) and the zero
-  point are rounded to bf16 (relative error <= 2^-9 of each). 5-, 6- and 8-bit blocks (Q5_0, Q5_1,
-  Q5_K, Q6_K, Q8_0) become int8 in groups of 16 or 32 with fp32 scales and offsets: exactly the
-  file's values. F32, F16 and BF16 matrices are quantized to the default format (int4, with an int8
+  `gguf_blocks.py` decodes them. Q4_0 and Q4_1 become int4 in groups of 32 with the file's codes;
+  the int4 kernel takes bf16 scales and zero points, so d and the zero point are rounded to bf16
+  (relative error <= 2^-9 of each). The K-quants (Q4_K, Q5_K, Q6_K) keep their codes in 4 or 6 bits
+  and their scales as the file factors them (an fp32 per superblock times an int8 per group):
+  exactly the file's values in about its bytes. Q5_0, Q5_1 and Q8_0 become int8 in groups of 32
+  with fp32 scales and offsets: exactly the file's values. F32, F16 and BF16 matrices are quantized to the default format (int4, with an int8
   output head and embedding) as they are read; other block types (Q2_K, Q3_K, the IQ types) are
   dequantized and quantized the same way, and said so once on stderr.
 - "int4", "int8": every matrix dequantized and quantized to that format as it is read.
@@ -98,7 +99,7 @@ def _from_affine(affine: "gguf_blocks.AffineCodes"):
     codes, scales, offsets = (torch.from_numpy(a) for a in (affine.codes, affine.scales, affine.offsets))
     if affine.factors is not None:
         return SuperblockInt8Weight(codes, torch.from_numpy(affine.factors), torch.from_numpy(affine.multipliers),
-                                    affine.group_size)
+                                    affine.group_size, 4 if affine.bits == 4 else 6)
     if affine.bits == 4:
         # code * s + m = (code - 8) * s + (m + 8 s): int4's zero point is m + 8 s.
         return Int4Weight.from_codes(codes, scales, offsets + 8 * scales, affine.group_size)

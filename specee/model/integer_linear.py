@@ -16,15 +16,36 @@ SUPERBLOCK = 256  # inputs per pair of scale factors (superblock scales)
 
 
 def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """codes [N, K] unsigned (0..15 for 4 bits, 0..255 for 8) -> [N / 16, K / 32 * block bytes]:
+    """codes [N, K] unsigned (below 2 ** bits; bits 4, 6 or 8) -> [N / 16, K / 32 * block bytes]:
     per tile of 16 features and block of 32 inputs, 8 steps of [16 lanes x 4 inputs]; 4-bit codes
-    hold steps 0-3 in the low nibbles and 4-7 in the high ones. N is padded to 16 with zeros."""
+    hold steps 0-3 in the low nibbles and 4-7 in the high ones, 6-bit codes as `six_bit_blocks` packs
+    them. N is padded to 16 with zeros."""
     N, K = codes.shape
     codes = F.pad(codes.to(torch.uint8), (0, 0, 0, -N % LANES))
     steps = codes.view(-1, LANES, K // BLOCK, 8, 4).permute(0, 2, 3, 1, 4)  # [tiles, blocks, step, lane, 4]
     if bits == 4:
         steps = steps[:, :, :4] | (steps[:, :, 4:] << 4)
+    if bits == 6:
+        return six_bit_blocks(steps.reshape(*steps.shape[:2], -1)).reshape(steps.shape[0], -1)
     return steps.reshape(steps.shape[0], -1).contiguous()
+
+
+def six_bit_blocks(blocks: torch.Tensor) -> torch.Tensor:
+    """[..., 512] codes below 64, a byte each -> [..., 384]: 256 bytes whose low nibble is code i's low
+    4 bits and whose high nibble is code 256 + i's, then 128 bytes holding bits 4-5 of codes i, 128 + i,
+    256 + i and 384 + i, two bits each from the bottom (kernels.h's unpack_six reads them)."""
+    low = (blocks[..., :256] & 15) | ((blocks[..., 256:] & 15) << 4)
+    high = blocks >> 4
+    high = high[..., :128] | (high[..., 128:256] << 2) | (high[..., 256:384] << 4) | (high[..., 384:] << 6)
+    return torch.cat((low, high), dim=-1)
+
+
+def eight_bit_blocks(blocks: torch.Tensor) -> torch.Tensor:
+    """six_bit_blocks undone: [..., 384] -> [..., 512]."""
+    low, high = blocks[..., :256], blocks[..., 256:]
+    highs = [(high >> shift & 3) << 4 for shift in (0, 2, 4, 6)]
+    return torch.cat(((low[..., :128] & 15) | highs[0], (low[..., 128:] & 15) | highs[1],
+                      (low[..., :128] >> 4) | highs[2], (low[..., 128:] >> 4) | highs[3]), dim=-1)
 
 
 def per_tile(values: torch.Tensor) -> torch.Tensor:
@@ -38,20 +59,23 @@ class IntegerLinear(nn.Module):
     """A quantized matrix as unsigned codes [N, K] with, for 4 bits, a bf16 scale and zero per
     feature and group of inputs (w = (code - 8) * scale + zero; `scales_zeros` [N, G, 2]) or, for 8
     bits, an fp32 scale and offset per feature (group_size 0: w = code * scale + offset; [N, 2]) or
-    per feature and group of 16 or 32 inputs ([N, G, 2], or as superblock factors and int8
-    multipliers: `from_superblocks`). Row lookups (the tied head and embedding) read the packed
-    tiles back (`dequantize`)."""
+    per feature and group of 16 or 32 inputs ([N, G, 2]); or 6-bit codes whose scales and offsets
+    are superblock factors times int8 multipliers (`from_superblocks`). Row lookups (the tied head
+    and embedding) read the packed tiles back (`dequantize`)."""
 
     def __init__(self, packed: torch.Tensor, scales_zeros: torch.Tensor, out_features: int, bits: int,
                  group_size: int, kernels, bias: torch.Tensor | None = None) -> None:
         """`packed` and `scales_zeros` already in the kernels' tiles (`from_codes` makes them)."""
         super().__init__()
         self.out_features, self.in_features = out_features, packed.shape[1] // (LANES * bits // 8)
-        if self.in_features % BLOCK or (group_size % BLOCK and not (bits == 8 and group_size == BLOCK // 2)):
+        if self.in_features % BLOCK or (group_size % BLOCK and not (bits in (6, 8) and group_size == BLOCK // 2)):
             raise ValueError(f"in_features {self.in_features} must be a multiple of {BLOCK}, and the group size "
-                             f"{group_size} too (or 16 for 8 bits)")
-        if scales_zeros.dtype == torch.uint8 and (bits != 8 or not group_size or self.in_features % SUPERBLOCK):
-            raise ValueError("superblock scales are for grouped 8-bit codes over a multiple of 256 inputs")
+                             f"{group_size} too (or 16 for 6 and 8 bits)")
+        records = scales_zeros.dtype == torch.uint8
+        if (records and (self.in_features % SUPERBLOCK or not (bits == 6 and group_size or bits == 4 and group_size == BLOCK))
+                or bits == 6 and not records):
+            raise ValueError("superblock scales are for 6-bit codes (which take no others) and 4-bit codes in groups "
+                             "of 32, over a multiple of 256 inputs")
         self.bits, self.group_size, self.kernels, self.bias = bits, group_size, kernels, bias
         self.packed = packed  # [tiles, K / 32 * block bytes] uint8
         self.scales_zeros = scales_zeros  # [tiles, G, 2, 16], [tiles, 2, 16] or superblock records, uint8
@@ -67,35 +91,54 @@ class IntegerLinear(nn.Module):
 
     @classmethod
     def from_superblocks(cls, codes: torch.Tensor, factors: torch.Tensor, multipliers: torch.Tensor, group_size: int,
-                         kernels, bias: torch.Tensor | None = None) -> "IntegerLinear":
-        """Codes [N, K] below 64 whose scale and offset are factors [N, K / 256, 2] fp32 times multipliers
-        [N, K / group_size, 2] int8 (quantize.py's SuperblockInt8Weight): per tile and superblock of
-        256 inputs, the factors [2, 16] fp32 then each group's multipliers [2, 16] int8, as bytes."""
+                         kernels, bias: torch.Tensor | None = None, bits: int = 6) -> "IntegerLinear":
+        """Codes [N, K] below 2 ** bits (6, or 4 in groups of 32) whose scale and offset are factors
+        [N, K / 256, 2] fp32 times multipliers [N, K / group_size, 2] int8 (quantize.py's
+        SuperblockInt8Weight), with, per tile and superblock of 256 inputs, the factors [2, 16] fp32
+        then each group's multipliers [2, 16] int8, as bytes. Where every offset is -32 times its
+        scale (a GGUF file's Q6_K) and 6-bit codes come in groups of 16, a centered record: D [16]
+        fp32, then each group's sc [16] int8."""
         if codes.shape[1] % SUPERBLOCK:
             raise ValueError(f"in_features {codes.shape[1]} must be a multiple of {SUPERBLOCK}")
-        if codes.numel() and int(codes.max()) >= 64:  # the kernels multiply these codes unsplit
-            raise ValueError(f"superblock scales take codes below 64; got {int(codes.max())}")
-        tile_factors = per_tile(factors.float())  # [tiles, S, 2, 16]
-        tile_multipliers = per_tile(multipliers.to(torch.int8))  # [tiles, G, 2, 16]
+        if bits not in (4, 6) or (bits == 4 and group_size != BLOCK):
+            raise ValueError(f"superblock scales take 6-bit codes, or 4-bit ones in groups of {BLOCK}")
+        if codes.numel() and int(codes.max()) >= 2**bits:
+            raise ValueError(f"superblock scales of {bits}-bit codes take codes below {2**bits}; got {int(codes.max())}")
+        factors, multipliers = factors.float(), multipliers.to(torch.int8)
+        centered = (bits == 6 and group_size == LANES and torch.equal(factors[..., 1], -32 * factors[..., 0])
+                    and torch.equal(multipliers[..., 0], multipliers[..., 1]))
+        if centered:
+            factors, multipliers = factors[..., :1], multipliers[..., :1]
+        tile_factors = per_tile(factors)  # [tiles, S, 2 or 1, 16]
+        tile_multipliers = per_tile(multipliers)  # [tiles, G, 2 or 1, 16]
         tiles, superblocks = tile_factors.shape[:2]
         records = torch.cat((tile_factors.reshape(tiles, superblocks, -1).view(torch.uint8),
                              tile_multipliers.reshape(tiles, superblocks, -1).view(torch.uint8)), dim=-1)
-        return cls(pack_codes(codes, 8), records.reshape(tiles, -1), codes.shape[0], 8, group_size, kernels, bias)
+        return cls(pack_codes(codes, bits), records.reshape(tiles, -1), codes.shape[0], bits, group_size, kernels, bias)
 
     @property
     def superblock_scales(self) -> bool:
-        """Scales stored as superblock factors and int8 multipliers (`from_superblocks`)."""
+        """Scales stored as superblock records (`from_superblocks`)."""
         return self.scales_zeros.dtype == torch.uint8
+
+    @property
+    def centered(self) -> bool:
+        """Superblock records of D and sc alone (offset -32 D sc): their size says so."""
+        groups = SUPERBLOCK // self.group_size
+        record = self.scales_zeros.shape[1] // (self.in_features // SUPERBLOCK)
+        return self.superblock_scales and record == LANES * 4 + groups * LANES
 
     def _superblock_scales_offsets(self, tiles: torch.Tensor, lanes: torch.Tensor) -> torch.Tensor:
         """The fp32 scales and offsets [n, G, 2] of the features at (tiles, lanes), from superblock records."""
-        groups = SUPERBLOCK // self.group_size
-        records = self.scales_zeros.view(self.scales_zeros.shape[0], -1, 2 * LANES * 4 + groups * 2 * LANES)[tiles]
+        groups, pairs = SUPERBLOCK // self.group_size, 1 if self.centered else 2
+        records = self.scales_zeros.view(self.scales_zeros.shape[0], -1, pairs * LANES * 4 + groups * pairs * LANES)[tiles]
         n, superblocks = records.shape[:2]
-        factors = records[..., : 2 * LANES * 4].contiguous().view(torch.float32).view(n, superblocks, 2, LANES)
-        multipliers = records[..., 2 * LANES * 4:].contiguous().view(torch.int8).view(n, superblocks, groups, 2, LANES)
+        factors = records[..., : pairs * LANES * 4].contiguous().view(torch.float32).view(n, superblocks, pairs, LANES)
+        multipliers = records[..., pairs * LANES * 4:].contiguous().view(torch.int8).view(n, superblocks, groups, pairs, LANES)
         each = torch.arange(n)
-        factors, multipliers = factors[each, ..., lanes], multipliers[each, ..., lanes]  # [n, S, 2], [n, S, groups, 2]
+        factors, multipliers = factors[each, ..., lanes], multipliers[each, ..., lanes]  # [n, S, pairs], [n, S, groups, pairs]
+        if self.centered:  # offset (-32 D) sc, as the kernels compute it
+            factors, multipliers = torch.cat((factors, -32 * factors), -1), multipliers.expand(-1, -1, -1, 2)
         return (factors[:, :, None] * multipliers.float()).flatten(1, 2)  # [n, G, 2]
 
     def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
@@ -107,6 +150,9 @@ class IntegerLinear(nn.Module):
         if self.bits == 4:
             packed = self.packed.view(-1, blocks, 4, LANES, 4)[tiles, :, :, lanes]  # [n, blocks, 4 steps, 4]
             codes = torch.cat((packed & 15, packed >> 4), dim=2)  # steps 0-3 low nibbles, 4-7 high
+        elif self.bits == 6:
+            unpacked = eight_bit_blocks(self.packed.view(-1, blocks, 384)[tiles]).view(len(rows), blocks, 8, LANES, 4)
+            codes = unpacked[torch.arange(len(rows)), :, :, lanes]
         else:
             codes = self.packed.view(-1, blocks, 8, LANES, 4)[tiles, :, :, lanes]  # [n, blocks, 8 steps, 4]
         codes = codes.reshape(len(rows), self.in_features).float()
@@ -116,7 +162,7 @@ class IntegerLinear(nn.Module):
             return (codes - 128) * scales_zeros[:, :1]
         scale, zero = scales_zeros[..., 0, None], scales_zeros[..., 1, None]  # [n, G, 1]
         grouped = codes.view(len(rows), -1, self.group_size)
-        if self.bits == 4:
+        if self.bits == 4 and not self.superblock_scales:
             return ((grouped - 8) * scale + zero).flatten(1)
         return (grouped * scale + zero).flatten(1)
 

@@ -19,11 +19,13 @@ from .errors import ModelLoadError
 
 RUNTIME_BYTES = 400 * 2**20  # PyTorch, the kernels, the tokenizer and a pass's activations
 # Bytes per weight in each format the matrices run in: int4 codes with a bf16 scale and zero point
-# per 32; int8 codes with an fp32 scale and offset per group of 16 or 32 (or per row), or with an
-# int8 pair per group under an fp32 pair per 256 (superblock scales: Q5_K, Q6_K).
+# per 32; int8 codes with an fp32 scale and offset per group of 16 or 32 (or per row); 4- or 6-bit
+# codes with an int8 pair per group under an fp32 pair per 256 (superblock scales: Q4_K, Q5_K), or
+# an int8 under an fp32 (centered: Q6_K).
 INT4_BYTES = 0.5 + 4 / 32
 GROUPED_INT8_BYTES = {16: 1 + 8 / 16, 32: 1 + 8 / 32}
-SUPERBLOCK_INT8_BYTES = {16: 1 + 2 / 16 + 8 / 256, 32: 1 + 2 / 32 + 8 / 256}
+SUPERBLOCK_BYTES = {(4, 32): 0.5 + 2 / 32 + 8 / 256, (6, 16): 0.75 + 2 / 16 + 8 / 256, (6, 32): 0.75 + 2 / 32 + 8 / 256}
+CENTERED_BYTES = 0.75 + 1 / 16 + 4 / 256
 
 
 @dataclass(frozen=True)
@@ -42,8 +44,9 @@ def kv_cache_bytes(config: LlamaConfig, context: int) -> int:
     return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * context * 4
 
 
-# Matrices fused into one at load (`loading.fuse_hf_state_dict`): parts of different formats all
-# become int8 with fp32 scales in the smallest group (`quantize.cat_rows`).
+# Matrices fused into one at load (`loading.fuse_hf_state_dict`): superblock-scaled parts of
+# different formats become 6-bit codes in the smallest group, other mixes int8 with fp32 scales in
+# the smallest group (`quantize.cat_rows`).
 FUSED = {"attn_q": "qkv", "attn_k": "qkv", "attn_v": "qkv", "ffn_gate": "gate_up", "ffn_up": "gate_up"}
 
 
@@ -56,7 +59,7 @@ def gguf_weight_bytes(path: Path, quantization: str, dtype: torch.dtype) -> tupl
 
     reader, config = open_gguf(path)
     dense_size = torch.tensor([], dtype=dtype).element_size()
-    matrices: dict[str, list[tuple[int, float, int]]] = {}  # fused matrix -> its parts' (count, bytes a weight, group)
+    matrices: dict[str, list[tuple[int, float, int, bool]]] = {}  # fused matrix -> parts' (count, bytes a weight, group, factored)
     total, largest = 0, 0
     for t in reader.tensors:
         name = hf_name(t.name, config.model_type)
@@ -66,23 +69,27 @@ def gguf_weight_bytes(path: Path, quantization: str, dtype: torch.dtype) -> tupl
         if len(t.shape) == 1 or quantization == "none":
             total += count * (4 if len(t.shape) == 1 else dense_size)
             continue
+        factored = quantization == "gguf" and t.tensor_type in gguf_blocks.FACTORED
         if quantization == "gguf" and t.tensor_type in gguf_blocks.CODE_BITS:
             bits, group = gguf_blocks.CODE_BITS[t.tensor_type], gguf_blocks.GROUP_SIZES[t.tensor_type]
-            per_weight = (INT4_BYTES if bits == 4 else SUPERBLOCK_INT8_BYTES[group]
-                          if t.tensor_type in gguf_blocks.FACTORED else GROUPED_INT8_BYTES[group])
+            per_weight = (CENTERED_BYTES if t.tensor_type == gguf_blocks.Type.Q6_K
+                          else SUPERBLOCK_BYTES[4 if bits == 4 else 6, group] if factored
+                          else INT4_BYTES if bits == 4 else GROUPED_INT8_BYTES[group])
         else:  # quantized as it is read: int4 (int8 for the head and embedding, or asked for)
             group = 32 if quantization == "int4" and name not in INT8_MATRICES else 0
             per_weight = INT4_BYTES if group else 1
         parts = t.name.split(".")
         key = ".".join(parts[:2] + [FUSED.get(parts[2], parts[2])]) if parts[0] == "blk" else t.name
-        matrices.setdefault(key, []).append((count, per_weight, group))
+        matrices.setdefault(key, []).append((count, per_weight, group, factored))
         # Decoding one tensor holds its codes, per-group scales and a packed copy at once.
         largest = max(largest, 3 * count)
     for parts in matrices.values():
-        if len({per_weight for _, per_weight, _ in parts}) > 1:  # mixed formats fuse as grouped int8
-            smallest = min(group for _, _, group in parts if group)
-            parts = [(count, GROUPED_INT8_BYTES[smallest], smallest) for count, _, _ in parts]
-        total += int(sum(count * per_weight for count, per_weight, _ in parts))
+        if len({per_weight for _, per_weight, _, _ in parts}) > 1:  # mixed formats fuse in the smallest group
+            smallest = min(group for _, _, group, _ in parts if group)
+            per_weight = (SUPERBLOCK_BYTES[6, smallest] if all(factored for *_, factored in parts)
+                          else GROUPED_INT8_BYTES[smallest])
+            parts = [(count, per_weight, smallest, False) for count, *_ in parts]
+        total += int(sum(count * per_weight for count, per_weight, _, _ in parts))
     return total, largest
 
 

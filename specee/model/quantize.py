@@ -6,10 +6,10 @@ Formats:
 - int4: group-wise with zero points along the input features, w = (code - 8) * scale + zero; the
   output head and the embedding stay int8.
 - int8 grouped: 8-bit codes with an fp32 scale and offset per group of 16 or 32 inputs, w = code *
-  scale + offset: what a GGUF file's Q5_0, Q5_1, Q5_K, Q6_K and Q8_0 blocks are, exactly
-  (`gguf_blocks.py`); CPU kernels only. Q6_K and Q5_K keep their scales' own structure (an fp32
-  factor per 256 inputs times an int8 per group: `SuperblockInt8Weight`), the same values in under a
-  third of the scale bytes.
+  scale + offset: what a GGUF file's Q5_0, Q5_1 and Q8_0 blocks are, exactly (`gguf_blocks.py`);
+  CPU kernels only. The K-quants (Q4_K, Q5_K, Q6_K) keep their scales' own structure (an fp32
+  factor per 256 inputs times an int8 per group: `SuperblockInt8Weight`) and run as 4- or 6-bit
+  codes: the same values in about the file's bytes.
 
 Two ways to run them:
 - With the CPU kernels (`kernels/`, the default): `IntegerLinear` rounds each row's activations to
@@ -136,16 +136,17 @@ class GroupedInt8Weight:
 
 @dataclass
 class SuperblockInt8Weight:
-    """Grouped int8 whose scale and offset factor into an fp32 pair per superblock of 256 inputs
+    """Grouped codes whose scale and offset factor into an fp32 pair per superblock of 256 inputs
     times an int8 pair per group: scale = factors[n, s, 0] * multipliers[n, g, 0] and offset =
     factors[n, s, 1] * multipliers[n, g, 1] for group g of superblock s. The products are exact (a
-    GGUF file's Q6_K and Q5_K scales: an fp16 times an integer of at most 8 bits), so this is
+    GGUF file's Q4_K, Q5_K and Q6_K scales: an fp16 times an integer of at most 8 bits), so this is
     GroupedInt8Weight's values in 1.25 bits a weight of scales where that takes 4 (groups of 16)."""
 
-    codes: torch.Tensor  # [N, K] uint8 below 64 (Q6_K's 6 bits, Q5_K's 5)
+    codes: torch.Tensor  # [N, K] uint8 below 2 ** bits (Q4_K's 4 bits, Q5_K's 5, Q6_K's 6)
     factors: torch.Tensor  # [N, K / 256, 2] fp32
     multipliers: torch.Tensor  # [N, K / group_size, 2] int8
     group_size: int
+    bits: int = 6  # 4 or 6: the width the codes are stored in
 
     def scales_offsets(self, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The fp32 scales and offsets [rows, K / group_size] of `rows` (all when None)."""
@@ -157,6 +158,18 @@ class SuperblockInt8Weight:
     def grouped(self) -> GroupedInt8Weight:
         return GroupedInt8Weight(self.codes, *self.scales_offsets(), self.group_size)
 
+    def regrouped(self, group_size: int) -> "SuperblockInt8Weight":
+        """The same weight in groups of `group_size` (a divisor of its own), codes of 6 bits."""
+        repeat = self.group_size // group_size
+        return SuperblockInt8Weight(self.codes, self.factors, self.multipliers.repeat_interleave(repeat, dim=1),
+                                    group_size, 6)
+
+    def as_int4(self) -> Int4Weight:
+        """4-bit codes for aten's int4 kernel: bf16 scales and zeros (rounded, as aten takes them)."""
+        scales, offsets = self.scales_offsets()
+        # code * s + m = (code - 8) * s + (m + 8 s): int4's zero point is m + 8 s.
+        return Int4Weight.from_codes(self.codes, scales, offsets + 8 * scales, self.group_size)
+
     def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         codes = self.codes if rows is None else self.codes[rows]
         return GroupedInt8Weight(codes, *self.scales_offsets(rows), self.group_size).dequantize()
@@ -167,12 +180,18 @@ QuantizedWeight = Int8Weight | Int4Weight | GroupedInt8Weight | SuperblockInt8We
 
 def cat_rows(parts: list):
     """Stack matrices along output rows (fusing q/k/v or gate/up): tensors or quantized weights
-    of one kind, or int4 and grouped int8 (all become grouped int8 in the smallest group)."""
+    of one kind; superblock-scaled ones of different groups or widths (Q4_K q and k beside Q6_K v)
+    become 6-bit codes in the smallest group; int4 and grouped int8 mixed otherwise become grouped
+    int8 in the smallest group."""
     first = parts[0]
     if isinstance(first, torch.Tensor):
         return torch.cat(parts)
-    if any(type(p) is not type(first) or getattr(p, "group_size", None) != getattr(first, "group_size", None)
-           for p in parts):
+    if all(isinstance(p, SuperblockInt8Weight) for p in parts) and len({(p.group_size, p.bits) for p in parts}) > 1:
+        group_size = min(p.group_size for p in parts)
+        parts = [p.regrouped(group_size) for p in parts]
+        first = parts[0]
+    elif any(type(p) is not type(first) or getattr(p, "group_size", None) != getattr(first, "group_size", None)
+             for p in parts):
         if not all(isinstance(p, (Int4Weight, GroupedInt8Weight, SuperblockInt8Weight)) for p in parts):
             raise ValueError(f"cannot fuse matrices of different formats: {[_describe(p) for p in parts]}")
         group_size = min(p.group_size for p in parts)
@@ -183,7 +202,8 @@ def cat_rows(parts: list):
 
 def map_rows(weight, fn):
     """A quantized weight with `fn(tensor, field_name)` applied to each per-row tensor."""
-    return replace(weight, **{f.name: fn(getattr(weight, f.name), f.name) for f in fields(weight) if f.name != "group_size"})
+    return replace(weight, **{f.name: fn(getattr(weight, f.name), f.name) for f in fields(weight)
+                              if isinstance(getattr(weight, f.name), torch.Tensor)})
 
 
 def _describe(weight) -> str:
@@ -317,12 +337,14 @@ def quantized_linear(weight: QuantizedWeight, bias: torch.Tensor | None = None, 
     """The linear for `weight`: on the CPU kernels (int8 activations, rows independent) when given,
     else on aten's weight-only kernels (bf16 activations)."""
     in_features = weight.nibbles.shape[1] * 2 if isinstance(weight, Int4Weight) else weight.codes.shape[1]
+    if isinstance(weight, SuperblockInt8Weight) and (kernels is None or in_features % SUPERBLOCK) and weight.bits == 4:
+        weight = weight.as_int4()
     if isinstance(weight, (GroupedInt8Weight, SuperblockInt8Weight)) and kernels is None:
         # No aten kernel takes grouped int8: the matrix runs dense (exact, four times the bytes).
         return _dense_linear(weight.dequantize(), bias)
-    if isinstance(weight, SuperblockInt8Weight) and kernels is not None and in_features % SUPERBLOCK == 0:
+    if isinstance(weight, SuperblockInt8Weight) and in_features % SUPERBLOCK == 0:
         return IntegerLinear.from_superblocks(weight.codes, weight.factors, weight.multipliers, weight.group_size,
-                                              kernels, bias)
+                                              kernels, bias, weight.bits)
     if isinstance(weight, SuperblockInt8Weight):
         weight = weight.grouped()
     if kernels is not None and in_features % INPUT_BLOCK == 0:

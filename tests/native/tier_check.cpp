@@ -225,35 +225,36 @@ uint16_t bf16_of(float x) {
 
 void check_matmul(Random& rng, int64_t bits, int64_t group, int64_t superblocks, int64_t K, int64_t N, int64_t T) {
   Case c("matmul_tiles bits=" + std::to_string(bits) + " group=" + std::to_string(group) +
-         (superblocks ? " superblock scales" : "") + " K=" + std::to_string(K) + " N=" + std::to_string(N) +
-         " T=" + std::to_string(T));
+         (superblocks == 2 ? " centered superblock scales" : superblocks ? " superblock scales" : "") +
+         " K=" + std::to_string(K) + " N=" + std::to_string(N) + " T=" + std::to_string(T));
   const int64_t B = K / 32, tiles = (N + 15) / 16;
-  const int64_t tile_bytes = B * (bits == 4 ? 256 : 512);
+  const int64_t tile_bytes = B * 16 * 32 * bits / 8;
   // bf16 pairs per group (bits 4), fp32 pairs per group (bits 8, grouped) or per row (bits 8, group 0);
-  // superblocks: per 256 inputs an fp32 pair x16, then an int8 pair x16 per group.
-  const int64_t groups_per_superblock = superblocks ? 256 / group : 0;
-  const int64_t tile_scale_bytes = superblocks ? (K / 256) * (2 * 16 * 4 + groups_per_superblock * 2 * 16)
+  // superblocks (bits 6, or 4 in groups of 32): per 256 inputs an fp32 pair x16, then an int8 pair
+  // x16 per group (centered: one of each).
+  const int64_t groups_per_superblock = superblocks ? 256 / group : 0, pairs = superblocks == 2 ? 1 : 2;
+  const int64_t record = pairs * (16 * 4 + groups_per_superblock * 16);
+  const int64_t tile_scale_bytes = superblocks ? (K / 256) * record
                                    : bits == 4 ? (K / group) * 2 * 16 * 2
                                                : (group ? K / group : 1) * 2 * 16 * 4;
   std::vector<uint8_t> packed(tiles * tile_bytes);
-  for (uint8_t& byte : packed) byte = superblocks ? rng.byte() & 63 : rng.byte();  // any valid codes
+  for (uint8_t& byte : packed) byte = rng.byte();  // any bytes are valid codes
   std::vector<uint8_t> scales_zeros(tiles * tile_scale_bytes);
-  if (bits == 4) {
+  if (superblocks) {
+    for (int64_t r = 0; r < tiles * K / 256; ++r) {  // [D x16 | M x16] fp32, then [sc x16 | mc x16] int8 per group
+      uint8_t* at = scales_zeros.data() + r * record;
+      for (int64_t i = 0; i < 16 * pairs; ++i) {
+        const float f = i < 16 ? std::ldexp(1.0f + rng.unit(), -12 - static_cast<int>(rng.below(4))) : rng.normal(0.01f);
+        std::memcpy(at + 4 * i, &f, 4);
+      }
+      for (int64_t i = 64 * pairs; i < record; ++i) at[i] = rng.byte();  // any int8 multiplier
+    }
+  } else if (bits == 4) {
     std::vector<uint16_t> sz(scales_zeros.size() / 2);
     for (int64_t i = 0; i < static_cast<int64_t>(sz.size()); ++i)  // [tile, group, s x16 | z x16]
       sz[i] = bf16_of((i / 16) % 2 == 0 ? std::ldexp(1.0f + rng.unit(), -4 - static_cast<int>(rng.below(8)))
                                          : rng.normal(0.1f));
     std::memcpy(scales_zeros.data(), sz.data(), scales_zeros.size());
-  } else if (superblocks) {
-    const int64_t record = 2 * 16 * 4 + groups_per_superblock * 2 * 16;
-    for (int64_t r = 0; r < tiles * K / 256; ++r) {  // [D x16 | M x16] fp32, then [sc x16 | mc x16] int8 per group
-      uint8_t* at = scales_zeros.data() + r * record;
-      for (int64_t i = 0; i < 32; ++i) {
-        const float f = i < 16 ? std::ldexp(1.0f + rng.unit(), -12 - static_cast<int>(rng.below(4))) : rng.normal(0.01f);
-        std::memcpy(at + 4 * i, &f, 4);
-      }
-      for (int64_t i = 128; i < record; ++i) at[i] = rng.byte();  // any int8 multiplier
-    }
   } else {
     std::vector<float> sm(scales_zeros.size() / 4);
     for (int64_t i = 0; i < static_cast<int64_t>(sm.size()); ++i)  // [tile, s x16 | m x16]
@@ -291,7 +292,7 @@ void check_matmul(Random& rng, int64_t bits, int64_t group, int64_t superblocks,
 }
 
 void check_matmul_all(Random& rng) {
-  const int64_t configs[][3] = {{4, 32, 0}, {4, 64, 0}, {8, 0, 0}, {8, 32, 0}, {8, 16, 0}, {8, 32, 1}, {8, 16, 1}};
+  const int64_t configs[][3] = {{4, 32, 0}, {4, 64, 0}, {8, 0, 0}, {8, 32, 0}, {8, 16, 0}, {4, 32, 1}, {6, 32, 1}, {6, 16, 1}, {6, 16, 2}};
   for (const auto& config : configs)  // bits, group, superblock scales
     for (int64_t K : config[2] ? std::vector<int64_t>{256, 512} : std::vector<int64_t>{32, 64, 576}) {
       if (config[1] && K % config[1] != 0) continue;  // a group must divide K

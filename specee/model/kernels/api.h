@@ -7,17 +7,23 @@
 
 namespace specee {
 
-constexpr int KERNEL_API_VERSION = 5;
+constexpr int KERNEL_API_VERSION = 6;
+
+// MatmulArgs::superblock_scales: none, factors with offsets, or centered (see below).
+constexpr int64_t NO_SUPERBLOCKS = 0, SUPERBLOCKS = 1, CENTERED_SUPERBLOCKS = 2;
 
 // One integer matmul: x's rows quantized to int8 blocks (codes, scales, sums) times a packed
-// matrix of tiles of 16 output features (see integer_linear.py's pack_codes). Three weight formats:
+// matrix of tiles of 16 output features (see integer_linear.py's pack_codes). Four weight formats:
 // - bits 4, group_size 32, 64 or 128: scales_zeros [tiles, K / group, 2, 16] bf16 (s, z), w = (code - 8) s + z;
+//   or, group_size 32, SUPERBLOCKS records as below, w = code s + m (a GGUF file's Q4_K);
 // - bits 8, group_size 0: one scale and offset per feature, [tiles, 2, 16] fp32, w = code s + m;
 // - bits 8, group_size 16 or 32: a scale and offset per feature and group, [tiles, K / group, 2, 16]
-//   fp32, w = code s + m (a GGUF file's Q5, Q6_K and Q8_0 blocks, exactly); or, with
-//   superblock_scales, the same s and m as fp32 factors per 256 inputs times int8 multipliers per
-//   group, [tiles, K / 256, 2 x 16 fp32 (D, M), K / 256 / group x 2 x 16 int8 (sc, mc)], s = D sc
-//   and m = M mc, and codes below 64 (Q6_K and Q5_K: a quarter of the scale bytes, unsplit codes).
+//   fp32, w = code s + m (a GGUF file's Q5_0, Q5_1 and Q8_0 blocks, exactly);
+// - bits 6, group_size 16 or 32: 6-bit codes, 384 bytes a block (kernels.h's unpack_six), whose
+//   scale and offset are fp32 factors per 256 inputs times int8 multipliers per group, per tile and
+//   superblock a record [2 x 16 fp32 (D, M), K / 256 / group x 2 x 16 int8 (sc, mc)], s = D sc and
+//   m = M mc (SUPERBLOCKS: a GGUF file's Q5_K); or, CENTERED_SUPERBLOCKS (group 16), [16 fp32 (D),
+//   K / 256 / 16 x 16 int8 (sc)], s = D sc and m = (-32 D) sc (Q6_K: the file's bytes, but D in fp32).
 struct MatmulArgs {
   const uint8_t* packed;        // [tiles, tile_bytes]
   int64_t tile_bytes;

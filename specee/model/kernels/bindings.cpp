@@ -26,21 +26,27 @@ constexpr int64_t SUPERBLOCK = 256;
 
 void check_format(int64_t bits, int64_t group_size) {
   TORCH_CHECK((bits == 4 && group_size > 0 && group_size % BLOCK == 0) ||
-              (bits == 8 && (group_size == 0 || group_size == 16 || group_size == 32)),
-              "bits 4 take groups of a multiple of 32 inputs, bits 8 groups of 16 or 32 or none (0); got bits ", bits,
-              " and group size ", group_size);
+              (bits == 8 && (group_size == 0 || group_size == 16 || group_size == 32)) ||
+              (bits == 6 && (group_size == 16 || group_size == 32)),
+              "bits 4 take groups of a multiple of 32 inputs, bits 8 groups of 16 or 32 or none (0), bits 6 groups "
+              "of 16 or 32; got bits ", bits, " and group size ", group_size);
 }
 
-// Grouped 8-bit scales stored as bytes are superblock scales (api.h).
-bool superblock_scales(const at::Tensor& scales_zeros) { return scales_zeros.scalar_type() == at::kByte; }
-
-void check_superblock_scales(const at::Tensor& scales_zeros, int64_t bits, int64_t group_size, int64_t K) {
-  if (!superblock_scales(scales_zeros)) return;
-  TORCH_CHECK(bits == 8 && group_size > 0, "superblock scales (uint8) are for grouped 8-bit codes");
+// Which scales a matrix of K inputs has (api.h): superblock records come as bytes (uint8), with
+// 6-bit codes, which take nothing else, or 4-bit codes in groups of 32; the record's size says
+// whether they are centered.
+int64_t superblock_kind(const at::Tensor& scales_zeros, int64_t bits, int64_t group_size, int64_t K) {
+  const bool records = scales_zeros.scalar_type() == at::kByte;
+  TORCH_CHECK(records ? bits == 6 || (bits == 4 && group_size == BLOCK) : bits != 6,
+              "superblock scales (uint8) are for 6-bit codes, and 4-bit codes in groups of 32; 6-bit codes take no others");
+  if (!records) return specee::NO_SUPERBLOCKS;
   TORCH_CHECK(K % SUPERBLOCK == 0, "superblock scales take a multiple of 256 inputs; got ", K);
-  const int64_t record = 2 * LANES * 4 + SUPERBLOCK / group_size * 2 * LANES;
-  TORCH_CHECK(scales_zeros.is_contiguous() && scales_zeros.numel() / scales_zeros.size(0) == K / SUPERBLOCK * record,
+  const int64_t groups = SUPERBLOCK / group_size, per_tile = scales_zeros.numel() / scales_zeros.size(0);
+  TORCH_CHECK(scales_zeros.is_contiguous(), "superblock scales must be contiguous");
+  if (per_tile == K / SUPERBLOCK * (2 * LANES * 4 + groups * 2 * LANES)) return specee::SUPERBLOCKS;
+  TORCH_CHECK(bits == 6 && group_size == LANES && per_tile == K / SUPERBLOCK * (LANES * 4 + groups * LANES),
               "superblock scales do not match ", K, " inputs");
+  return specee::CENTERED_SUPERBLOCKS;
 }
 
 void check_rows(const at::Tensor& x, int64_t dims, const char* what) {
@@ -72,6 +78,7 @@ struct Matrix {
   at::Tensor packed, scales_zeros;
   int64_t out_features, bits, group_size;
   at::Tensor bias;
+  int64_t superblocks;  // superblock_kind
 };
 
 // A decoder layer whose parts all run on the kernels: its norms' weights and its four matrices, and
@@ -121,9 +128,9 @@ class Kernels {
   std::string tier() const { return table_->tier; }
 
   // x [T, K] fp32; packed [N / 16, K / 32 * block bytes] uint8; scales_zeros: bits 4,
-  // [N / 16, K / group_size, 2, 16] bf16; bits 8 and group_size 0, [N / 16, 2, 16] fp32; bits 8 and
-  // group_size 16 or 32, [N / 16, K / group_size, 2, 16] fp32 or superblock scales, uint8 (api.h).
-  // Returns [T, N] fp32.
+  // [N / 16, K / group_size, 2, 16] bf16 or superblock records, uint8; bits 8 and group_size 0,
+  // [N / 16, 2, 16] fp32; bits 8 and group_size 16 or 32, [N / 16, K / group_size, 2, 16] fp32;
+  // bits 6, superblock records, uint8 (api.h). Returns [T, N] fp32.
   at::Tensor integer_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales_zeros,
                             int64_t out_features, int64_t bits, int64_t group_size) const {
     check_rows(x, 2, "x");
@@ -142,10 +149,10 @@ class Kernels {
     table_->quantize_rows(x.data_ptr<float>(), T, K, codes.data_ptr<int8_t>(), scales.data_ptr<float>(),
                           sums.data_ptr<int32_t>());
     auto out = at::empty({T, out_features}, x.options());
-    check_superblock_scales(scales_zeros, bits, group_size, K);
+    const int64_t superblocks = superblock_kind(scales_zeros, bits, group_size, K);
     const MatmulArgs args{packed.data_ptr<uint8_t>(), packed.stride(0), static_cast<const uint8_t*>(scales_zeros.data_ptr()),
-                          scales_zeros.stride(0) * scales_zeros.element_size(), bits, group_size,
-                          superblock_scales(scales_zeros), out_features, T, K,
+                          scales_zeros.stride(0) * scales_zeros.element_size(), bits, group_size, superblocks,
+                          out_features, T, K,
                           codes.data_ptr<int8_t>(), scales.data_ptr<float>(), sums.data_ptr<int32_t>(),
                           out.data_ptr<float>()};
     at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) { table_->matmul_tiles(args, begin, end); });
@@ -302,7 +309,7 @@ class Kernels {
     auto matmul = [&](const Matrix& m, int64_t K, at::Tensor& out) {
       return MatmulArgs{m.packed.data_ptr<uint8_t>(), m.packed.stride(0), static_cast<const uint8_t*>(m.scales_zeros.data_ptr()),
                         m.scales_zeros.stride(0) * m.scales_zeros.element_size(), m.bits, m.group_size,
-                        superblock_scales(m.scales_zeros), m.out_features, T, K, codes.data_ptr<int8_t>(),
+                        m.superblocks, m.out_features, T, K, codes.data_ptr<int8_t>(),
                         scales.data_ptr<float>(), sums.data_ptr<int32_t>(), out.data_ptr<float>()};
     };
     auto add_bias = [](at::Tensor& rows, const Matrix& m, int64_t b, int64_t e) {  // rows b .. e - 1 + bias
@@ -507,8 +514,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("matrix", [](const Kernels&, at::Tensor packed, at::Tensor scales_zeros, int64_t out_features, int64_t bits,
                         int64_t group_size, std::optional<at::Tensor> bias) {
         check_format(bits, group_size);
-        check_superblock_scales(scales_zeros, bits, group_size, packed.size(1) / (LANES * bits / 8));
-        return Matrix{packed, scales_zeros, out_features, bits, group_size, bias.value_or(at::Tensor())};
+        const int64_t superblocks = superblock_kind(scales_zeros, bits, group_size, packed.size(1) / (LANES * bits / 8));
+        return Matrix{packed, scales_zeros, out_features, bits, group_size, bias.value_or(at::Tensor()), superblocks};
       }, "a quantized matrix as decoder_layers takes it")
       .def("layer_weights", [](const Kernels&, at::Tensor input_norm, Matrix qkv, Matrix o, at::Tensor post_norm,
                                Matrix gate_up, Matrix down, std::optional<at::Tensor> q_norm,

@@ -28,8 +28,13 @@ constexpr int64_t LANES = 16;  // output features per tile
 constexpr int64_t BLOCK = 32;  // activation block: one int8 scale per row and block
 constexpr int64_t INT4_BLOCK_BYTES = 256;  // 16 lanes x 32 codes, two per byte
 constexpr int64_t INT8_BLOCK_BYTES = 512;
+constexpr int64_t INT6_BLOCK_BYTES = 384;  // 256 bytes of low nibbles, 128 of 2-bit high parts
 constexpr int64_t SUPERBLOCK = 256;  // inputs under one pair of scale factors (SUPER formats)
-constexpr int64_t superblock_bytes(int64_t groups) { return 2 * LANES * sizeof(float) + groups * 2 * LANES; }
+// A superblock's record of scales per tile: factors [D x16, M x16] fp32 and per group [sc x16, mc x16]
+// int8; CENTERED (w = (code - 32) s, a GGUF file's Q6_K): [D x16] fp32 and per group [sc x16].
+constexpr int64_t superblock_bytes(int64_t groups, bool centered) {
+  return centered ? LANES * sizeof(float) + groups * LANES : 2 * LANES * sizeof(float) + groups * 2 * LANES;
+}
 constexpr int64_t PREFETCH_BYTES = 8192;
 
 // a * b + c, rounded twice: every tier has it, the portable one without fused hardware.
@@ -99,10 +104,33 @@ inline void quantize_rows(const float* x, int64_t T, int64_t K, int8_t* codes, f
     }
 }
 
-// The weight formats of MatmulArgs: 8-bit grouped codes with fp32 scales and offsets per group, or
-// (SUPER) the same values stored as fp32 factors per superblock times int8 multipliers per group,
-// with codes below 64.
-enum class Format { INT4, INT8_ROW, INT8_GROUP32, INT8_GROUP16, INT8_SUPER32, INT8_SUPER16 };
+// The weight formats of MatmulArgs: 4-bit codes with bf16 scales and zeros per group; 8-bit codes
+// with fp32 scales and offsets per row or group; or 4- or 6-bit codes (SUPER) whose scales and
+// offsets are fp32 factors per superblock times int8 multipliers per group (CENTERED: the offset is
+// -32 times the scale).
+enum class Format { INT4, INT4_SUPER32, INT8_ROW, INT8_GROUP32, INT8_GROUP16, INT6_SUPER32, INT6_SUPER16, INT6_CENTERED16 };
+
+constexpr bool four_bit(Format f) { return f == Format::INT4 || f == Format::INT4_SUPER32; }
+
+constexpr bool six_bit(Format f) {
+  return f == Format::INT6_SUPER32 || f == Format::INT6_SUPER16 || f == Format::INT6_CENTERED16;
+}
+
+// A block of 6-bit codes as the 8-bit block the dots take (512 bytes, one code a byte): byte i of
+// the first 256 holds code i's low 4 bits in its low nibble and code 256 + i's in its high one; byte
+// i of the last 128 holds bits 4-5 of codes i, 128 + i, 256 + i and 384 + i, two bits each from
+// the bottom. Integers only: every tier unpacks the same codes.
+inline void unpack_six(const uint8_t* p, uint8_t* out) {
+  const uint8_t* low = p;
+  const uint8_t* high = p + 256;
+  for (int i = 0; i < 128; ++i) {
+    const unsigned h = high[i], a = low[i], b = low[128 + i];
+    out[i] = static_cast<uint8_t>((a & 15u) | ((h << 4) & 0x30u));
+    out[128 + i] = static_cast<uint8_t>((b & 15u) | ((h << 2) & 0x30u));
+    out[256 + i] = static_cast<uint8_t>((a >> 4) | (h & 0x30u));
+    out[384 + i] = static_cast<uint8_t>((b >> 4) | ((h >> 2) & 0x30u));
+  }
+}
 
 // The matmuls run on the tier's `Part` vector: a tile's 16 lanes at once (Part = F16), or, where
 // F16 spans several registers (AVX2), one part of PART_LANES lanes at a time, so that the
@@ -149,15 +177,22 @@ template <int R, bool INT4>
 void dots_ahead(const uint8_t* block, int64_t count, const int8_t* q, int64_t K, PartI* out);  // never called here
 #endif
 
-// The scale and offset of group g at lanes lane .. lane + PART_LANES - 1 of a tile, for the 8-bit
-// grouped formats: fp32 ([G][s x16, m x16]), or SUPER: per superblock of 256 inputs fp32 factors
-// [D x16, M x16], then per group int8 multipliers [sc x16, mc x16]; s = D sc and m = M mc, exact
-// products (a GGUF file's Q6_K and Q5_K scales: an fp16 times a small integer).
+// The scale and offset of group g at lanes lane .. lane + PART_LANES - 1 of a tile, for the grouped
+// formats: fp32 ([G][s x16, m x16]), or SUPER: per superblock of 256 inputs a record
+// (superblock_bytes), s = D sc and m = M mc (CENTERED: m = (-32 D) sc), exact products (a GGUF
+// file's Q6_K and Q5_K scales: an fp16 times a small integer).
 template <Format FORMAT>
 inline void grouped_scale_offset(const uint8_t* scales_zeros, int64_t group, int64_t lane, Part& s, Part& m) {
-  if constexpr (FORMAT == Format::INT8_SUPER16 || FORMAT == Format::INT8_SUPER32) {
-    constexpr int64_t GROUPS = SUPERBLOCK / (FORMAT == Format::INT8_SUPER16 ? LANES : BLOCK);
-    const uint8_t* record = scales_zeros + (group / GROUPS) * superblock_bytes(GROUPS);
+  if constexpr (FORMAT == Format::INT6_CENTERED16) {
+    constexpr int64_t GROUPS = SUPERBLOCK / LANES;
+    const uint8_t* record = scales_zeros + (group / GROUPS) * superblock_bytes(GROUPS, true);
+    const Part d = part_load(reinterpret_cast<const float*>(record) + lane);
+    const Part sc = part_load_i8(reinterpret_cast<const int8_t*>(record + LANES * sizeof(float)) + (group % GROUPS) * LANES + lane);
+    s = d * sc;
+    m = (part_splat(-32.0f) * d) * sc;
+  } else if constexpr (six_bit(FORMAT) || FORMAT == Format::INT4_SUPER32) {
+    constexpr int64_t GROUPS = SUPERBLOCK / (FORMAT == Format::INT6_SUPER16 ? LANES : BLOCK);
+    const uint8_t* record = scales_zeros + (group / GROUPS) * superblock_bytes(GROUPS, false);
     const float* factors = reinterpret_cast<const float*>(record) + lane;
     const int8_t* multipliers =
         reinterpret_cast<const int8_t*>(record + 2 * LANES * sizeof(float)) + (group % GROUPS) * 2 * LANES + lane;
@@ -174,27 +209,28 @@ inline void grouped_scale_offset(const uint8_t* scales_zeros, int64_t group, int
 // each row's activation scale times the sum of its codes, per block (per half block for INT8_GROUP16).
 // INT4: w = code * s + (z - 8 s) with bf16 s and z per lane and weight group ([G][s x16, z x16]).
 // INT8_ROW: w = code * s + m with fp32 s and m per lane for the whole row ([s x16, m x16]), applied last.
-// INT8_GROUP32/16, INT8_SUPER32/16: w = code * s + m with s and m per lane and group of 32 or 16
-// inputs (grouped_scale_offset).
+// INT8_GROUP32/16, INT4_SUPER32, INT6_*: w = code * s + m with s and m per lane and group of 32 or
+// 16 inputs (grouped_scale_offset); 6-bit codes unpacked a block at a time (unpack_six).
 template <int R, int P, Format FORMAT>
 void tile_rows(const uint8_t* w, const uint8_t* scales_zeros, int64_t first_part, int64_t blocks,
                int64_t blocks_per_group, const int8_t* codes, const float* scales, const float* row_sums, int64_t K,
                float* out, int64_t ldo, int64_t valid) {
-  constexpr bool INT4 = FORMAT == Format::INT4;
+  constexpr bool INT4 = four_bit(FORMAT), SIX = six_bit(FORMAT);
   const int64_t B = K / BLOCK, lane0 = first_part * PART_LANES;
-  constexpr int64_t BLOCK_BYTES = INT4 ? INT4_BLOCK_BYTES : INT8_BLOCK_BYTES;
+  constexpr int64_t BLOCK_BYTES = INT4 ? INT4_BLOCK_BYTES : SIX ? INT6_BLOCK_BYTES : INT8_BLOCK_BYTES;
   Part acc[P][R];
   float acc_sums[R];
   for (int r = 0; r < R; ++r) {
     for (int p = 0; p < P; ++p) acc[p][r] = part_splat(0.0f);
     acc_sums[r] = 0.0f;
   }
-  constexpr bool HALVES = FORMAT == Format::INT8_GROUP16 || FORMAT == Format::INT8_SUPER16;
-  constexpr bool NARROW = FORMAT == Format::INT8_SUPER16 || FORMAT == Format::INT8_SUPER32;  // 6-bit codes
+  constexpr bool HALVES = FORMAT == Format::INT8_GROUP16 || FORMAT == Format::INT6_SUPER16 ||
+                          FORMAT == Format::INT6_CENTERED16;
   Part group_s[P], group_m[P];
   const uint16_t* int4_scales = reinterpret_cast<const uint16_t*>(scales_zeros) + lane0;
   constexpr int AHEAD = HALVES ? 1 : BLOCKS_AHEAD<R>;
   PartI ahead[AHEAD * R];  // AHEAD > 1: the dots of blocks b - b % AHEAD on, R a block
+  alignas(64) uint8_t unpacked[SIX ? AHEAD : 1][SIX ? INT8_BLOCK_BYTES : 1];  // 6-bit blocks as 8-bit ones
   for (int64_t b = 0, in_group = 0; b < blocks; ++b) {
     PartI dots[R];
     const uint8_t* block = w + b * BLOCK_BYTES;
@@ -202,12 +238,21 @@ void tile_rows(const uint8_t* w, const uint8_t* scales_zeros, int64_t first_part
     // memory while this block is multiplied.
     if (first_part == 0)
       for (int64_t byte = 0; byte < BLOCK_BYTES; byte += 64) prefetch(block + PREFETCH_BYTES + byte);
+    if constexpr (SIX) {  // the block (AHEAD > 1: the next AHEAD) with a byte a code
+      if (b % AHEAD == 0) {
+        for (int64_t k = 0; k < std::min<int64_t>(AHEAD, blocks - b); ++k)
+          unpack_six(block + k * BLOCK_BYTES, unpacked[k]);
+        // A tier's products may read them where the compiler cannot see it (AMX's tile loads).
+        __asm__ volatile("" ::"r"(unpacked) : "memory");
+      }
+      block = unpacked[b % AHEAD];
+    }
     if constexpr (HALVES) {
       // Each half block has its own scale and offset: two half-block dots, each scaled alone.
       for (int h = 0; h < 2; ++h) {
         for (int p = 0; p < P; ++p) {
-          part_dot<R, false, 4, NARROW>(block + h * BLOCK_BYTES / 2, first_part + p, codes + b * BLOCK + h * LANES, K,
-                                        dots);
+          part_dot<R, false, 4, SIX>(block + h * INT8_BLOCK_BYTES / 2, first_part + p, codes + b * BLOCK + h * LANES, K,
+                                     dots);
           Part s, m;
           grouped_scale_offset<FORMAT>(scales_zeros, 2 * b + h, lane0 + p * PART_LANES, s, m);
           for (int r = 0; r < R; ++r) {
@@ -218,7 +263,7 @@ void tile_rows(const uint8_t* w, const uint8_t* scales_zeros, int64_t first_part
       }
       continue;
     }
-    if constexpr (INT4) {
+    if constexpr (FORMAT == Format::INT4) {
       if (in_group == 0) {
         for (int p = 0; p < P; ++p) {
           group_s[p] = part_load_bf16(int4_scales + p * PART_LANES);
@@ -232,10 +277,11 @@ void tile_rows(const uint8_t* w, const uint8_t* scales_zeros, int64_t first_part
     }
     for (int p = 0; p < P; ++p) {
       if constexpr (AHEAD > 1) {  // (P is 1: the tier's vector holds a tile's 16 lanes)
-        if (b % AHEAD == 0) dots_ahead<R, INT4>(block, std::min<int64_t>(AHEAD, blocks - b), codes + b * BLOCK, K, ahead);
+        if (b % AHEAD == 0)
+          dots_ahead<R, INT4>(SIX ? unpacked[0] : block, std::min<int64_t>(AHEAD, blocks - b), codes + b * BLOCK, K, ahead);
         std::copy(ahead + b % AHEAD * R, ahead + (b % AHEAD + 1) * R, dots);
       } else {
-        part_dot<R, INT4, 8, NARROW>(block, first_part + p, codes + b * BLOCK, K, dots);
+        part_dot<R, INT4, 8, SIX>(block, first_part + p, codes + b * BLOCK, K, dots);
       }
       for (int r = 0; r < R; ++r) {
         const Part products = to_float(dots[r]);
@@ -265,13 +311,13 @@ void tile_rows(const uint8_t* w, const uint8_t* scales_zeros, int64_t first_part
 
 // Rows r0 .. r0 + R - 1 of a tile, for R up to ROWS picked at run time: a few rows take the whole
 // tile at once, more rows one part at a time.
-template <Format FORMAT, int ROWS = PART_ROWS<FORMAT == Format::INT4>>
+template <Format FORMAT, int ROWS = PART_ROWS<four_bit(FORMAT)>>
 void rows_of_tile(int64_t R, const uint8_t* w, const uint8_t* sz, int64_t blocks, int64_t blocks_per_group,
                   const int8_t* codes, const float* scales, const float* row_sums, int64_t K, float* out, int64_t ldo,
                   int64_t valid) {
   constexpr int PARTS = LANES / PART_LANES;
   if (R == ROWS) {
-    if constexpr (ROWS * PARTS <= PART_ROWS<FORMAT == Format::INT4>) {
+    if constexpr (ROWS * PARTS <= PART_ROWS<four_bit(FORMAT)>) {
       tile_rows<ROWS, PARTS, FORMAT>(w, sz, 0, blocks, blocks_per_group, codes, scales, row_sums, K, out, ldo, valid);
     } else {
       for (int64_t part = 0; part * PART_LANES < valid; ++part)
@@ -285,7 +331,7 @@ void rows_of_tile(int64_t R, const uint8_t* w, const uint8_t* sz, int64_t blocks
 template <Format FORMAT>
 void tile(const MatmulArgs& a, const float* row_sums, int64_t sums_per_row, const uint8_t* w, const uint8_t* sz,
           float* out, int64_t valid) {
-  constexpr int ROWS = PART_ROWS<FORMAT == Format::INT4>;
+  constexpr int ROWS = PART_ROWS<four_bit(FORMAT)>;
   const int64_t K = a.in_features, B = K / BLOCK, blocks_per_group = a.group_size / BLOCK;
   for (int64_t r0 = 0; r0 < a.rows; r0 += ROWS)
     rows_of_tile<FORMAT>(std::min<int64_t>(ROWS, a.rows - r0), w, sz, B, blocks_per_group, a.codes + r0 * K,
@@ -296,7 +342,7 @@ void tile(const MatmulArgs& a, const float* row_sums, int64_t sums_per_row, cons
 inline void matmul_tiles(const MatmulArgs& a, int64_t begin, int64_t end) {
   // Each row's activation scale times its codes' sums, per half block (groups of 16) or block.
   const int64_t B = a.in_features / BLOCK, T = a.rows;
-  const bool halves = a.bits == 8 && a.group_size == LANES;
+  const bool halves = a.bits != 4 && a.group_size == LANES;
   const int64_t per_row = halves ? 2 * B : B;
   std::vector<float> row_sums(T * per_row);
   for (int64_t t = 0; t < T; ++t)
@@ -319,10 +365,12 @@ inline void matmul_tiles(const MatmulArgs& a, int64_t begin, int64_t end) {
     const uint8_t* w = a.packed + t * a.tile_bytes;
     const uint8_t* sz = a.scales_zeros + t * a.tile_scale_bytes;
     float* out = a.out + t * LANES;
-    if (a.bits == 4) tile<Format::INT4>(a, row_sums.data(), per_row, w, sz, out, valid);
+    if (a.bits == 4 && a.superblock_scales) tile<Format::INT4_SUPER32>(a, row_sums.data(), per_row, w, sz, out, valid);
+    else if (a.bits == 4) tile<Format::INT4>(a, row_sums.data(), per_row, w, sz, out, valid);
     else if (a.group_size == 0) tile<Format::INT8_ROW>(a, row_sums.data(), per_row, w, sz, out, valid);
-    else if (a.superblock_scales && a.group_size == BLOCK) tile<Format::INT8_SUPER32>(a, row_sums.data(), per_row, w, sz, out, valid);
-    else if (a.superblock_scales) tile<Format::INT8_SUPER16>(a, row_sums.data(), per_row, w, sz, out, valid);
+    else if (a.superblock_scales == CENTERED_SUPERBLOCKS) tile<Format::INT6_CENTERED16>(a, row_sums.data(), per_row, w, sz, out, valid);
+    else if (a.bits == 6 && a.group_size == BLOCK) tile<Format::INT6_SUPER32>(a, row_sums.data(), per_row, w, sz, out, valid);
+    else if (a.bits == 6) tile<Format::INT6_SUPER16>(a, row_sums.data(), per_row, w, sz, out, valid);
     else if (a.group_size == BLOCK) tile<Format::INT8_GROUP32>(a, row_sums.data(), per_row, w, sz, out, valid);
     else tile<Format::INT8_GROUP16>(a, row_sums.data(), per_row, w, sz, out, valid);
   }
