@@ -16,7 +16,7 @@ from .artifact_store import ArtifactStore
 from .drafters.suffix_cache import DEFAULT_BUDGET_TOKENS, SuffixCache
 from .grammar import Grammar, GrammarCompiler
 from .loader import load_parts
-from .model.cache import KVCache
+from .model.cache import KVCache, SpareBuffers
 from .model.llama import Transformer
 from .model.memory import kv_cache_bytes
 from .model.passes import Passes, PassRows
@@ -151,6 +151,9 @@ class Engine:
         else:
             budget = default_budget_bytes(kv_cache_bytes(model.config, 1), available_memory()) if model.uses_kernels else 0
         self.prefix_cache = PrefixCache(budget)
+        # Finished generations' K/V buffers, which the next ones write into: at most what the memory
+        # check at load counted for one full-context cache.
+        self.spare_buffers = SpareBuffers(kv_cache_bytes(model.config, self.context_length))
 
     @property
     def cpu_tier(self) -> str | None:
@@ -202,7 +205,8 @@ class Engine:
     def new_cache(self, prompt_tokens: int, max_tokens: int) -> KVCache:
         """A cache for one generation: room for all it may write, allocated as it goes."""
         limit = prompt_tokens + max_tokens + CACHE_SLACK
-        return self.model.new_cache(limit, capacity=prompt_tokens + min(max_tokens, INITIAL_OUTPUT_SLOTS) + CACHE_SLACK)
+        return self.model.new_cache(limit, capacity=prompt_tokens + min(max_tokens, INITIAL_OUTPUT_SLOTS) + CACHE_SLACK,
+                                    spares=self.spare_buffers)
 
 
 class Generation:
@@ -326,6 +330,7 @@ class Generation:
                 prompt_entries = prompt_token_logprobs(model, hidden, self.prompt_ids, self.prompt_logprobs)
         stats.prefill_s = time.perf_counter() - start
         if self.max_tokens == 0:  # the prompt alone: its prefill, its log-probabilities
+            engine.spare_buffers.give(cache)
             yield Event([], "", "length", logprobs=None if logprobs is None else [], prompt_logprobs=prompt_entries)
             self.result = Result("", [], len(self.prompt_ids), 0, "length", stats, logprobs, prompt_entries)
             return
@@ -367,6 +372,9 @@ class Generation:
             if self.strategy.lossless:  # the model's own text, for later requests to draft from
                 engine.suffix_cache.add(self.prompt_ids + output)
         stats.generated_tokens = len(output)
+        # Ended, not abandoned (a closed or failed generation never gets here): nothing reads the
+        # cache any more, and the next generation may write into its buffers.
+        engine.spare_buffers.give(cache)
         yield Event(new, delta + text.finish(), finish, drafted, exit_layer, new_logprobs, method, unsent_prompt)
         self.result = Result(text.text, output, len(self.prompt_ids), len(output), finish, stats, logprobs,
                              prompt_entries)

@@ -138,9 +138,8 @@ class PrefixCache:
     def restore(self, blocks: list[Block], cache: KVCache, states_after: int | None = None) -> torch.Tensor | None:
         """Write the blocks into an empty cache's first positions; returns their states after
         `states_after` layers ([positions, hidden]) when asked for and every block has them."""
-        for layer in range(cache.num_layers):
-            cache.append(layer, torch.cat([b.keys[layer] for b in blocks], dim=1).transpose(0, 1),
-                         torch.cat([b.values[layer] for b in blocks], dim=1).transpose(0, 1))
+        for block in blocks:
+            cache.write_prefix(block.keys, block.values)
         if states_after is None or any(states_after not in b.states for b in blocks):
             return None
         return torch.cat([b.states[states_after] for b in blocks])

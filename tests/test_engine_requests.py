@@ -5,7 +5,7 @@ import torch
 
 from helpers import tiny_model
 from specee.engine import INITIAL_OUTPUT_SLOTS, Engine
-from specee.model.cache import KVCache
+from specee.model.cache import KVCache, SpareBuffers
 from specee.strategies.base import Step, Strategy
 
 PROMPTS = ["Repeat exactly: the red fox, the red fox, the red fox.", "Count from one to ten in words."]
@@ -72,6 +72,52 @@ def test_cache_grows_and_keeps_what_it_holds():
     assert cache.capacity >= 4 and cache.lengths == [4, 4]
     with pytest.raises(ValueError, match="at most 40"):
         cache.append(0, torch.zeros(37, 1, 4), torch.zeros(37, 1, 4))
+
+
+def test_spare_buffers_give_the_smallest_pair_that_fits_within_their_budget():
+    def cache(capacity):
+        return KVCache(num_layers=2, num_kv_heads=1, head_dim=4, max_len=100, capacity=capacity)
+
+    pair_bytes = 2 * 2 * 1 * 10 * 4 * 4  # keys and values of 10 positions
+    spares = SpareBuffers(budget=pair_bytes * 3)  # three of 10 positions, or one of 10 and one of 20
+    small, large = cache(10), cache(20)
+    small_keys, large_keys = small.keys, large.keys
+    spares.give(small)
+    spares.give(large)
+    assert small.keys is None and large.keys is None  # a cache given back writes nowhere
+    assert KVCache(2, 1, 4, 100, capacity=8, spares=spares).keys is small_keys  # the smallest that holds 8
+    assert KVCache(2, 1, 4, 100, capacity=15, spares=spares).keys.data_ptr() != small_keys.data_ptr()
+    assert spares.buffers == []  # the 20 went to the 15; nothing left
+    spares.give(cache(10))
+    spares.give(cache(20))
+    spares.give(cache(10))  # over the budget: the oldest goes
+    assert [keys.shape[2] for keys, _ in spares.buffers] == [20, 10]
+    assert KVCache(2, 2, 4, 100, capacity=5, spares=spares).keys.shape == (2, 2, 5, 4)  # other heads: fresh
+    assert len(spares.buffers) == 2
+    spares.give(KVCache(2, 1, 4, 1000, capacity=1000))  # larger than the whole budget: not kept
+    assert [keys.shape[2] for keys, _ in spares.buffers] == [20, 10]
+
+
+def test_a_finished_generation_leaves_its_buffers_to_the_next_and_an_abandoned_one_does_not(tiny_tokenizer):
+    model = tiny_model(seed=5, vocab_size=tiny_tokenizer.vocab_size, num_hidden_layers=2)
+    engine, fresh = Engine(model, tiny_tokenizer), Engine(model, tiny_tokenizer)
+    first = engine.generate(PROMPTS[1], max_tokens=60, ignore_eos=True)  # a cache the others fit in
+    assert len(engine.spare_buffers.buffers) == 1
+    stream = engine.stream(PROMPTS[0], max_tokens=30, ignore_eos=True, spec_method="prompt-lookup")
+    events = iter(stream)
+    next(events)
+    assert engine.spare_buffers.buffers == []  # the running generation writes into them
+    events.close()  # abandoned: its cache is not given back
+    assert engine.spare_buffers.buffers == []
+    engine.generate(PROMPTS[1], max_tokens=60, ignore_eos=True)
+    kept = engine.spare_buffers.buffers[0][0].data_ptr()
+    for prompt in PROMPTS:  # each written over the buffers of the one before: the same tokens as alone
+        again = engine.generate(prompt, max_tokens=30, ignore_eos=True, spec_method="prompt-lookup")
+        assert [keys.data_ptr() for keys, _ in engine.spare_buffers.buffers] == [kept]
+        alone = fresh.generate(prompt, max_tokens=30, ignore_eos=True, spec_method="prompt-lookup")
+        fresh.spare_buffers.buffers.clear()
+        assert again.token_ids == alone.token_ids
+    assert engine.generate(PROMPTS[1], max_tokens=60, ignore_eos=True).token_ids == first.token_ids
 
 
 class ScriptedStrategy(Strategy):

@@ -18,7 +18,7 @@ from torch import nn
 
 from . import weight_bytes as byte_counts
 from .attention_bias import AttentionBias
-from .cache import KVCache
+from .cache import KVCache, SpareBuffers
 from .config import LlamaConfig
 from .passes import LayerRows, PassRows, Segment, fusable, run_fused
 from .rope import RopeAngles, angles_rows, apply_rope, inverse_frequencies, rope_angles
@@ -272,13 +272,15 @@ class Transformer(nn.Module):
     def device(self) -> torch.device:
         return self.norm.weight.device
 
-    def new_cache(self, max_len: int, capacity: int | None = None) -> KVCache:
-        """A cache for up to `max_len` positions, `capacity` of them allocated now (default all)."""
+    def new_cache(self, max_len: int, capacity: int | None = None, spares: SpareBuffers | None = None) -> KVCache:
+        """A cache for up to `max_len` positions, `capacity` of them allocated now (default all), in
+        buffers from `spares` where it keeps a pair that fits."""
         c = self.config
         # On CPU attention runs in fp32 even for bf16 weights: PyTorch's CPU bf16 attention
         # kernels are several times slower at batch 1, and the cache is small next to the weights.
         dtype = torch.float32 if self.device.type == "cpu" else self.dtype
-        return KVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, max_len, dtype, self.device, capacity)
+        return KVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, max_len, dtype, self.device, capacity,
+                       spares)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """[T, hidden]; Gemma's embeddings scaled by sqrt(hidden_size), rounded to the dtype first as HF does."""
