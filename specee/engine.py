@@ -203,10 +203,14 @@ class Engine:
         return build_strategy(config, self.artifacts)
 
     def new_cache(self, prompt_tokens: int, max_tokens: int) -> KVCache:
-        """A cache for one generation: room for all it may write, allocated as it goes."""
+        """A cache for one generation: room for all it may write, allocated as it goes. Its first
+        allocation is rounded up to a power of two (within the context), so that the buffers it
+        leaves behind hold the next call of a conversation or an agent's loop, whose prompt is this
+        one's and a little more."""
         limit = prompt_tokens + max_tokens + CACHE_SLACK
-        return self.model.new_cache(limit, capacity=prompt_tokens + min(max_tokens, INITIAL_OUTPUT_SLOTS) + CACHE_SLACK,
-                                    spares=self.spare_buffers)
+        needed = prompt_tokens + min(max_tokens, INITIAL_OUTPUT_SLOTS) + CACHE_SLACK
+        rounded = min(1 << (needed - 1).bit_length(), max(needed, self.context_length + CACHE_SLACK))
+        return self.model.new_cache(limit, capacity=rounded, spares=self.spare_buffers)
 
 
 class Generation:

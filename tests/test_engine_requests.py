@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from helpers import tiny_model
-from specee.engine import INITIAL_OUTPUT_SLOTS, Engine
+from specee.engine import CACHE_SLACK, INITIAL_OUTPUT_SLOTS, Engine
 from specee.model.cache import KVCache, SpareBuffers
 from specee.strategies.base import Step, Strategy
 
@@ -118,6 +118,23 @@ def test_a_finished_generation_leaves_its_buffers_to_the_next_and_an_abandoned_o
         fresh.spare_buffers.buffers.clear()
         assert again.token_ids == alone.token_ids
     assert engine.generate(PROMPTS[1], max_tokens=60, ignore_eos=True).token_ids == first.token_ids
+
+
+def test_a_conversations_next_call_writes_into_the_buffers_of_the_one_before(tiny_tokenizer):
+    """A first allocation rounds up to a power of two: the next call, whose prompt is this one's
+    answer and a little more, fits in what it leaves."""
+    model = tiny_model(seed=5, vocab_size=tiny_tokenizer.vocab_size, num_hidden_layers=2,
+                       max_position_embeddings=4096)
+    engine = Engine(model, tiny_tokenizer)
+    prompt = tiny_tokenizer.encode_prompt(PROMPTS[0])
+    cache = engine.new_cache(len(prompt), 40)
+    assert cache.capacity == 1 << (len(prompt) + 40 + CACHE_SLACK - 1).bit_length() > cache.max_len
+    engine.spare_buffers.give(cache)
+    first = engine.generate(prompt, max_tokens=40, ignore_eos=True)
+    kept = [keys.data_ptr() for keys, _ in engine.spare_buffers.buffers]
+    assert len(kept) == 1
+    engine.generate(prompt + first.token_ids + prompt[:10], max_tokens=40, ignore_eos=True)  # the next turn
+    assert [keys.data_ptr() for keys, _ in engine.spare_buffers.buffers] == kept
 
 
 class ScriptedStrategy(Strategy):

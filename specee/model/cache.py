@@ -77,11 +77,11 @@ class KVCache:
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", capacity: int | None = None,
                  spares: SpareBuffers | None = None) -> None:
         """Holds up to `max_len` positions per layer. `capacity` slots are allocated now (all of
-        them by default; taken from `spares` where a kept pair holds them); a full cache doubles its
-        allocation, up to `max_len`, so a request that may run to a long context pays only for what
-        it writes."""
+        them by default; more than `max_len` only leaves room for a later cache to reuse; taken from
+        `spares` where a kept pair holds them); a full cache doubles its allocation, up to `max_len`,
+        so a request that may run to a long context pays only for what it writes."""
         self.max_len = max_len
-        capacity = max_len if capacity is None else min(capacity, max_len)
+        capacity = max_len if capacity is None else capacity
         shape = (num_layers, num_kv_heads, max(capacity, 1), head_dim)
         # Unwritten slots are never read (attention and keep() see only the filled part).
         kept = spares.take(shape, dtype, device) if spares is not None else None
