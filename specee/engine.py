@@ -369,12 +369,7 @@ class Generation:
         finally:
             steps.close()
             stats.decode_s = time.perf_counter() - start
-            if self.prefix_cache and self.strategy.lossless:  # lossy K/V (exits) is never shared
-                final = {model.config.num_hidden_layers: torch.cat(state.final_states)} if state.final_states else None
-                with torch.inference_mode():
-                    engine.prefix_cache.store(state.tokens, cache, final)
-            if self.strategy.lossless:  # the model's own text, for later requests to draft from
-                engine.suffix_cache.add(self.prompt_ids + output)
+            self._keep(state, output)
         stats.generated_tokens = len(output)
         # Ended, not abandoned (a closed or failed generation never gets here): nothing reads the
         # cache any more, and the next generation may write into its buffers.
@@ -382,6 +377,18 @@ class Generation:
         yield Event(new, delta + text.finish(), finish, drafted, exit_layer, new_logprobs, method, unsent_prompt)
         self.result = Result(text.text, output, len(self.prompt_ids), len(output), finish, stats, logprobs,
                              prompt_entries)
+
+    def _keep(self, state: DecodeState, output: list[int]) -> None:
+        """What later requests reuse of this one, however it ended: its K/V blocks for the prefix
+        cache, its text for the suffix cache; lossless strategies only (lossy K/V is never shared)."""
+        if not self.strategy.lossless:
+            return
+        if self.prefix_cache:
+            layers = self.engine.model.config.num_hidden_layers
+            with torch.inference_mode():
+                final = {layers: torch.cat(state.final_states)} if state.final_states else None
+                self.engine.prefix_cache.store(state.tokens, state.cache, final)
+        self.engine.suffix_cache.add(self.prompt_ids + output)  # the model's own text, to draft from
 
     def _prefill(self, cache: KVCache, passes: Passes, chunk: int | None, stats: GenerationStats):
         """Run the prompt: (logits after its last token [1, vocab], the last layer's states of every

@@ -108,7 +108,9 @@ inline void quantize_rows(const float* x, int64_t T, int64_t K, int8_t* codes, f
 // with fp32 scales and offsets per row or group; or 4- or 6-bit codes (SUPER) whose scales and
 // offsets are fp32 factors per superblock times int8 multipliers per group (CENTERED: the offset is
 // -32 times the scale).
-enum class Format { INT4, INT4_SUPER32, INT8_ROW, INT8_GROUP32, INT8_GROUP16, INT6_SUPER32, INT6_SUPER16, INT6_CENTERED16 };
+enum class Format {
+  INT4, INT4_SUPER32, INT8_ROW, INT8_GROUP32, INT8_GROUP16, INT6_SUPER32, INT6_SUPER16, INT6_CENTERED16
+};
 
 constexpr bool four_bit(Format f) { return f == Format::INT4 || f == Format::INT4_SUPER32; }
 
@@ -187,7 +189,8 @@ inline void grouped_scale_offset(const uint8_t* scales_zeros, int64_t group, int
     constexpr int64_t GROUPS = SUPERBLOCK / LANES;
     const uint8_t* record = scales_zeros + (group / GROUPS) * superblock_bytes(GROUPS, true);
     const Part d = part_load(reinterpret_cast<const float*>(record) + lane);
-    const Part sc = part_load_i8(reinterpret_cast<const int8_t*>(record + LANES * sizeof(float)) + (group % GROUPS) * LANES + lane);
+    const int8_t* multipliers = reinterpret_cast<const int8_t*>(record + LANES * sizeof(float));
+    const Part sc = part_load_i8(multipliers + (group % GROUPS) * LANES + lane);
     s = d * sc;
     m = (part_splat(-32.0f) * d) * sc;
   } else if constexpr (six_bit(FORMAT) || FORMAT == Format::INT4_SUPER32) {
@@ -328,15 +331,32 @@ void rows_of_tile(int64_t R, const uint8_t* w, const uint8_t* sz, int64_t blocks
   }
 }
 
+// Tiles begin .. end - 1, every row of the call.
 template <Format FORMAT>
-void tile(const MatmulArgs& a, const float* row_sums, int64_t sums_per_row, const uint8_t* w, const uint8_t* sz,
-          float* out, int64_t valid) {
+void tiles(const MatmulArgs& a, const float* row_sums, int64_t sums_per_row, int64_t begin, int64_t end) {
   constexpr int ROWS = PART_ROWS<four_bit(FORMAT)>;
   const int64_t K = a.in_features, B = K / BLOCK, blocks_per_group = a.group_size / BLOCK;
-  for (int64_t r0 = 0; r0 < a.rows; r0 += ROWS)
-    rows_of_tile<FORMAT>(std::min<int64_t>(ROWS, a.rows - r0), w, sz, B, blocks_per_group, a.codes + r0 * K,
-                         a.scales + r0 * B, row_sums + r0 * sums_per_row, K, out + r0 * a.out_features,
-                         a.out_features, valid);
+  for (int64_t t = begin; t < end; ++t) {
+    const int64_t valid = std::min<int64_t>(LANES, a.out_features - t * LANES);
+    const uint8_t* w = a.packed + t * a.tile_bytes;
+    const uint8_t* sz = a.scales_zeros + t * a.tile_scale_bytes;
+    float* out = a.out + t * LANES;
+    for (int64_t r0 = 0; r0 < a.rows; r0 += ROWS)
+      rows_of_tile<FORMAT>(std::min<int64_t>(ROWS, a.rows - r0), w, sz, B, blocks_per_group, a.codes + r0 * K,
+                           a.scales + r0 * B, row_sums + r0 * sums_per_row, K, out + r0 * a.out_features,
+                           a.out_features, valid);
+  }
+}
+
+// The format of a matmul's weights (api.h).
+inline Format format_of(const MatmulArgs& a) {
+  if (a.bits == 4) return a.superblock_scales ? Format::INT4_SUPER32 : Format::INT4;
+  if (a.bits == 6) {
+    if (a.superblock_scales == CENTERED_SUPERBLOCKS) return Format::INT6_CENTERED16;
+    return a.group_size == BLOCK ? Format::INT6_SUPER32 : Format::INT6_SUPER16;
+  }
+  if (a.group_size == 0) return Format::INT8_ROW;
+  return a.group_size == BLOCK ? Format::INT8_GROUP32 : Format::INT8_GROUP16;
 }
 
 inline void matmul_tiles(const MatmulArgs& a, int64_t begin, int64_t end) {
@@ -360,19 +380,16 @@ inline void matmul_tiles(const MatmulArgs& a, int64_t begin, int64_t end) {
   // The blocks' own prefetches run PREFETCH_BYTES ahead: ask for the first ones now.
   const uint8_t* first = a.packed + begin * a.tile_bytes;
   for (int64_t byte = 0; byte < std::min(PREFETCH_BYTES, (end - begin) * a.tile_bytes); byte += 64) prefetch(first + byte);
-  for (int64_t t = begin; t < end; ++t) {
-    const int64_t valid = std::min<int64_t>(LANES, a.out_features - t * LANES);
-    const uint8_t* w = a.packed + t * a.tile_bytes;
-    const uint8_t* sz = a.scales_zeros + t * a.tile_scale_bytes;
-    float* out = a.out + t * LANES;
-    if (a.bits == 4 && a.superblock_scales) tile<Format::INT4_SUPER32>(a, row_sums.data(), per_row, w, sz, out, valid);
-    else if (a.bits == 4) tile<Format::INT4>(a, row_sums.data(), per_row, w, sz, out, valid);
-    else if (a.group_size == 0) tile<Format::INT8_ROW>(a, row_sums.data(), per_row, w, sz, out, valid);
-    else if (a.superblock_scales == CENTERED_SUPERBLOCKS) tile<Format::INT6_CENTERED16>(a, row_sums.data(), per_row, w, sz, out, valid);
-    else if (a.bits == 6 && a.group_size == BLOCK) tile<Format::INT6_SUPER32>(a, row_sums.data(), per_row, w, sz, out, valid);
-    else if (a.bits == 6) tile<Format::INT6_SUPER16>(a, row_sums.data(), per_row, w, sz, out, valid);
-    else if (a.group_size == BLOCK) tile<Format::INT8_GROUP32>(a, row_sums.data(), per_row, w, sz, out, valid);
-    else tile<Format::INT8_GROUP16>(a, row_sums.data(), per_row, w, sz, out, valid);
+  const float* sums = row_sums.data();
+  switch (format_of(a)) {
+    case Format::INT4: return tiles<Format::INT4>(a, sums, per_row, begin, end);
+    case Format::INT4_SUPER32: return tiles<Format::INT4_SUPER32>(a, sums, per_row, begin, end);
+    case Format::INT8_ROW: return tiles<Format::INT8_ROW>(a, sums, per_row, begin, end);
+    case Format::INT8_GROUP32: return tiles<Format::INT8_GROUP32>(a, sums, per_row, begin, end);
+    case Format::INT8_GROUP16: return tiles<Format::INT8_GROUP16>(a, sums, per_row, begin, end);
+    case Format::INT6_SUPER32: return tiles<Format::INT6_SUPER32>(a, sums, per_row, begin, end);
+    case Format::INT6_SUPER16: return tiles<Format::INT6_SUPER16>(a, sums, per_row, begin, end);
+    case Format::INT6_CENTERED16: return tiles<Format::INT6_CENTERED16>(a, sums, per_row, begin, end);
   }
 }
 
