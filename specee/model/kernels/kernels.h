@@ -213,12 +213,13 @@ inline void grouped_scale_offset(const uint8_t* scales_zeros, int64_t group, int
 // INT4: w = code * s + (z - 8 s) with bf16 s and z per lane and weight group ([G][s x16, z x16]).
 // INT8_ROW: w = code * s + m with fp32 s and m per lane for the whole row ([s x16, m x16]), applied last.
 // INT8_GROUP32/16, INT4_SUPER32, INT6_*: w = code * s + m with s and m per lane and group of 32 or
-// 16 inputs (grouped_scale_offset); 6-bit codes unpacked a block at a time (unpack_six).
-template <int R, int P, Format FORMAT>
+// 16 inputs (grouped_scale_offset); 6-bit codes unpacked a block at a time (unpack_six), unless
+// `w` holds them unpacked already (PACKED false: a byte a code).
+template <int R, int P, Format FORMAT, bool PACKED = six_bit(FORMAT)>
 void tile_rows(const uint8_t* w, const uint8_t* scales_zeros, int64_t first_part, int64_t blocks,
                int64_t blocks_per_group, const int8_t* codes, const float* scales, const float* row_sums, int64_t K,
                float* out, int64_t ldo, int64_t valid) {
-  constexpr bool INT4 = four_bit(FORMAT), SIX = six_bit(FORMAT);
+  constexpr bool INT4 = four_bit(FORMAT), SIX = six_bit(FORMAT) && PACKED, NARROW = six_bit(FORMAT);
   const int64_t B = K / BLOCK, lane0 = first_part * PART_LANES;
   constexpr int64_t BLOCK_BYTES = INT4 ? INT4_BLOCK_BYTES : SIX ? INT6_BLOCK_BYTES : INT8_BLOCK_BYTES;
   Part acc[P][R];
@@ -254,8 +255,8 @@ void tile_rows(const uint8_t* w, const uint8_t* scales_zeros, int64_t first_part
       // Each half block has its own scale and offset: two half-block dots, each scaled alone.
       for (int h = 0; h < 2; ++h) {
         for (int p = 0; p < P; ++p) {
-          part_dot<R, false, 4, SIX>(block + h * INT8_BLOCK_BYTES / 2, first_part + p, codes + b * BLOCK + h * LANES, K,
-                                     dots);
+          part_dot<R, false, 4, NARROW>(block + h * INT8_BLOCK_BYTES / 2, first_part + p, codes + b * BLOCK + h * LANES,
+                                        K, dots);
           Part s, m;
           grouped_scale_offset<FORMAT>(scales_zeros, 2 * b + h, lane0 + p * PART_LANES, s, m);
           for (int r = 0; r < R; ++r) {
@@ -284,7 +285,7 @@ void tile_rows(const uint8_t* w, const uint8_t* scales_zeros, int64_t first_part
           dots_ahead<R, INT4>(SIX ? unpacked[0] : block, std::min<int64_t>(AHEAD, blocks - b), codes + b * BLOCK, K, ahead);
         std::copy(ahead + b % AHEAD * R, ahead + (b % AHEAD + 1) * R, dots);
       } else {
-        part_dot<R, INT4, 8, SIX>(block, first_part + p, codes + b * BLOCK, K, dots);
+        part_dot<R, INT4, 8, NARROW>(block, first_part + p, codes + b * BLOCK, K, dots);
       }
       for (int r = 0; r < R; ++r) {
         const Part products = to_float(dots[r]);
@@ -314,37 +315,53 @@ void tile_rows(const uint8_t* w, const uint8_t* scales_zeros, int64_t first_part
 
 // Rows r0 .. r0 + R - 1 of a tile, for R up to ROWS picked at run time: a few rows take the whole
 // tile at once, more rows one part at a time.
-template <Format FORMAT, int ROWS = PART_ROWS<four_bit(FORMAT)>>
+template <Format FORMAT, bool PACKED, int ROWS = PART_ROWS<four_bit(FORMAT)>>
 void rows_of_tile(int64_t R, const uint8_t* w, const uint8_t* sz, int64_t blocks, int64_t blocks_per_group,
                   const int8_t* codes, const float* scales, const float* row_sums, int64_t K, float* out, int64_t ldo,
                   int64_t valid) {
   constexpr int PARTS = LANES / PART_LANES;
   if (R == ROWS) {
     if constexpr (ROWS * PARTS <= PART_ROWS<four_bit(FORMAT)>) {
-      tile_rows<ROWS, PARTS, FORMAT>(w, sz, 0, blocks, blocks_per_group, codes, scales, row_sums, K, out, ldo, valid);
+      tile_rows<ROWS, PARTS, FORMAT, PACKED>(w, sz, 0, blocks, blocks_per_group, codes, scales, row_sums, K, out, ldo,
+                                             valid);
     } else {
       for (int64_t part = 0; part * PART_LANES < valid; ++part)
-        tile_rows<ROWS, 1, FORMAT>(w, sz, part, blocks, blocks_per_group, codes, scales, row_sums, K, out, ldo, valid);
+        tile_rows<ROWS, 1, FORMAT, PACKED>(w, sz, part, blocks, blocks_per_group, codes, scales, row_sums, K, out, ldo,
+                                           valid);
     }
   } else if constexpr (ROWS > 1) {
-    rows_of_tile<FORMAT, ROWS - 1>(R, w, sz, blocks, blocks_per_group, codes, scales, row_sums, K, out, ldo, valid);
+    rows_of_tile<FORMAT, PACKED, ROWS - 1>(R, w, sz, blocks, blocks_per_group, codes, scales, row_sums, K, out, ldo,
+                                           valid);
   }
 }
 
-// Tiles begin .. end - 1, every row of the call.
+// Tiles begin .. end - 1, every row of the call. Where several chunks of rows read a tile of 6-bit
+// codes (a prefill), the tile is unpacked once for all of them.
 template <Format FORMAT>
 void tiles(const MatmulArgs& a, const float* row_sums, int64_t sums_per_row, int64_t begin, int64_t end) {
   constexpr int ROWS = PART_ROWS<four_bit(FORMAT)>;
   const int64_t K = a.in_features, B = K / BLOCK, blocks_per_group = a.group_size / BLOCK;
+  std::vector<uint8_t> unpacked(six_bit(FORMAT) && a.rows > ROWS ? B * INT8_BLOCK_BYTES : 0);
   for (int64_t t = begin; t < end; ++t) {
     const int64_t valid = std::min<int64_t>(LANES, a.out_features - t * LANES);
     const uint8_t* w = a.packed + t * a.tile_bytes;
     const uint8_t* sz = a.scales_zeros + t * a.tile_scale_bytes;
     float* out = a.out + t * LANES;
-    for (int64_t r0 = 0; r0 < a.rows; r0 += ROWS)
-      rows_of_tile<FORMAT>(std::min<int64_t>(ROWS, a.rows - r0), w, sz, B, blocks_per_group, a.codes + r0 * K,
-                           a.scales + r0 * B, row_sums + r0 * sums_per_row, K, out + r0 * a.out_features,
-                           a.out_features, valid);
+    if (!unpacked.empty()) {
+      for (int64_t b = 0; b < B; ++b) unpack_six(w + b * INT6_BLOCK_BYTES, unpacked.data() + b * INT8_BLOCK_BYTES);
+      __asm__ volatile("" ::"r"(unpacked.data()) : "memory");  // (AMX's tile loads read them unseen)
+    }
+    for (int64_t r0 = 0; r0 < a.rows; r0 += ROWS) {
+      const int64_t R = std::min<int64_t>(ROWS, a.rows - r0);
+      const int8_t* codes = a.codes + r0 * K;
+      const float *scales = a.scales + r0 * B, *sums = row_sums + r0 * sums_per_row;
+      float* rows_out = out + r0 * a.out_features;
+      if (unpacked.empty())
+        rows_of_tile<FORMAT, true>(R, w, sz, B, blocks_per_group, codes, scales, sums, K, rows_out, a.out_features, valid);
+      else
+        rows_of_tile<FORMAT, false>(R, unpacked.data(), sz, B, blocks_per_group, codes, scales, sums, K, rows_out,
+                                    a.out_features, valid);
+    }
   }
 }
 
