@@ -193,9 +193,10 @@ def cpu_tier_params(portable: bool = True):
 # A tiny Llama GGUF file in any of llama.cpp's block types: K-quants need rows of 256 inputs.
 GGUF_LLAMA = dict(hidden=256, ffn=512, layers=2, heads=4, kv_heads=2)
 # The fp16 fields of each block type (byte offsets in a block), and a value for them that keeps the
-# weights near 0.05 whatever the random codes and sub-scales (d, or d and the minimum).
+# weights near 0.05 whatever the random codes and sub-scales (d, or d and the minimum; Q5_1's minimum
+# not a whole multiple of d, which would make it Q5_0's centered form).
 GGUF_FIELDS = {"Q4_0": ((0, 0.01),), "Q4_1": ((0, 0.01), (2, -0.08)), "Q5_0": ((0, 0.005),),
-               "Q5_1": ((0, 0.005), (2, -0.08)), "Q8_0": ((0, 0.0005),), "Q4_K": ((0, 0.0003), (2, 0.002)),
+               "Q5_1": ((0, 0.005), (2, -0.07)), "Q8_0": ((0, 0.0005),), "Q4_K": ((0, 0.0003), (2, 0.002)),
                "Q5_K": ((0, 0.00015), (2, 0.002)), "Q6_K": ((208, 0.00003),), "Q2_K": ((80, 0.002), (82, 0.002))}
 
 

@@ -17,8 +17,8 @@ import specee.model.kernels as kernels_module
 from helpers import cpu_tier_params
 from specee.model.kernels import (KernelsUnavailable, bindings_directory, cpu_kernels, load_tier, supported_tiers,
                                   tier_library, tier_named)
-from specee.model.quantize import (SuperblockInt8Weight, cat_rows, quantize_grouped_int8, quantize_int4, quantize_int8,
-                                   quantized_linear)
+from specee.model.quantize import (GroupedInt8Weight, SuperblockInt8Weight, cat_rows, quantize_grouped_int8,
+                                   quantize_int4, quantize_int8, quantized_linear)
 from specee.model.rope import apply_rope, rope_angles
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -148,6 +148,29 @@ def test_superblock_scales_multiply_as_their_fp32_products_do(kernels, portable,
         assert torch.equal(out, plain(x)), f"{T} rows"
         assert torch.equal(out, quantized_linear(weight, kernels=portable)(x)), f"{T} rows"
     assert out.abs().max() > 0
+
+
+def test_q5_0_runs_as_six_bit_codes_with_one_scale_a_group(kernels, portable):
+    """Offsets -16 times the scales over 5-bit codes (a GGUF file's Q5_0) run as the codes plus 16
+    in 6 bits with the offset -32 times the scale: the values of the 8-bit form, the bits of the same
+    shifted codes as 8-bit codes with fp32 pairs, in every tier, in 7 bits a weight instead of 10."""
+    g = torch.Generator().manual_seed(4)
+    scales = (torch.rand(72, 256 // 32, generator=g) * 1e-2).half().float()
+    weight = GroupedInt8Weight(torch.randint(0, 32, (72, 256), generator=g, dtype=torch.uint8), scales, -16 * scales, 32)
+    layer = quantized_linear(weight, kernels=kernels)
+    assert (layer.bits, layer.centered) == (6, True)
+    assert layer.weight_bytes == 80 * 256 * (6 / 8 + 4 / 32)  # 72 features padded to whole tiles of 16
+    shifted = IntegerLinear.from_codes(weight.codes + 16, torch.stack((scales, -32 * scales), -1), 8, 32, kernels)
+    rows_back = torch.tensor([0, 15, 16, 71, 40])
+    assert torch.equal(layer.dequantize(rows_back), weight.dequantize(rows_back))
+    for T in (1, 3, 9, 17):
+        x = rows(T, 256, seed=T)
+        out = layer(x)
+        assert torch.equal(out, shifted(x)), f"{T} rows"
+        assert torch.equal(out, quantized_linear(weight, kernels=portable)(x)), f"{T} rows"
+    # Other offsets (Q8_0's -128 d, a minimum's) keep 8-bit codes.
+    assert quantized_linear(GroupedInt8Weight(weight.codes, scales, -128 * scales, 32), kernels=kernels).bits == 8
+    assert quantized_linear(GroupedInt8Weight(weight.codes, scales, scales * 0.3, 32), kernels=kernels).bits == 8
 
 
 def test_superblock_scales_refuse_codes_of_more_than_six_bits(kernels):

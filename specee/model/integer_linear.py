@@ -72,10 +72,11 @@ class IntegerLinear(nn.Module):
             raise ValueError(f"in_features {self.in_features} must be a multiple of {BLOCK}, and the group size "
                              f"{group_size} too (or 16 for 6 and 8 bits)")
         records = scales_zeros.dtype == torch.uint8
-        if (records and (self.in_features % SUPERBLOCK or not (bits == 6 and group_size or bits == 4 and group_size == BLOCK))
-                or bits == 6 and not records):
-            raise ValueError("superblock scales are for 6-bit codes (which take no others) and 4-bit codes in groups "
-                             "of 32, over a multiple of 256 inputs")
+        records_fit = bits == 6 and group_size or bits == 4 and group_size == BLOCK
+        if (records and (self.in_features % SUPERBLOCK or not records_fit)
+                or bits == 6 and not records and (group_size != BLOCK or scales_zeros.dim() != 3)):
+            raise ValueError("superblock scales are for 6-bit and 4-bit codes (in groups of 32), over a multiple of "
+                             "256 inputs; 6-bit codes otherwise take one scale per group of 32 ([tiles, G, 16])")
         self.bits, self.group_size, self.kernels, self.bias = bits, group_size, kernels, bias
         self.packed = packed  # [tiles, K / 32 * block bytes] uint8
         self.scales_zeros = scales_zeros  # [tiles, G, 2, 16], [tiles, 2, 16] or superblock records, uint8
@@ -103,7 +104,8 @@ class IntegerLinear(nn.Module):
         if bits not in (4, 6) or (bits == 4 and group_size != BLOCK):
             raise ValueError(f"superblock scales take 6-bit codes, or 4-bit ones in groups of {BLOCK}")
         if codes.numel() and int(codes.max()) >= 2**bits:
-            raise ValueError(f"superblock scales of {bits}-bit codes take codes below {2**bits}; got {int(codes.max())}")
+            raise ValueError(f"superblock scales of {bits}-bit codes take codes below {2**bits}; "
+                             f"got {int(codes.max())}")
         factors, multipliers = factors.float(), multipliers.to(torch.int8)
         centered = (bits == 6 and group_size == LANES and torch.equal(factors[..., 1], -32 * factors[..., 0])
                     and torch.equal(multipliers[..., 0], multipliers[..., 1]))
@@ -116,6 +118,17 @@ class IntegerLinear(nn.Module):
                              tile_multipliers.reshape(tiles, superblocks, -1).view(torch.uint8)), dim=-1)
         return cls(pack_codes(codes, bits), records.reshape(tiles, -1), codes.shape[0], bits, group_size, kernels, bias)
 
+    @classmethod
+    def from_centered(cls, codes: torch.Tensor, scales: torch.Tensor, kernels, bias: torch.Tensor | None = None
+                      ) -> "IntegerLinear":
+        """Codes [N, K] below 64 with w = (code - 32) * scale, one fp32 scale per feature and group of
+        32 ([N, K / 32]): 6-bit codes and one scale per group (a GGUF file's Q5_0, its codes plus 16)."""
+        if codes.shape[1] % BLOCK:
+            raise ValueError(f"in_features {codes.shape[1]} must be a multiple of {BLOCK}")
+        if codes.numel() and int(codes.max()) >= 64:
+            raise ValueError(f"6-bit codes must be below 64; got {int(codes.max())}")
+        return cls(pack_codes(codes, 6), per_tile(scales.float()), codes.shape[0], 6, BLOCK, kernels, bias)
+
     @property
     def superblock_scales(self) -> bool:
         """Scales stored as superblock records (`from_superblocks`)."""
@@ -123,20 +136,25 @@ class IntegerLinear(nn.Module):
 
     @property
     def centered(self) -> bool:
-        """Superblock records of D and sc alone (offset -32 D sc): their size says so."""
+        """Offsets -32 times the scales: superblock records of D and sc alone (their size says so),
+        or 6-bit codes with one scale per group."""
+        if not self.superblock_scales:
+            return self.bits == 6
         groups = SUPERBLOCK // self.group_size
         record = self.scales_zeros.shape[1] // (self.in_features // SUPERBLOCK)
-        return self.superblock_scales and record == LANES * 4 + groups * LANES
+        return record == LANES * 4 + groups * LANES
 
     def _superblock_scales_offsets(self, tiles: torch.Tensor, lanes: torch.Tensor) -> torch.Tensor:
         """The fp32 scales and offsets [n, G, 2] of the features at (tiles, lanes), from superblock records."""
         groups, pairs = SUPERBLOCK // self.group_size, 1 if self.centered else 2
-        records = self.scales_zeros.view(self.scales_zeros.shape[0], -1, pairs * LANES * 4 + groups * pairs * LANES)[tiles]
+        factor_bytes = pairs * LANES * 4
+        records = self.scales_zeros.view(self.scales_zeros.shape[0], -1, factor_bytes + groups * pairs * LANES)[tiles]
         n, superblocks = records.shape[:2]
-        factors = records[..., : pairs * LANES * 4].contiguous().view(torch.float32).view(n, superblocks, pairs, LANES)
-        multipliers = records[..., pairs * LANES * 4:].contiguous().view(torch.int8).view(n, superblocks, groups, pairs, LANES)
+        factors = records[..., :factor_bytes].contiguous().view(torch.float32).view(n, superblocks, pairs, LANES)
+        multipliers = records[..., factor_bytes:].contiguous().view(torch.int8)
+        multipliers = multipliers.view(n, superblocks, groups, pairs, LANES)
         each = torch.arange(n)
-        factors, multipliers = factors[each, ..., lanes], multipliers[each, ..., lanes]  # [n, S, pairs], [n, S, groups, pairs]
+        factors, multipliers = factors[each, ..., lanes], multipliers[each, ..., lanes]  # [n, S, p], [n, S, groups, p]
         if self.centered:  # offset (-32 D) sc, as the kernels compute it
             factors, multipliers = torch.cat((factors, -32 * factors), -1), multipliers.expand(-1, -1, -1, 2)
         return (factors[:, :, None] * multipliers.float()).flatten(1, 2)  # [n, G, 2]
@@ -156,8 +174,13 @@ class IntegerLinear(nn.Module):
         else:
             codes = self.packed.view(-1, blocks, 8, LANES, 4)[tiles, :, :, lanes]  # [n, blocks, 8 steps, 4]
         codes = codes.reshape(len(rows), self.in_features).float()
-        scales_zeros = (self._superblock_scales_offsets(tiles, lanes) if self.superblock_scales
-                        else self.scales_zeros[tiles, ..., lanes].float())  # [n, G, 2] or [n, 2]
+        if self.superblock_scales:
+            scales_zeros = self._superblock_scales_offsets(tiles, lanes)  # [n, G, 2]
+        elif self.bits == 6:  # one scale per group, the offset -32 times it
+            scales = self.scales_zeros[tiles, :, lanes]  # [n, G]
+            scales_zeros = torch.stack((scales, -32 * scales), dim=-1)
+        else:
+            scales_zeros = self.scales_zeros[tiles, ..., lanes].float()  # [n, G, 2] or [n, 2]
         if scales_zeros.dim() == 2:  # 8 bits, one scale per row: w = (code - 128) * s (offset -128 s)
             return (codes - 128) * scales_zeros[:, :1]
         scale, zero = scales_zeros[..., 0, None], scales_zeros[..., 1, None]  # [n, G, 1]

@@ -115,6 +115,19 @@ class GroupedInt8Weight:
         w = codes.float().unflatten(1, (-1, g)) * scales[..., None] + offsets[..., None]  # [rows, K / g, g]
         return w.flatten(1)
 
+    def centered_six(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(codes below 64, scales) with w = (code - 32) * scale, the same values, where every offset
+        is -c times its scale for one c and the codes shifted by 32 - c fit in 6 bits (a GGUF file's
+        Q5_0: c = 16); else None. Groups of 32 only."""
+        if self.group_size != INPUT_BLOCK or not self.codes.numel():
+            return None
+        shift = 32 + int(torch.round(self.offsets.flatten()[0] / self.scales.flatten()[0])) if self.scales.flatten()[0] else None
+        if shift is None or not 0 <= shift <= 32 or not torch.equal(self.offsets, (shift - 32) * self.scales):
+            return None
+        if int(self.codes.max()) + shift >= 64:
+            return None
+        return self.codes + shift, self.scales
+
     @classmethod
     def of(cls, weight: "QuantizedWeight", group_size: int) -> "GroupedInt8Weight":
         """An int4 or grouped int8 weight as grouped int8 in groups of `group_size` (a divisor of its
@@ -348,6 +361,8 @@ def quantized_linear(weight: QuantizedWeight, bias: torch.Tensor | None = None, 
     if isinstance(weight, SuperblockInt8Weight):
         weight = weight.grouped()
     if kernels is not None and in_features % INPUT_BLOCK == 0:
+        if isinstance(weight, GroupedInt8Weight) and (centered := weight.centered_six()) is not None:
+            return IntegerLinear.from_centered(*centered, kernels, bias)
         if isinstance(weight, GroupedInt8Weight):
             codes, scales_zeros = weight.codes, torch.stack((weight.scales, weight.offsets), dim=-1)
         elif isinstance(weight, Int8Weight):

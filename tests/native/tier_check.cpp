@@ -225,22 +225,30 @@ uint16_t bf16_of(float x) {
 
 void check_matmul(Random& rng, int64_t bits, int64_t group, int64_t superblocks, int64_t K, int64_t N, int64_t T) {
   Case c("matmul_tiles bits=" + std::to_string(bits) + " group=" + std::to_string(group) +
-         (superblocks == 2 ? " centered superblock scales" : superblocks ? " superblock scales" : "") +
+         (superblocks == 3 ? " centered scales" : superblocks == 2 ? " centered superblock scales"
+                           : superblocks ? " superblock scales" : "") +
          " K=" + std::to_string(K) + " N=" + std::to_string(N) + " T=" + std::to_string(T));
   const int64_t B = K / 32, tiles = (N + 15) / 16;
   const int64_t tile_bytes = B * 16 * 32 * bits / 8;
   // bf16 pairs per group (bits 4), fp32 pairs per group (bits 8, grouped) or per row (bits 8, group 0);
   // superblocks (bits 6, or 4 in groups of 32): per 256 inputs an fp32 pair x16, then an int8 pair
   // x16 per group (centered: one of each).
-  const int64_t groups_per_superblock = superblocks ? 256 / group : 0, pairs = superblocks == 2 ? 1 : 2;
+  // Centered scales (3, bits 6): one fp32 per group of 32 and lane.
+  const bool records = superblocks == 1 || superblocks == 2;
+  const int64_t groups_per_superblock = records ? 256 / group : 0, pairs = superblocks == 2 ? 1 : 2;
   const int64_t record = pairs * (16 * 4 + groups_per_superblock * 16);
-  const int64_t tile_scale_bytes = superblocks ? (K / 256) * record
+  const int64_t tile_scale_bytes = superblocks == 3 ? (K / 32) * 16 * 4
+                                   : records ? (K / 256) * record
                                    : bits == 4 ? (K / group) * 2 * 16 * 2
                                                : (group ? K / group : 1) * 2 * 16 * 4;
   std::vector<uint8_t> packed(tiles * tile_bytes);
   for (uint8_t& byte : packed) byte = rng.byte();  // any bytes are valid codes
   std::vector<uint8_t> scales_zeros(tiles * tile_scale_bytes);
-  if (superblocks) {
+  if (superblocks == 3) {
+    std::vector<float> d(scales_zeros.size() / 4);
+    for (float& f : d) f = std::ldexp(1.0f + rng.unit(), -8 - static_cast<int>(rng.below(4)));
+    std::memcpy(scales_zeros.data(), d.data(), scales_zeros.size());
+  } else if (records) {
     for (int64_t r = 0; r < tiles * K / 256; ++r) {  // [D x16 | M x16] fp32, then [sc x16 | mc x16] int8 per group
       uint8_t* at = scales_zeros.data() + r * record;
       for (int64_t i = 0; i < 16 * pairs; ++i) {
@@ -292,15 +300,19 @@ void check_matmul(Random& rng, int64_t bits, int64_t group, int64_t superblocks,
 }
 
 void check_matmul_all(Random& rng) {
-  const int64_t configs[][3] = {{4, 32, 0}, {4, 64, 0}, {8, 0, 0}, {8, 32, 0}, {8, 16, 0}, {4, 32, 1}, {6, 32, 1}, {6, 16, 1}, {6, 16, 2}};
-  for (const auto& config : configs)  // bits, group, superblock scales
-    for (int64_t K : config[2] ? std::vector<int64_t>{256, 512} : std::vector<int64_t>{32, 64, 576}) {
+  // bits, group, scales (api.h: 0 pairs per group, 1 and 2 superblock records, 3 centered per group)
+  const int64_t configs[][3] = {{4, 32, 0}, {4, 64, 0}, {8, 0, 0}, {8, 32, 0}, {8, 16, 0},
+                                {4, 32, 1}, {6, 32, 1}, {6, 16, 1}, {6, 16, 2}, {6, 32, 3}};
+  for (const auto& config : configs) {
+    const bool records = config[2] == 1 || config[2] == 2;  // superblock records span 256 inputs
+    for (int64_t K : records ? std::vector<int64_t>{256, 512} : std::vector<int64_t>{32, 64, 576}) {
       if (config[1] && K % config[1] != 0) continue;  // a group must divide K
       for (int64_t N : {8, 40, 48})  // one partial tile; two whole and a half; three whole
         for (int64_t T = 1; T <= 9; ++T) check_matmul(rng, config[0], config[1], config[2], K, N, T);
       // A whole AMX tile of rows, and one more tile's worth beside a few.
       for (int64_t T : {16, 21}) check_matmul(rng, config[0], config[1], config[2], K, 40, T);
     }
+  }
 }
 
 // ---- attend -------------------------------------------------------------------------------------

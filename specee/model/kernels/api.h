@@ -9,8 +9,9 @@ namespace specee {
 
 constexpr int KERNEL_API_VERSION = 6;
 
-// MatmulArgs::superblock_scales: none, factors with offsets, or centered (see below).
-constexpr int64_t NO_SUPERBLOCKS = 0, SUPERBLOCKS = 1, CENTERED_SUPERBLOCKS = 2;
+// MatmulArgs::superblock_scales: how the scales are stored (see below): as pairs per group, as
+// superblock records with offsets or centered ones, or (6-bit codes) as one scale per group, centered.
+constexpr int64_t NO_SUPERBLOCKS = 0, SUPERBLOCKS = 1, CENTERED_SUPERBLOCKS = 2, CENTERED_GROUPS = 3;
 
 // One integer matmul: x's rows quantized to int8 blocks (codes, scales, sums) times a packed
 // matrix of tiles of 16 output features (see integer_linear.py's pack_codes). Four weight formats:
@@ -23,7 +24,9 @@ constexpr int64_t NO_SUPERBLOCKS = 0, SUPERBLOCKS = 1, CENTERED_SUPERBLOCKS = 2;
 //   scale and offset are fp32 factors per 256 inputs times int8 multipliers per group, per tile and
 //   superblock a record [2 x 16 fp32 (D, M), K / 256 / group x 2 x 16 int8 (sc, mc)], s = D sc and
 //   m = M mc (SUPERBLOCKS: a GGUF file's Q5_K); or, CENTERED_SUPERBLOCKS (group 16), [16 fp32 (D),
-//   K / 256 / 16 x 16 int8 (sc)], s = D sc and m = (-32 D) sc (Q6_K: the file's bytes, but D in fp32).
+//   K / 256 / 16 x 16 int8 (sc)], s = D sc and m = (-32 D) sc (Q6_K: the file's bytes, but D in fp32);
+//   or, CENTERED_GROUPS (group 32), fp32 [tiles, K / 32, 16] (d), w = (code - 32) d (a GGUF file's
+//   Q5_0, its codes plus 16).
 struct MatmulArgs {
   const uint8_t* packed;        // [tiles, tile_bytes]
   int64_t tile_bytes;

@@ -33,16 +33,22 @@ void check_format(int64_t bits, int64_t group_size) {
 }
 
 // Which scales a matrix of K inputs has (api.h): superblock records come as bytes (uint8), with
-// 6-bit codes, which take nothing else, or 4-bit codes in groups of 32; the record's size says
-// whether they are centered.
+// 6-bit codes or 4-bit codes in groups of 32, the record's size saying whether they are centered;
+// 6-bit codes otherwise take one fp32 scale per group of 32 (centered).
 int64_t superblock_kind(const at::Tensor& scales_zeros, int64_t bits, int64_t group_size, int64_t K) {
   const bool records = scales_zeros.scalar_type() == at::kByte;
-  TORCH_CHECK(records ? bits == 6 || (bits == 4 && group_size == BLOCK) : bits != 6,
-              "superblock scales (uint8) are for 6-bit codes, and 4-bit codes in groups of 32; 6-bit codes take no others");
+  TORCH_CHECK(scales_zeros.is_contiguous(), "scales must be contiguous");
+  const int64_t per_tile = scales_zeros.numel() / std::max<int64_t>(1, scales_zeros.size(0));
+  if (bits == 6 && !records) {
+    TORCH_CHECK(scales_zeros.scalar_type() == at::kFloat && group_size == BLOCK && per_tile == K / BLOCK * LANES,
+                "6-bit codes take superblock records (uint8) or one fp32 scale per group of 32 and lane");
+    return specee::CENTERED_GROUPS;
+  }
+  TORCH_CHECK(!records || bits == 6 || (bits == 4 && group_size == BLOCK),
+              "superblock scales (uint8) are for 6-bit codes and 4-bit codes in groups of 32");
   if (!records) return specee::NO_SUPERBLOCKS;
   TORCH_CHECK(K % SUPERBLOCK == 0, "superblock scales take a multiple of 256 inputs; got ", K);
-  const int64_t groups = SUPERBLOCK / group_size, per_tile = scales_zeros.numel() / scales_zeros.size(0);
-  TORCH_CHECK(scales_zeros.is_contiguous(), "superblock scales must be contiguous");
+  const int64_t groups = SUPERBLOCK / group_size;
   if (per_tile == K / SUPERBLOCK * (2 * LANES * 4 + groups * 2 * LANES)) return specee::SUPERBLOCKS;
   TORCH_CHECK(bits == 6 && group_size == LANES && per_tile == K / SUPERBLOCK * (LANES * 4 + groups * LANES),
               "superblock scales do not match ", K, " inputs");
@@ -130,7 +136,7 @@ class Kernels {
   // x [T, K] fp32; packed [N / 16, K / 32 * block bytes] uint8; scales_zeros: bits 4,
   // [N / 16, K / group_size, 2, 16] bf16 or superblock records, uint8; bits 8 and group_size 0,
   // [N / 16, 2, 16] fp32; bits 8 and group_size 16 or 32, [N / 16, K / group_size, 2, 16] fp32;
-  // bits 6, superblock records, uint8 (api.h). Returns [T, N] fp32.
+  // bits 6, superblock records, uint8, or [N / 16, K / 32, 16] fp32 (api.h). Returns [T, N] fp32.
   at::Tensor integer_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales_zeros,
                             int64_t out_features, int64_t bits, int64_t group_size) const {
     check_rows(x, 2, "x");

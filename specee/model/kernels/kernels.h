@@ -105,17 +105,20 @@ inline void quantize_rows(const float* x, int64_t T, int64_t K, int8_t* codes, f
 }
 
 // The weight formats of MatmulArgs: 4-bit codes with bf16 scales and zeros per group; 8-bit codes
-// with fp32 scales and offsets per row or group; or 4- or 6-bit codes (SUPER) whose scales and
-// offsets are fp32 factors per superblock times int8 multipliers per group (CENTERED: the offset is
-// -32 times the scale).
+// with fp32 scales and offsets per row or group; 4- or 6-bit codes (SUPER) whose scales and offsets
+// are fp32 factors per superblock times int8 multipliers per group (CENTERED16: the offset is -32
+// times the scale); or 6-bit codes with an fp32 scale per group of 32 and the offset -32 times it
+// (CENTERED32).
 enum class Format {
-  INT4, INT4_SUPER32, INT8_ROW, INT8_GROUP32, INT8_GROUP16, INT6_SUPER32, INT6_SUPER16, INT6_CENTERED16
+  INT4, INT4_SUPER32, INT8_ROW, INT8_GROUP32, INT8_GROUP16, INT6_SUPER32, INT6_SUPER16, INT6_CENTERED16,
+  INT6_CENTERED32
 };
 
 constexpr bool four_bit(Format f) { return f == Format::INT4 || f == Format::INT4_SUPER32; }
 
 constexpr bool six_bit(Format f) {
-  return f == Format::INT6_SUPER32 || f == Format::INT6_SUPER16 || f == Format::INT6_CENTERED16;
+  return f == Format::INT6_SUPER32 || f == Format::INT6_SUPER16 || f == Format::INT6_CENTERED16 ||
+         f == Format::INT6_CENTERED32;
 }
 
 // A block of 6-bit codes as the 8-bit block the dots take (512 bytes, one code a byte): byte i of
@@ -185,7 +188,10 @@ void dots_ahead(const uint8_t* block, int64_t count, const int8_t* q, int64_t K,
 // file's Q6_K and Q5_K scales: an fp16 times a small integer).
 template <Format FORMAT>
 inline void grouped_scale_offset(const uint8_t* scales_zeros, int64_t group, int64_t lane, Part& s, Part& m) {
-  if constexpr (FORMAT == Format::INT6_CENTERED16) {
+  if constexpr (FORMAT == Format::INT6_CENTERED32) {  // [G][d x16]
+    s = part_load(reinterpret_cast<const float*>(scales_zeros) + group * LANES + lane);
+    m = part_splat(-32.0f) * s;
+  } else if constexpr (FORMAT == Format::INT6_CENTERED16) {
     constexpr int64_t GROUPS = SUPERBLOCK / LANES;
     const uint8_t* record = scales_zeros + (group / GROUPS) * superblock_bytes(GROUPS, true);
     const Part d = part_load(reinterpret_cast<const float*>(record) + lane);
@@ -369,6 +375,7 @@ void tiles(const MatmulArgs& a, const float* row_sums, int64_t sums_per_row, int
 inline Format format_of(const MatmulArgs& a) {
   if (a.bits == 4) return a.superblock_scales ? Format::INT4_SUPER32 : Format::INT4;
   if (a.bits == 6) {
+    if (a.superblock_scales == CENTERED_GROUPS) return Format::INT6_CENTERED32;
     if (a.superblock_scales == CENTERED_SUPERBLOCKS) return Format::INT6_CENTERED16;
     return a.group_size == BLOCK ? Format::INT6_SUPER32 : Format::INT6_SUPER16;
   }
@@ -407,6 +414,7 @@ inline void matmul_tiles(const MatmulArgs& a, int64_t begin, int64_t end) {
     case Format::INT6_SUPER32: return tiles<Format::INT6_SUPER32>(a, sums, per_row, begin, end);
     case Format::INT6_SUPER16: return tiles<Format::INT6_SUPER16>(a, sums, per_row, begin, end);
     case Format::INT6_CENTERED16: return tiles<Format::INT6_CENTERED16>(a, sums, per_row, begin, end);
+    case Format::INT6_CENTERED32: return tiles<Format::INT6_CENTERED32>(a, sums, per_row, begin, end);
   }
 }
 
