@@ -60,7 +60,8 @@ def gguf_weight_bytes(path: Path, quantization: str, dtype: torch.dtype) -> tupl
 
     reader, config = open_gguf(path)
     dense_size = torch.tensor([], dtype=dtype).element_size()
-    matrices: dict[str, list[tuple[int, float, int, bool]]] = {}  # fused matrix -> parts' (count, bytes a weight, group, factored)
+    # fused matrix -> its parts' (count, bytes a weight, group, factored)
+    matrices: dict[str, list[tuple[int, float, int, bool]]] = {}
     total, largest = 0, 0
     for t in reader.tensors:
         name = hf_name(t.name, config.model_type)

@@ -116,17 +116,14 @@ class GroupedInt8Weight:
         return w.flatten(1)
 
     def centered_six(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(codes below 64, scales) with w = (code - 32) * scale, the same values, where every offset
-        is -c times its scale for one c and the codes shifted by 32 - c fit in 6 bits (a GGUF file's
-        Q5_0: c = 16); else None. Groups of 32 only."""
-        if self.group_size != INPUT_BLOCK or not self.codes.numel():
+        """(codes below 64, scales) with w = (code - 32) * scale, the same values, where the codes are
+        below 32 and every offset is -16 times its scale in groups of 32 (a GGUF file's Q5_0: its
+        codes plus 16); else None."""
+        if self.group_size != INPUT_BLOCK or not self.codes.numel() or int(self.codes.max()) >= 32:
             return None
-        shift = 32 + int(torch.round(self.offsets.flatten()[0] / self.scales.flatten()[0])) if self.scales.flatten()[0] else None
-        if shift is None or not 0 <= shift <= 32 or not torch.equal(self.offsets, (shift - 32) * self.scales):
+        if not torch.equal(self.offsets, -16 * self.scales):
             return None
-        if int(self.codes.max()) + shift >= 64:
-            return None
-        return self.codes + shift, self.scales
+        return self.codes + 16, self.scales
 
     @classmethod
     def of(cls, weight: "QuantizedWeight", group_size: int) -> "GroupedInt8Weight":

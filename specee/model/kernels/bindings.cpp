@@ -520,7 +520,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("matrix", [](const Kernels&, at::Tensor packed, at::Tensor scales_zeros, int64_t out_features, int64_t bits,
                         int64_t group_size, std::optional<at::Tensor> bias) {
         check_format(bits, group_size);
-        const int64_t superblocks = superblock_kind(scales_zeros, bits, group_size, packed.size(1) / (LANES * bits / 8));
+        const int64_t K = packed.size(1) / (LANES * bits / 8);
+        const int64_t superblocks = superblock_kind(scales_zeros, bits, group_size, K);
         return Matrix{packed, scales_zeros, out_features, bits, group_size, bias.value_or(at::Tensor()), superblocks};
       }, "a quantized matrix as decoder_layers takes it")
       .def("layer_weights", [](const Kernels&, at::Tensor input_norm, Matrix qkv, Matrix o, at::Tensor post_norm,

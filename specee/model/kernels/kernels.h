@@ -288,7 +288,8 @@ void tile_rows(const uint8_t* w, const uint8_t* scales_zeros, int64_t first_part
     for (int p = 0; p < P; ++p) {
       if constexpr (AHEAD > 1) {  // (P is 1: the tier's vector holds a tile's 16 lanes)
         if (b % AHEAD == 0)
-          dots_ahead<R, INT4>(SIX ? unpacked[0] : block, std::min<int64_t>(AHEAD, blocks - b), codes + b * BLOCK, K, ahead);
+          dots_ahead<R, INT4>(SIX ? unpacked[0] : block, std::min<int64_t>(AHEAD, blocks - b), codes + b * BLOCK, K,
+                              ahead);
         std::copy(ahead + b % AHEAD * R, ahead + (b % AHEAD + 1) * R, dots);
       } else {
         part_dot<R, INT4, 8, NARROW>(block, first_part + p, codes + b * BLOCK, K, dots);
@@ -363,7 +364,8 @@ void tiles(const MatmulArgs& a, const float* row_sums, int64_t sums_per_row, int
       const float *scales = a.scales + r0 * B, *sums = row_sums + r0 * sums_per_row;
       float* rows_out = out + r0 * a.out_features;
       if (unpacked.empty())
-        rows_of_tile<FORMAT, true>(R, w, sz, B, blocks_per_group, codes, scales, sums, K, rows_out, a.out_features, valid);
+        rows_of_tile<FORMAT, true>(R, w, sz, B, blocks_per_group, codes, scales, sums, K, rows_out, a.out_features,
+                                   valid);
       else
         rows_of_tile<FORMAT, false>(R, unpacked.data(), sz, B, blocks_per_group, codes, scales, sums, K, rows_out,
                                     a.out_features, valid);
