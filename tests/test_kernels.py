@@ -319,15 +319,21 @@ def run_python(code: str, cwd=None, **env) -> subprocess.CompletedProcess:
                           env={**os.environ, "PYTHONPATH": str(ROOT), **env}, cwd=cwd)
 
 
-def test_a_second_process_reuses_the_built_kernels_from_any_working_directory(tmp_path):
+def test_a_second_process_reuses_the_built_kernels_from_any_working_directory_and_copy(tmp_path):
+    """Another working directory, and another copy of the same sources (a fresh clone, a reinstall)."""
+    import shutil
+
     assert cpu_kernels() is not None, "the CPU kernels must build on the test machines (g++)"
     bindings = next(bindings_directory().glob("*.so"))
     library = tier_library(tier_named(supported_tiers()[0]))
     built_at = bindings.stat().st_mtime_ns, library.stat().st_mtime_ns
     log = (bindings_directory() / ".ninja_log").read_text()
-    done = run_python("from specee.model.kernels import cpu_kernels; assert cpu_kernels() is not None", cwd=tmp_path,
-                      SPECEE_CPU_TIER="")
+    clone = tmp_path / "clone"
+    shutil.copytree(ROOT / "specee", clone / "specee", ignore=shutil.ignore_patterns("__pycache__"))
+    code = ("import specee.model.kernels as k; assert k.cpu_kernels() is not None; print(k.__file__)")
+    done = run_python(code, cwd=tmp_path, SPECEE_CPU_TIER="", PYTHONPATH=str(clone))
     assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().startswith(str(clone))
     assert "compiling" not in done.stderr
     assert (bindings.stat().st_mtime_ns, library.stat().st_mtime_ns) == built_at
     assert (bindings_directory() / ".ninja_log").read_text() == log  # ninja ran no build step
@@ -397,6 +403,8 @@ def test_damaged_bindings_are_built_again_with_a_warning(tmp_path, monkeypatch):
     assert target.parent.parent == tmp_path
     shutil.copytree(built, target)
     next(target.glob("*.so")).write_bytes(b"not a shared object")
+    # The copy's build commands are the original's (the same sources' path): ninja finds nothing to do.
+    monkeypatch.setattr(kernels_module, "_binding_sources", lambda directory: built / "src")
     real, calls = kernels_module._compile_bindings, []
 
     def compile_bindings(directory):

@@ -164,16 +164,30 @@ def bindings_directory() -> Path:
     return cache_root() / "kernels" / f"bindings-{_key(*_sources(BINDING_SOURCES), torch.__version__, sys.version)}"
 
 
+def _binding_sources(directory: Path) -> Path:
+    """A copy of the bindings' sources in `directory`, which the build compiles: its commands name
+    no path of this checkout, so another clone or install of the same sources reuses the build."""
+    sources = directory / "src"
+    sources.mkdir(parents=True, exist_ok=True)
+    for source in BINDING_SOURCES:
+        text = (HERE / source).read_bytes()
+        if not (sources / source).exists() or (sources / source).read_bytes() != text:
+            with tempfile.NamedTemporaryFile(dir=sources, delete=False) as copy:  # renamed whole into place
+                copy.write(text)
+            os.replace(copy.name, sources / source)
+    return sources
+
+
 def _compile_bindings(directory: Path):
     from torch.utils import cpp_extension
 
-    directory.mkdir(parents=True, exist_ok=True)
+    sources = _binding_sources(directory)
     name = f"specee_kernels_{directory.name.replace('-', '_')}"
     # torch skips the build step for a name it already built in this process: forget it, so a
     # removed or damaged library is built again.
     cpp_extension.JIT_EXTENSION_VERSIONER.entries.pop(name, None)
     # -fopenmp: at::parallel_for is inline, and runs on one thread when built without it.
-    return cpp_extension.load(name, [str(HERE / "bindings.cpp")], extra_cflags=["-O2", "-fopenmp", f"-I{HERE}"],
+    return cpp_extension.load(name, [str(sources / "bindings.cpp")], extra_cflags=["-O2", "-fopenmp", f"-I{sources}"],
                               extra_ldflags=["-ldl", "-fopenmp"], build_directory=str(directory), verbose=False)
 
 
