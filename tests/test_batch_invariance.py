@@ -164,7 +164,7 @@ def test_eager_fp32_decodes_the_compiled_tokens(default_engine):
 
     eager = specee.load(quantization="none", compile=False)
     assert default_engine.model.uses_kernels and not eager.model.uses_kernels
-    for prompt in PROMPTS[:4]:
+    for prompt in (PROMPTS[0], PROMPTS[4]):  # one that copies, one that does not
         expected = default_engine.generate(prompt, max_tokens=64, ignore_eos=True, spec_method="none").token_ids
         assert eager.generate(prompt, max_tokens=64, ignore_eos=True).token_ids == expected, prompt
 

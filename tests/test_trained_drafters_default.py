@@ -13,7 +13,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def dense_to_eos(default_engine):
-    return {p: default_engine.generate(p, max_tokens=MAX_TOKENS, spec_method="none") for p in PROMPTS}
+    # Two prompts that copy and two that do not (fp32 is slow; the default format runs them all).
+    return {p: default_engine.generate(p, max_tokens=MAX_TOKENS, spec_method="none") for p in PROMPTS[:2] + PROMPTS[3:5]}
 
 
 @pytest.mark.parametrize("method", ["eagle", "eagle-copy", "kangaroo"])
