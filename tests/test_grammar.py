@@ -195,7 +195,7 @@ def sample_joint(model, letters, make_strategy, params, samples: int = SAMPLES) 
     counts = torch.zeros(VOCAB * VOCAB, dtype=torch.float64)
     strategy = make_strategy(model)
     grammar = letters.constraint(Grammar.regex(PAIRS)).matcher  # compiled once, copied per sample
-    with torch.no_grad():
+    with torch.inference_mode():  # as the engine decodes (and quicker per call than no_grad)
         prefilled = model.new_cache(64)  # the prompt once; every sample decodes from a copy
         hidden = model.hidden(torch.tensor(PROMPT), torch.arange(len(PROMPT)), prefilled)
         logits = model.logits(model.norm(hidden[-1:]))

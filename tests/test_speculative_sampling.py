@@ -51,7 +51,7 @@ def exact_joint(model, params) -> torch.Tensor:
         logits = Sampler(params, prompt_length=len(PROMPT)).adjusted(logits, ids)  # penalties on ids after PROMPT
         return processed_probs(logits, params)[0].double()
 
-    with torch.no_grad():
+    with torch.inference_mode():  # as the engine decodes (and quicker per call than no_grad)
         first = next_probs(PROMPT + [ROOT])
         rows = torch.stack([next_probs(PROMPT + [ROOT, t]) for t in range(VOCAB)])
     return (first[:, None] * rows).flatten()
@@ -63,7 +63,7 @@ def sample_joint(model, make_strategy, params, samples: int = SAMPLES) -> torch.
     forced[0, ROOT] = 0.0
     strategy = make_strategy(model)
     split = getattr(strategy, "shallow_layers", None) or 0  # prefill as the engine does for Kangaroo
-    with torch.no_grad():
+    with torch.inference_mode():  # as the engine decodes (and quicker per call than no_grad)
         prefilled = model.new_cache(64)  # the prompt once; every sample decodes from a copy
         positions = torch.arange(len(PROMPT))
         shallow = model.hidden(torch.tensor(PROMPT), positions, prefilled, layers=range(split))
@@ -187,7 +187,7 @@ def test_the_test_can_fail(model):
     params = SamplingParams(temperature=0.9)
     draft = DraftModel(model, num_layers=1)
     counts = torch.zeros(VOCAB * VOCAB, dtype=torch.float64)
-    with torch.no_grad():
+    with torch.inference_mode():  # as the engine decodes (and quicker per call than no_grad)
         for seed in range(SAMPLES):
             draft.reset(PROMPT, Sampler(SamplingParams(0.9, seed=seed)))
             t2, t3 = draft.propose(PROMPT + [ROOT], 2).tokens
@@ -220,7 +220,7 @@ def constant_model(log_odds: float):
     """A two-token model whose next-token distribution is softmax((log_odds, 0)) after any input:
     the layers add nothing (zero output projections) and every embedding row is the same."""
     model = tiny_model(seed=1, vocab_size=2, num_hidden_layers=1, pack=False)
-    with torch.no_grad():
+    with torch.inference_mode():  # as the engine decodes (and quicker per call than no_grad)
         for layer in model.layers:
             layer.self_attn.o_proj.weight.zero_()
             layer.mlp.down_proj.weight.zero_()
@@ -256,7 +256,7 @@ def second_token_counts(draft_class) -> torch.Tensor:
     forced = torch.tensor([[0.0, -1e9]])
     strategy = Speculative(lambda: draft_class(draft, confidence_threshold=0.5), num_draft_tokens=2, adaptive=False)
     prompt = [0, 1, 0, 1]
-    with torch.no_grad():
+    with torch.inference_mode():  # as the engine decodes (and quicker per call than no_grad)
         prefilled = target.new_cache(32)
         target(torch.tensor(prompt), torch.arange(len(prompt)), prefilled)
         for seed in range(CONFIDENCE_SAMPLES):
