@@ -138,7 +138,8 @@ def tier_library(tier: Tier) -> Path:
 
     cxx = compiler()
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
-    command = tier_command(tier, Path("out"), cxx)
+    # Keyed by the sources' text, not their place: another clone or install of them reuses the build.
+    command = [part.replace(str(HERE), "<kernels>") for part in tier_command(tier, Path("out"), cxx)]
     directory = cache_root() / "kernels" / f"{tier.name}-{_key(*_sources(TIER_SOURCES + tier_headers(tier)), *command, version)}"
     library = directory / f"libspecee_{tier.name}.so"
     if library.exists():
