@@ -149,8 +149,8 @@ class LoadOptions:
     quantization: str = option(
         "auto", "weights: auto (on the CPU a GGUF file's own format, else int4; none on a GPU), none (dense --dtype), "
                 "int8 (per channel), int4 (groups of 32; head int8) or gguf (the GGUF file's own blocks: Q4_0/Q4_1 "
-                "as int4, the K-quants and Q5_0 in 4 or 6 bits with their own scales, Q5_1/Q8_0 as grouped "
-                "int8); the quantized formats run on the CPU (default {default})")
+                "as int4, the K-quants and Q5_0 in 4 or 6 bits with their own scales, Q8_0 as 8-bit codes with one "
+                "scale a group, Q5_1 as grouped int8); the quantized formats run on the CPU (default {default})")
     compile: bool = option(
         True, "run on PyTorch's own CPU kernels instead of specee's compiled ones (built once per machine into the "
               "cache folder): slower, and its greedy tokens may differ from the compiled run's",

@@ -18,6 +18,7 @@ FORMATS = {"Q4_0": (4, 32), "Q4_1": (4, 32), "Q4_K": (4, 32), "Q5_0": (6, 32), "
 # and an fp32 (or two) per 256 weights. The file's: Q4_K 4.5 bits, Q6_K 6.5625.
 K_QUANT_BYTES = {"Q4_K": 4 / 8 + 2 / 32 + 8 / 256, "Q5_K": 6 / 8 + 2 / 32 + 8 / 256, "Q6_K": 6 / 8 + 1 / 16 + 4 / 256}
 Q5_0_BYTES = 6 / 8 + 4 / 32  # 6-bit codes (the file's plus 16) and an fp32 scale per 32; the file's: 5.5 bits
+Q8_0_BYTES = 1 + 4 / 32  # its codes (plus 128) and an fp32 scale per 32; the file's: 8.5 bits
 Q4_K_M = {"default": "Q4_K", "attn_v": "Q6_K", "ffn_down": "Q6_K", "token_embd": "Q6_K"}
 
 
@@ -52,8 +53,9 @@ def test_each_block_type_is_read_into_its_format_with_the_files_values(tmp_path,
     assert down.superblock_scales == (kind in K_QUANT_BYTES)
     if kind in K_QUANT_BYTES:
         assert down.weight_bytes == down.in_features * down.out_features * K_QUANT_BYTES[kind]
-    if kind == "Q5_0":
-        assert down.centered and down.weight_bytes == down.in_features * down.out_features * Q5_0_BYTES
+    if kind in ("Q5_0", "Q8_0"):
+        assert down.centered and down.weight_bytes == down.in_features * down.out_features * (
+            Q5_0_BYTES if kind == "Q5_0" else Q8_0_BYTES)
     # The tied head keeps its rows for the embedding: the file's values, exactly for the 8-bit
     # formats and the K-quants; Q4_0 and Q4_1 round d and the zero point to bf16 (relative 2^-9 of each).
     rows = torch.arange(40)

@@ -173,6 +173,36 @@ def test_q5_0_runs_as_six_bit_codes_with_one_scale_a_group(kernels, portable):
     assert quantized_linear(GroupedInt8Weight(weight.codes, scales, scales * 0.3, 32), kernels=kernels).bits == 8
 
 
+def test_q8_0_runs_as_its_codes_with_one_scale_a_group(kernels, portable):
+    """Offsets -k times the scales for a whole k (a GGUF file's Q8_0: k = 128; Q5_0 fused beside it:
+    16) run as the codes plus 128 - k with one fp32 scale a group and the offset -128 times it: the
+    values of the 8-bit form, the bits of the same codes with fp32 pairs, in every tier, in 9 bits a
+    weight instead of 10. An all-zero group (scale 0) fits; a minimum (Q5_1's) does not."""
+    g = torch.Generator().manual_seed(5)
+    scales = (torch.rand(72, 256 // 32, generator=g) * 1e-2).half().float()
+    scales[5, 2] = 0.0
+    k = torch.where(torch.arange(72)[:, None] < 40, 128.0, 16.0).expand(72, 8)  # Q8_0 rows, then Q5_0 rows
+    codes = torch.randint(0, 256, (72, 256), generator=g, dtype=torch.uint8)
+    codes[40:] %= 32
+    weight = GroupedInt8Weight(codes, scales, -k * scales, 32)
+    layer = quantized_linear(weight, kernels=kernels)
+    assert (layer.bits, layer.group_size, layer.centered) == (8, 32, True)
+    assert layer.weight_bytes == 80 * 256 * (1 + 4 / 32)  # 72 features padded to whole tiles of 16
+    shifted = (codes.to(torch.int16) + (128 - k).to(torch.int16).repeat_interleave(32, 1)).to(torch.uint8)
+    pairs = IntegerLinear.from_codes(shifted, torch.stack((scales, -128 * scales), -1), 8, 32, kernels)
+    rows_back = torch.tensor([0, 15, 16, 39, 40, 71])
+    assert torch.equal(layer.dequantize(rows_back), weight.dequantize(rows_back))
+    for T in (1, 3, 9, 17):
+        x = rows(T, 256, seed=T)
+        out = layer(x)
+        assert torch.equal(out, pairs(x)), f"{T} rows"
+        assert torch.equal(out, quantized_linear(weight, kernels=portable)(x)), f"{T} rows"
+    minimum = GroupedInt8Weight(codes, scales, scales * 0.3, 32)
+    assert minimum.centered_eight() is None and not quantized_linear(minimum, kernels=kernels).centered
+    codes[41, 0] = 200  # in a row with k = 16: above 255 once shifted by 112
+    assert GroupedInt8Weight(codes, scales, -k * scales, 32).centered_eight() is None
+
+
 def test_superblock_scales_refuse_codes_of_more_than_six_bits(kernels):
     weight = superblock_weight(16, 256, 16, seed=1)
     weight.codes[3, 7] = 64
@@ -330,11 +360,13 @@ def test_a_second_process_reuses_the_built_kernels_from_any_working_directory_an
     log = (bindings_directory() / ".ninja_log").read_text()
     clone = tmp_path / "clone"
     shutil.copytree(ROOT / "specee", clone / "specee", ignore=shutil.ignore_patterns("__pycache__"))
-    code = ("import specee.model.kernels as k; assert k.cpu_kernels() is not None; print(k.__file__)")
+    code = ("import specee.model.kernels as k; assert k.cpu_kernels() is not None; print(k.__file__); "
+            "print(k.bindings_directory()); print(k.tier_library(k.tier_named(k.supported_tiers()[0])))")
     done = run_python(code, cwd=tmp_path, SPECEE_CPU_TIER="", PYTHONPATH=str(clone))
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().startswith(str(clone))
-    assert "compiling" not in done.stderr
+    imported, its_bindings, its_library = done.stdout.split()
+    assert imported.startswith(str(clone)) and "compiling" not in done.stderr
+    assert (its_bindings, its_library) == (str(bindings_directory()), str(library))  # the same builds
     assert (bindings.stat().st_mtime_ns, library.stat().st_mtime_ns) == built_at
     assert (bindings_directory() / ".ninja_log").read_text() == log  # ninja ran no build step
 

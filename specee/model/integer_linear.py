@@ -74,7 +74,8 @@ class IntegerLinear(nn.Module):
         records = scales_zeros.dtype == torch.uint8
         records_fit = bits == 6 and group_size or bits == 4 and group_size == BLOCK
         if (records and (self.in_features % SUPERBLOCK or not records_fit)
-                or bits == 6 and not records and (group_size != BLOCK or scales_zeros.dim() != 3)):
+                or bits == 6 and not records and (group_size != BLOCK or scales_zeros.dim() != 3)
+                or bits == 8 and group_size and scales_zeros.dim() == 3 and group_size != BLOCK):
             raise ValueError("superblock scales are for 6-bit and 4-bit codes (in groups of 32), over a multiple of "
                              "256 inputs; 6-bit codes otherwise take one scale per group of 32 ([tiles, G, 16])")
         self.bits, self.group_size, self.kernels, self.bias = bits, group_size, kernels, bias
@@ -119,15 +120,18 @@ class IntegerLinear(nn.Module):
         return cls(pack_codes(codes, bits), records.reshape(tiles, -1), codes.shape[0], bits, group_size, kernels, bias)
 
     @classmethod
-    def from_centered(cls, codes: torch.Tensor, scales: torch.Tensor, kernels, bias: torch.Tensor | None = None
-                      ) -> "IntegerLinear":
-        """Codes [N, K] below 64 with w = (code - 32) * scale, one fp32 scale per feature and group of
-        32 ([N, K / 32]): 6-bit codes and one scale per group (a GGUF file's Q5_0, its codes plus 16)."""
+    def from_centered(cls, codes: torch.Tensor, scales: torch.Tensor, kernels, bias: torch.Tensor | None = None,
+                      bits: int = 6) -> "IntegerLinear":
+        """Codes [N, K] below 2 ** bits with w = (code - 2 ** (bits - 1)) * scale, one fp32 scale per
+        feature and group of 32 ([N, K / 32]): 6-bit codes (a GGUF file's Q5_0, its codes plus 16) or
+        8-bit ones (Q8_0, its codes plus 128), one scale per group and no offset."""
         if codes.shape[1] % BLOCK:
             raise ValueError(f"in_features {codes.shape[1]} must be a multiple of {BLOCK}")
-        if codes.numel() and int(codes.max()) >= 64:
-            raise ValueError(f"6-bit codes must be below 64; got {int(codes.max())}")
-        return cls(pack_codes(codes, 6), per_tile(scales.float()), codes.shape[0], 6, BLOCK, kernels, bias)
+        if bits not in (6, 8):
+            raise ValueError(f"centered codes are 6 or 8 bits; got {bits}")
+        if codes.numel() and int(codes.max()) >= 2**bits:
+            raise ValueError(f"{bits}-bit codes must be below {2**bits}; got {int(codes.max())}")
+        return cls(pack_codes(codes, bits), per_tile(scales.float()), codes.shape[0], bits, BLOCK, kernels, bias)
 
     @property
     def superblock_scales(self) -> bool:
@@ -136,10 +140,10 @@ class IntegerLinear(nn.Module):
 
     @property
     def centered(self) -> bool:
-        """Offsets -32 times the scales: superblock records of D and sc alone (their size says so),
-        or 6-bit codes with one scale per group."""
+        """Offsets -32 (6 bits) or -128 (8 bits) times the scales: superblock records of D and sc alone
+        (their size says so), or codes with one scale per group."""
         if not self.superblock_scales:
-            return self.bits == 6
+            return self.bits == 6 or self.bits == 8 and self.group_size == BLOCK and self.scales_zeros.dim() == 3
         groups = SUPERBLOCK // self.group_size
         record = self.scales_zeros.shape[1] // (self.in_features // SUPERBLOCK)
         return record == LANES * 4 + groups * LANES
@@ -176,9 +180,9 @@ class IntegerLinear(nn.Module):
         codes = codes.reshape(len(rows), self.in_features).float()
         if self.superblock_scales:
             scales_zeros = self._superblock_scales_offsets(tiles, lanes)  # [n, G, 2]
-        elif self.bits == 6:  # one scale per group, the offset -32 times it
+        elif self.centered:  # one scale per group, the offset -32 or -128 times it
             scales = self.scales_zeros[tiles, :, lanes]  # [n, G]
-            scales_zeros = torch.stack((scales, -32 * scales), dim=-1)
+            scales_zeros = torch.stack((scales, -2 ** (self.bits - 1) * scales), dim=-1)
         else:
             scales_zeros = self.scales_zeros[tiles, ..., lanes].float()  # [n, G, 2] or [n, 2]
         if scales_zeros.dim() == 2:  # 8 bits, one scale per row: w = (code - 128) * s (offset -128 s)

@@ -43,12 +43,12 @@ QUANTIZATIONS = ("auto", "none", "int8", "int4", "gguf")
 KERNEL_ROW_COST = {"amx": 0.15, "avx512": 0.15, "avxvnni": 0.2, "avx2": 0.2, "neon": 0.2, "portable": 1.0}
 ATEN_ROW_COST = 0.17
 # Those were measured on the default model in its default format (the file's own blocks), whose
-# row makes 134,479,872 multiply-adds and whose pass reads 101,885,184 bytes. A row costs its
+# row makes 134,479,872 multiply-adds and whose pass reads 98,346,240 bytes. A row costs its
 # multiply-adds; a one-row pass, the time to read the weights: a model with fewer multiply-adds per
 # byte (Gemma 3 270M: 0.84, its int8 head of 262,144 rows ~60% of the bytes) pays less for a row,
 # in proportion (BENCHMARKS.md, "Multi-row cost of a 262k vocabulary"). The ratio is kept exact,
 # so the default model's price is the measured one to the last bit, never a hair under a threshold.
-REFERENCE_MULTIPLY_ADDS_PER_BYTE = 134_479_872 / 101_885_184
+REFERENCE_MULTIPLY_ADDS_PER_BYTE = 134_479_872 / 98_346_240
 INT4_GROUP_SIZES = (32, 64, 128)
 # The default model comes as Q4_1 (groups of 32): groups of 32 keep its values almost exactly,
 # groups of 64 cannot, and moved its logits far more (BENCHMARKS.md).
@@ -124,6 +124,26 @@ class GroupedInt8Weight:
         if not torch.equal(self.offsets, -16 * self.scales):
             return None
         return self.codes + 16, self.scales
+
+    def centered_eight(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(codes, scales) with w = (code - 128) * scale, the same values, where in groups of 32 every
+        offset is -k times its scale for a whole k in 0..128 that leaves the codes plus 128 - k below
+        256 (a GGUF file's Q8_0: k = 128, the same codes; Q5_0 fused beside Q8_0: k = 16); else None."""
+        if self.group_size != INPUT_BLOCK or not self.codes.numel():
+            return None
+        zero = self.scales == 0
+        k = torch.where(zero, torch.full_like(self.scales, 128.0), -self.offsets / torch.where(zero, 1.0, self.scales))
+        if not (torch.equal(k, k.round()) and bool(((k >= 0) & (k <= 128)).all())):
+            return None
+        if not torch.equal(torch.where(zero, 0.0, -k * self.scales), torch.where(zero, 0.0, self.offsets)):
+            return None
+        if bool((self.offsets[zero] != 0).any()):
+            return None
+        shift = (128 - k).to(torch.int16).repeat_interleave(INPUT_BLOCK, 1)
+        codes = self.codes.to(torch.int16) + shift
+        if int(codes.max()) > 255:
+            return None
+        return codes.to(torch.uint8), self.scales
 
     @classmethod
     def of(cls, weight: "QuantizedWeight", group_size: int) -> "GroupedInt8Weight":
@@ -360,6 +380,8 @@ def quantized_linear(weight: QuantizedWeight, bias: torch.Tensor | None = None, 
     if kernels is not None and in_features % INPUT_BLOCK == 0:
         if isinstance(weight, GroupedInt8Weight) and (centered := weight.centered_six()) is not None:
             return IntegerLinear.from_centered(*centered, kernels, bias)
+        if isinstance(weight, GroupedInt8Weight) and (centered := weight.centered_eight()) is not None:
+            return IntegerLinear.from_centered(*centered, kernels, bias, bits=8)
         if isinstance(weight, GroupedInt8Weight):
             codes, scales_zeros = weight.codes, torch.stack((weight.scales, weight.offsets), dim=-1)
         elif isinstance(weight, Int8Weight):

@@ -107,11 +107,11 @@ inline void quantize_rows(const float* x, int64_t T, int64_t K, int8_t* codes, f
 // The weight formats of MatmulArgs: 4-bit codes with bf16 scales and zeros per group; 8-bit codes
 // with fp32 scales and offsets per row or group; 4- or 6-bit codes (SUPER) whose scales and offsets
 // are fp32 factors per superblock times int8 multipliers per group (CENTERED16: the offset is -32
-// times the scale); or 6-bit codes with an fp32 scale per group of 32 and the offset -32 times it
-// (CENTERED32).
+// times the scale); or 6- or 8-bit codes with an fp32 scale per group of 32 and the offset -32 or
+// -128 times it (CENTERED32).
 enum class Format {
-  INT4, INT4_SUPER32, INT8_ROW, INT8_GROUP32, INT8_GROUP16, INT6_SUPER32, INT6_SUPER16, INT6_CENTERED16,
-  INT6_CENTERED32
+  INT4, INT4_SUPER32, INT8_ROW, INT8_GROUP32, INT8_GROUP16, INT8_CENTERED32, INT6_SUPER32, INT6_SUPER16,
+  INT6_CENTERED16, INT6_CENTERED32
 };
 
 constexpr bool four_bit(Format f) { return f == Format::INT4 || f == Format::INT4_SUPER32; }
@@ -188,9 +188,9 @@ void dots_ahead(const uint8_t* block, int64_t count, const int8_t* q, int64_t K,
 // file's Q6_K and Q5_K scales: an fp16 times a small integer).
 template <Format FORMAT>
 inline void grouped_scale_offset(const uint8_t* scales_zeros, int64_t group, int64_t lane, Part& s, Part& m) {
-  if constexpr (FORMAT == Format::INT6_CENTERED32) {  // [G][d x16]
+  if constexpr (FORMAT == Format::INT6_CENTERED32 || FORMAT == Format::INT8_CENTERED32) {  // [G][d x16]
     s = part_load(reinterpret_cast<const float*>(scales_zeros) + group * LANES + lane);
-    m = part_splat(-32.0f) * s;
+    m = part_splat(FORMAT == Format::INT8_CENTERED32 ? -128.0f : -32.0f) * s;
   } else if constexpr (FORMAT == Format::INT6_CENTERED16) {
     constexpr int64_t GROUPS = SUPERBLOCK / LANES;
     const uint8_t* record = scales_zeros + (group / GROUPS) * superblock_bytes(GROUPS, true);
@@ -218,7 +218,7 @@ inline void grouped_scale_offset(const uint8_t* scales_zeros, int64_t group, int
 // each row's activation scale times the sum of its codes, per block (per half block for INT8_GROUP16).
 // INT4: w = code * s + (z - 8 s) with bf16 s and z per lane and weight group ([G][s x16, z x16]).
 // INT8_ROW: w = code * s + m with fp32 s and m per lane for the whole row ([s x16, m x16]), applied last.
-// INT8_GROUP32/16, INT4_SUPER32, INT6_*: w = code * s + m with s and m per lane and group of 32 or
+// INT8_GROUP32/16, INT8_CENTERED32, INT4_SUPER32, INT6_*: w = code * s + m with s and m per lane and group of 32 or
 // 16 inputs (grouped_scale_offset); 6-bit codes unpacked a block at a time (unpack_six), unless
 // `w` holds them unpacked already (PACKED false: a byte a code).
 template <int R, int P, Format FORMAT, bool PACKED = six_bit(FORMAT)>
@@ -382,6 +382,7 @@ inline Format format_of(const MatmulArgs& a) {
     return a.group_size == BLOCK ? Format::INT6_SUPER32 : Format::INT6_SUPER16;
   }
   if (a.group_size == 0) return Format::INT8_ROW;
+  if (a.superblock_scales == CENTERED_GROUPS) return Format::INT8_CENTERED32;
   return a.group_size == BLOCK ? Format::INT8_GROUP32 : Format::INT8_GROUP16;
 }
 
@@ -413,6 +414,7 @@ inline void matmul_tiles(const MatmulArgs& a, int64_t begin, int64_t end) {
     case Format::INT8_ROW: return tiles<Format::INT8_ROW>(a, sums, per_row, begin, end);
     case Format::INT8_GROUP32: return tiles<Format::INT8_GROUP32>(a, sums, per_row, begin, end);
     case Format::INT8_GROUP16: return tiles<Format::INT8_GROUP16>(a, sums, per_row, begin, end);
+    case Format::INT8_CENTERED32: return tiles<Format::INT8_CENTERED32>(a, sums, per_row, begin, end);
     case Format::INT6_SUPER32: return tiles<Format::INT6_SUPER32>(a, sums, per_row, begin, end);
     case Format::INT6_SUPER16: return tiles<Format::INT6_SUPER16>(a, sums, per_row, begin, end);
     case Format::INT6_CENTERED16: return tiles<Format::INT6_CENTERED16>(a, sums, per_row, begin, end);
