@@ -350,7 +350,8 @@ def run_python(code: str, cwd=None, **env) -> subprocess.CompletedProcess:
 
 
 def test_a_second_process_reuses_the_built_kernels_from_any_working_directory_and_copy(tmp_path):
-    """Another working directory, and another copy of the same sources (a fresh clone, a reinstall)."""
+    """Another working directory, another copy of the same sources (a fresh clone, a reinstall), and
+    a cache folder whose kernels are a link to these (a test's own cache)."""
     import shutil
 
     assert cpu_kernels() is not None, "the CPU kernels must build on the test machines (g++)"
@@ -367,6 +368,12 @@ def test_a_second_process_reuses_the_built_kernels_from_any_working_directory_an
     imported, its_bindings, its_library = done.stdout.split()
     assert imported.startswith(str(clone)) and "compiling" not in done.stderr
     assert (its_bindings, its_library) == (str(bindings_directory()), str(library))  # the same builds
+    linked = tmp_path / "linked-cache"
+    linked.mkdir()
+    (linked / "kernels").symlink_to(bindings_directory().parent)
+    done = run_python("from specee.model.kernels import cpu_kernels; assert cpu_kernels() is not None", cwd=tmp_path,
+                      SPECEE_CPU_TIER="", SPECEE_CACHE=str(linked))
+    assert done.returncode == 0 and "compiling" not in done.stderr, done.stderr
     assert (bindings.stat().st_mtime_ns, library.stat().st_mtime_ns) == built_at
     assert (bindings_directory() / ".ninja_log").read_text() == log  # ninja ran no build step
 

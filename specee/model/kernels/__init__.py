@@ -182,6 +182,9 @@ def _binding_sources(directory: Path) -> Path:
 def _compile_bindings(directory: Path):
     from torch.utils import cpp_extension
 
+    # Through its real path: a cache folder reached by a symbolic link (a test's own cache sharing
+    # the machine's kernels) gives ninja the same commands, so nothing is built again.
+    directory = directory.resolve()
     sources = _binding_sources(directory)
     name = f"specee_kernels_{directory.name.replace('-', '_')}"
     # torch skips the build step for a name it already built in this process: forget it, so a
