@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's specee, for its cache folder
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,6 @@ def mutated_copy(mutation: Mutation, into: Path) -> None:
 
 
 def kernel_folders() -> set[Path]:
-    sys.path.insert(0, str(ROOT))
     from specee.model.loading import cache_root
 
     folder = cache_root() / "kernels"

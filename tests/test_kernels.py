@@ -150,6 +150,17 @@ def test_superblock_scales_multiply_as_their_fp32_products_do(kernels, portable,
     assert out.abs().max() > 0
 
 
+def assert_runs_as(layer, weight, same_bits, portable, rows_back: torch.Tensor) -> None:
+    """`layer` reads back `weight`'s values at `rows_back`, and gives the bits of `same_bits` (the
+    same matrix in another form) and of `weight` on the portable tier, for 1 to 17 rows."""
+    assert torch.equal(layer.dequantize(rows_back), weight.dequantize(rows_back))
+    for T in (1, 3, 9, 17):
+        x = rows(T, 256, seed=T)
+        out = layer(x)
+        assert torch.equal(out, same_bits(x)), f"{T} rows"
+        assert torch.equal(out, quantized_linear(weight, kernels=portable)(x)), f"{T} rows"
+
+
 def test_q5_0_runs_as_six_bit_codes_with_one_scale_a_group(kernels, portable):
     """Offsets -16 times the scales over 5-bit codes (a GGUF file's Q5_0) run as the codes plus 16
     in 6 bits with the offset -32 times the scale: the values of the 8-bit form, the bits of the same
@@ -161,13 +172,7 @@ def test_q5_0_runs_as_six_bit_codes_with_one_scale_a_group(kernels, portable):
     assert (layer.bits, layer.centered) == (6, True)
     assert layer.weight_bytes == 80 * 256 * (6 / 8 + 4 / 32)  # 72 features padded to whole tiles of 16
     shifted = IntegerLinear.from_codes(weight.codes + 16, torch.stack((scales, -32 * scales), -1), 8, 32, kernels)
-    rows_back = torch.tensor([0, 15, 16, 71, 40])
-    assert torch.equal(layer.dequantize(rows_back), weight.dequantize(rows_back))
-    for T in (1, 3, 9, 17):
-        x = rows(T, 256, seed=T)
-        out = layer(x)
-        assert torch.equal(out, shifted(x)), f"{T} rows"
-        assert torch.equal(out, quantized_linear(weight, kernels=portable)(x)), f"{T} rows"
+    assert_runs_as(layer, weight, shifted, portable, torch.tensor([0, 15, 16, 71, 40]))
     # Other offsets (Q8_0's -128 d, a minimum's) keep 8-bit codes.
     assert quantized_linear(GroupedInt8Weight(weight.codes, scales, -128 * scales, 32), kernels=kernels).bits == 8
     assert quantized_linear(GroupedInt8Weight(weight.codes, scales, scales * 0.3, 32), kernels=kernels).bits == 8
@@ -190,13 +195,7 @@ def test_q8_0_runs_as_its_codes_with_one_scale_a_group(kernels, portable):
     assert layer.weight_bytes == 80 * 256 * (1 + 4 / 32)  # 72 features padded to whole tiles of 16
     shifted = (codes.to(torch.int16) + (128 - k).to(torch.int16).repeat_interleave(32, 1)).to(torch.uint8)
     pairs = IntegerLinear.from_codes(shifted, torch.stack((scales, -128 * scales), -1), 8, 32, kernels)
-    rows_back = torch.tensor([0, 15, 16, 39, 40, 71])
-    assert torch.equal(layer.dequantize(rows_back), weight.dequantize(rows_back))
-    for T in (1, 3, 9, 17):
-        x = rows(T, 256, seed=T)
-        out = layer(x)
-        assert torch.equal(out, pairs(x)), f"{T} rows"
-        assert torch.equal(out, quantized_linear(weight, kernels=portable)(x)), f"{T} rows"
+    assert_runs_as(layer, weight, pairs, portable, torch.tensor([0, 15, 16, 39, 40, 71]))
     minimum = GroupedInt8Weight(codes, scales, scales * 0.3, 32)
     assert minimum.centered_eight() is None and not quantized_linear(minimum, kernels=kernels).centered
     codes[41, 0] = 200  # in a row with k = 16: above 255 once shifted by 112

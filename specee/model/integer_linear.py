@@ -77,7 +77,8 @@ class IntegerLinear(nn.Module):
                 or bits == 6 and not records and (group_size != BLOCK or scales_zeros.dim() != 3)
                 or bits == 8 and group_size and scales_zeros.dim() == 3 and group_size != BLOCK):
             raise ValueError("superblock scales are for 6-bit and 4-bit codes (in groups of 32), over a multiple of "
-                             "256 inputs; 6-bit codes otherwise take one scale per group of 32 ([tiles, G, 16])")
+                             "256 inputs; 6-bit codes otherwise, and centered 8-bit ones, take one scale per group of 32 "
+                             "([tiles, G, 16])")
         self.bits, self.group_size, self.kernels, self.bias = bits, group_size, kernels, bias
         self.packed = packed  # [tiles, K / 32 * block bytes] uint8
         self.scales_zeros = scales_zeros  # [tiles, G, 2, 16], [tiles, 2, 16] or superblock records, uint8

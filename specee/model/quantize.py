@@ -131,13 +131,9 @@ class GroupedInt8Weight:
         256 (a GGUF file's Q8_0: k = 128, the same codes; Q5_0 fused beside Q8_0: k = 16); else None."""
         if self.group_size != INPUT_BLOCK or not self.codes.numel():
             return None
-        zero = self.scales == 0
-        k = torch.where(zero, torch.full_like(self.scales, 128.0), -self.offsets / torch.where(zero, 1.0, self.scales))
-        if not (torch.equal(k, k.round()) and bool(((k >= 0) & (k <= 128)).all())):
-            return None
-        if not torch.equal(torch.where(zero, 0.0, -k * self.scales), torch.where(zero, 0.0, self.offsets)):
-            return None
-        if bool((self.offsets[zero] != 0).any()):
+        k = torch.where(self.scales == 0, 128.0, -self.offsets / self.scales)  # a zero scale takes any k: 128
+        whole = torch.equal(k, k.round()) and bool(((k >= 0) & (k <= 128)).all())
+        if not (whole and torch.equal(-k * self.scales, self.offsets)):  # a zero scale's offset must be 0 too
             return None
         shift = (128 - k).to(torch.int16).repeat_interleave(INPUT_BLOCK, 1)
         codes = self.codes.to(torch.int16) + shift
