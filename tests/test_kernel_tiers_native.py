@@ -48,15 +48,25 @@ def run_all(commands: list[list[str]]) -> None:
         assert process.returncode == 0, f"{' '.join(command)} failed:\n{output}"
 
 
-def build_harness(name: str, cxx: str, directory: Path, link_flags: tuple[str, ...] = ()) -> Path:
-    """tier_check built for tier `name` against the portable tier, in `directory`."""
-    objects = {tier: directory / f"{tier}.o" for tier in (name, "portable")}
+def build_harness(name: str, cxx: str, directory: Path, link_flags: tuple[str, ...] = (),
+                  portable: Path | None = None) -> Path:
+    """tier_check built for tier `name` against the portable tier, in `directory`; `portable`: that
+    tier's object built already by the same compiler (the slowest of the three to build)."""
+    objects = {name: directory / f"{name}.o", "portable": portable or directory / "portable.o"}
     harness = directory / "tier_check.o"
-    run_all([*(tier_object(tier, path, cxx) for tier, path in objects.items()),
+    run_all([*(tier_object(tier, path, cxx) for tier, path in objects.items() if not path.exists()),
              [cxx, "-c", "-O2", "-std=c++17", f"-DTIER_UNDER_TEST={name}", f"-I{HERE}", str(HARNESS), "-o", str(harness)]])
     binary = directory / f"tier_check_{name}"
     run_all([[cxx, *link_flags, str(harness), *map(str, objects.values()), "-o", str(binary)]])
     return binary
+
+
+@pytest.fixture(scope="module")
+def x86_portable_object(tmp_path_factory) -> Path:
+    """The portable tier's object for the x86 harnesses, built once for all of them."""
+    path = tmp_path_factory.mktemp("portable") / "portable.o"
+    run_all([tier_object("portable", path, compiler())])
+    return path
 
 
 def assert_all_passed(done: subprocess.CompletedProcess, name: str) -> int:
@@ -92,7 +102,7 @@ X86_TIERS = [tier.name for tier in TIERS if tier.machine == "x86_64"]
 
 @pytest.mark.slow  # the fast tier compares the x86 tiers through the bindings (test_kernels.py)
 @pytest.mark.parametrize("name", X86_TIERS)
-def test_an_x86_tier_builds_everywhere_and_gives_the_portable_bits(name, tmp_path):
+def test_an_x86_tier_builds_everywhere_and_gives_the_portable_bits(name, tmp_path, x86_portable_object):
     """Each x86 tier, built with its own flags beside the portable tier built with none, on any
     x86-64 machine: a build or link failure fails the test whatever this CPU has. The run against
     the portable tier needs the tier's flags; on a CPU without them it is skipped, saying so, after
@@ -100,7 +110,7 @@ def test_an_x86_tier_builds_everywhere_and_gives_the_portable_bits(name, tmp_pat
     if machine() != "x86_64":
         pytest.skip(f"the x86 tiers build with an x86-64 compiler; this machine is {machine()}")
     started = time.perf_counter()
-    binary = build_harness(name, compiler(), tmp_path)
+    binary = build_harness(name, compiler(), tmp_path, portable=x86_portable_object)
     assert binary.is_file() and os.access(binary, os.X_OK), f"linking the {name} harness made no program"
     built = time.perf_counter() - started
     missing = missing_cpu_flags(tier_named(name))

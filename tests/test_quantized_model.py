@@ -113,14 +113,17 @@ def test_weights_read_per_token_shrink(default_engine, engines):
     assert int4.lm_head.weight_bytes == head_weights + gguf.config.vocab_size * 8
 
 
-def speculative_runs(engine, prompts, max_tokens, configs=SPECULATIVE) -> dict[str, tuple[int, int, int]]:
+def speculative_runs(engine, prompts, max_tokens, configs=SPECULATIVE,
+                     one_each: bool = False) -> dict[str, tuple[int, int, int]]:
     """For each speculative configuration: (prompts whose output equals dense decoding's in the
-    same format, draft tokens accepted, draft tokens proposed)."""
+    same format, draft tokens accepted, draft tokens proposed). `one_each`: configuration i on
+    prompts[i % len(prompts)] alone."""
     dense = [engine.generate(p, max_tokens=max_tokens, ignore_eos=True, spec_method="none").token_ids for p in prompts]
     found = {}
-    for config, options in configs.items():
+    for index, (config, options) in enumerate(configs.items()):
         identical = accepted = proposed = 0
-        for prompt, expected in zip(prompts, dense):
+        pairs = list(zip(prompts, dense))
+        for prompt, expected in [pairs[index % len(pairs)]] if one_each else pairs:
             engine.suffix_cache.clear()  # auto would draft dense's own answer from it: a trivial check
             result = engine.generate(prompt, max_tokens=max_tokens, ignore_eos=True, **options)
             identical += result.token_ids == expected
@@ -181,15 +184,18 @@ EVERY_METHOD = {
 
 @pytest.mark.parametrize("name", FORMATS + (EAGER,))
 def test_every_speculative_method_equals_dense(engines, name):
-    """The default format over every prompt of the fp32 check; the others over a copy and a prompt
-    with little to copy (each row's bits are checked alone in test_batch_invariance.py). Every
-    method keeps some drafts and throws others away, so identity is not trivial."""
+    """The default format: every method over every prompt of the fp32 check. The others, a covering
+    design: each method over one prompt, a copy and one with little to copy taking turns (each row's
+    bits are checked alone in test_batch_invariance.py). Every run keeps some drafts and throws
+    others away, so identity is not trivial."""
     from test_speculative_lossless import MAX_TOKENS, PROMPTS
 
-    prompts = PROMPTS if name == DEFAULT_FORMAT else [PROMPTS[0], PROMPTS[4]]
-    for config, (identical, accepted, proposed) in speculative_runs(engines[name], prompts, MAX_TOKENS,
-                                                                    EVERY_METHOD).items():
-        assert identical == len(prompts), f"{config}: {identical}/{len(prompts)} identical"
+    one_each = name != DEFAULT_FORMAT
+    prompts = [PROMPTS[0], PROMPTS[4]] if one_each else PROMPTS
+    for config, (identical, accepted, proposed) in speculative_runs(engines[name], prompts, MAX_TOKENS, EVERY_METHOD,
+                                                                    one_each).items():
+        expected = 1 if one_each else len(prompts)
+        assert identical == expected, f"{config}: {identical}/{expected} identical"
         assert 0 < accepted < proposed, f"{config}: {accepted} of {proposed} drafts accepted"
 
 
