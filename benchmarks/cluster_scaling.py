@@ -6,7 +6,7 @@ deployment with prefix-aware routing and with fewest-ongoing routing. One table 
 JSON line: per deployment, what its server decoded with (its /metrics: passes by method, draft tokens).
 
     python benchmarks/cluster_scaling.py [--concurrency 1,2,4,8,16] [--out bench-cluster] [--model FILE.gguf]
-        [--deployments plain,ray-1,ray-n,prefix,fewest]
+        [--deployments plain,ray-1,ray-n,prefix,fewest] [--replicas N] [--address RAY --port PORT]
 """
 import argparse
 import json
@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DEPLOYMENTS = ("plain", "ray-1", "ray-n", "prefix", "fewest")
 
 
-def start(flags: list[str], replicas: int | None) -> ChildServer:
-    port = free_port()
+def start(flags: list[str], replicas: int | None, port: int | None = None) -> ChildServer:
+    port = port or free_port()
     command = [sys.executable, "-m", "specee.cli", "serve", "--host", "127.0.0.1", "--port", str(port), *flags]
     server = ChildServer(command, port, cwd=ROOT)
     deadline = time.monotonic() + 300
@@ -80,19 +80,25 @@ def main() -> None:
     parser.add_argument("--deployments", default=",".join(DEPLOYMENTS),
                         help="which to run: plain, ray-1 (1 replica x all cores), ray-n (N replicas x 1 core), "
                              "prefix and fewest (ray-n's routings, chat scenario)")
+    parser.add_argument("--replicas", type=int, default=os.cpu_count() or 1,
+                        help="N, ray-n's replicas of one core each (default: this machine's cores)")
+    parser.add_argument("--address", help="a running Ray cluster for the Ray deployments (default: a local Ray each)")
+    parser.add_argument("--port", type=int,
+                        help="the Ray deployments' port (a cluster keeps the HTTP port of its first application)")
     args = parser.parse_args()
     chosen = args.deployments.split(",")
     model = ["--model", args.model] if args.model else []
     out = Path(args.out)
     out.mkdir(exist_ok=True)
-    cores = os.cpu_count() or 1
+    cores, n = os.cpu_count() or 1, args.replicas
     common = [*model, "--max-batch", "8", "--max-queue", "64"]
+    on_ray = [*common, *(["--address", args.address] if args.address else [])]
     deployments = [d for key, d in zip(DEPLOYMENTS, [("plain", [*common, "--threads", str(cores)], None),
-                   (f"ray 1x{cores}", [*common, "--replicas", "1", "--threads", str(cores)], 1),
-                   (f"ray {cores}x1", [*common, "--replicas", str(cores), "--threads", "1"], cores)]) if key in chosen]
+                   (f"ray 1x{cores}", [*on_ray, "--replicas", "1", "--threads", str(cores)], 1),
+                   (f"ray {n}x1", [*on_ray, "--replicas", str(n), "--threads", "1"], n)]) if key in chosen]
     rows, decoding = [], {}
     for name, flags, replicas in deployments:
-        server = start(flags, replicas)
+        server = start(flags, replicas, args.port if replicas else None)
         try:
             for s in load(server, out / f"{name.replace(' ', '-')}.json", model, "--concurrency", args.concurrency,
                           "--max-tokens", args.max_tokens):
@@ -101,12 +107,12 @@ def main() -> None:
         finally:
             server.stop()
     for routing in (r for r in ("prefix", "fewest") if r in chosen):
-        server = start([*common, "--replicas", str(cores), "--threads", "1", "--routing", routing], cores)
+        server = start([*on_ray, "--replicas", str(n), "--threads", "1", "--routing", routing], n, args.port)
         try:
             for s in load(server, out / f"chat-{routing}.json", model, "--scenario", "chat", "--concurrency", "4",
                           "--conversations", args.conversations, "--max-tokens", args.chat_max_tokens):
-                rows.append((f"ray {cores}x1 {routing}", "chat", s))
-            decoding[f"ray {cores}x1 {routing}"] = settled(server, cores)
+                rows.append((f"ray {n}x1 {routing}", "chat", s))
+            decoding[f"ray {n}x1 {routing}"] = settled(server, n)
         finally:
             server.stop()
     print(f"{'deployment':<20} {'scenario':<9} {'clients':>7} {'tok/s':>7} {'req/s':>6} {'TTFT p50':>9} {'TTFT p95':>9} "

@@ -85,7 +85,8 @@ def assert_speculated(report: dict, method: str) -> None:
 
 
 def test_every_benchmark_script_has_a_run_here():
-    """A new script in benchmarks/ needs its run below."""
+    """A new script in benchmarks/ needs its run below (cluster_scaling.py's is in test_cluster.py, on
+    that module's Ray cluster)."""
     covered = {"cluster_scaling.py", "cuda_pass_cost.py", "cuda_penalties_logprobs.py", "formats.py",
                "head_bounds.py", "multirow_cost.py", "paired_decode.py", "pass_profile.py",
                "prefix_cache_budget.py", "prefix_cache_turns.py", "structured_output.py", "tier_rows.py"}
@@ -227,23 +228,6 @@ def test_cuda_pass_cost(tiny):
     result = report["results"]["1b bfloat16"]
     assert list(result["pass_ms"]) == ["1", "4"]
     assert all(0 < v < math.inf for v in numbers(result))
-
-
-@pytest.mark.slow
-def test_cluster_scaling_serves_dense_on_ray(tiny):
-    """Its N-replica Ray deployment alone (each Ray start takes tens of seconds): the cluster's
-    /metrics, summed over its replicas, say every pass was dense."""
-    pytest.importorskip("ray")  # specee[cluster], part of the test extras
-    directory, model = tiny
-    report = last_json(run("cluster_scaling.py", "--model", model, "--deployments", "ray-n", "--concurrency", "1",
-                           "--max-tokens", "4", "--out", directory / "cluster", directory=directory)[1])
-    assert report["spec_method"] == "none"
-    (name, decoded), = report["decoded_with"].items()
-    assert name.startswith("ray ") and name.endswith("x1")
-    assert_dense(decoded)
-    (row,) = report["load"]
-    assert row["deployment"] == name and row["system"] == "specee dense" and row["clients"] == 1
-    assert row["completion_tokens"] > 0 and row["tokens_per_s"] > 0
 
 
 # Scripts that time passes or kernels, not decoding: their figures are there and sane.

@@ -78,6 +78,28 @@ def test_a_replica_that_cannot_load_fails_the_start_with_its_error(ray_cluster, 
 
 
 
+def test_the_cluster_benchmark_serves_dense_on_the_cluster(ray_cluster, tiny, tmp_path):
+    """benchmarks/cluster_scaling.py's N-replica deployment on this module's cluster (a Ray start
+    of its own takes tens of seconds): the cluster's /metrics, summed over its replicas, say every
+    pass was dense."""
+    from test_benchmark_runs import assert_dense, last_json
+
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cluster_scaling.py"), "--model", tiny,
+                           "--deployments", "ray-n", "--replicas", "2", "--address", ray_cluster.address,
+                           "--port", str(ray_cluster.serve_port), "--concurrency", "1", "--max-tokens", "4",
+                           "--out", str(tmp_path / "cluster")], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = last_json(done.stdout)
+    assert report["spec_method"] == "none"
+    (name, decoded), = report["decoded_with"].items()
+    assert name == "ray 2x1"
+    assert_dense(decoded)
+    (row,) = report["load"]
+    assert row["deployment"] == name and row["system"] == "specee dense" and row["clients"] == 1
+    assert row["completion_tokens"] > 0 and row["tokens_per_s"] > 0
+
+
 def test_tiny_answers_match_one_plain_server(tiny_replicated, tiny):
     single = running_server("--model", tiny)
     try:
