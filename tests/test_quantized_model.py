@@ -184,19 +184,25 @@ EVERY_METHOD = {
 
 @pytest.mark.parametrize("name", FORMATS + (EAGER,))
 def test_every_speculative_method_equals_dense(engines, name):
-    """The default format: every method over every prompt of the fp32 check. The others, a covering
-    design: each method over one prompt, a copy and one with little to copy taking turns (each row's
-    bits are checked alone in test_batch_invariance.py). Every run keeps some drafts and throws
-    others away, so identity is not trivial."""
+    """The default format: `auto` over every prompt of the fp32 check, the other methods over two
+    prompts that copy and two with little to copy. The other formats, a covering design: each method
+    over one prompt, a copy and one with little to copy taking turns (each row's bits are checked
+    alone in test_batch_invariance.py). Every run keeps some drafts and throws others away, so
+    identity is not trivial."""
     from test_speculative_lossless import MAX_TOKENS, PROMPTS
 
-    one_each = name != DEFAULT_FORMAT
-    prompts = [PROMPTS[0], PROMPTS[4]] if one_each else PROMPTS
-    for config, (identical, accepted, proposed) in speculative_runs(engines[name], prompts, MAX_TOKENS, EVERY_METHOD,
-                                                                    one_each).items():
-        expected = 1 if one_each else len(prompts)
-        assert identical == expected, f"{config}: {identical}/{expected} identical"
-        assert 0 < accepted < proposed, f"{config}: {accepted} of {proposed} drafts accepted"
+    if name == DEFAULT_FORMAT:
+        auto = "auto (the default)"
+        plans = [({k: v for k, v in EVERY_METHOD.items() if k != auto}, [PROMPTS[i] for i in (0, 1, 3, 4)], False),
+                 ({auto: EVERY_METHOD[auto]}, PROMPTS, False)]
+    else:
+        plans = [(EVERY_METHOD, [PROMPTS[0], PROMPTS[4]], True)]
+    for methods, prompts, one_each in plans:
+        runs = speculative_runs(engines[name], prompts, MAX_TOKENS, methods, one_each)
+        for config, (identical, accepted, proposed) in runs.items():
+            expected = 1 if one_each else len(prompts)
+            assert identical == expected, f"{config}: {identical}/{expected} identical"
+            assert 0 < accepted < proposed, f"{config}: {accepted} of {proposed} drafts accepted"
 
 
 def test_trained_drafters_run_like_their_target(engines):
