@@ -171,6 +171,28 @@ def test_a_damaged_cache_is_rebuilt_with_a_warning(tmp_path, tiny_tokenizer, cac
     assert cached.stat().st_size > 1000
 
 
+def test_a_new_packed_file_removes_those_of_earlier_versions(tmp_path, tiny_tokenizer, cache, capsys):
+    """Packed files an earlier specee wrote beside the model's (nothing reads them now) go when this
+    version writes its own; a file of this version in another format or dtype stays."""
+    from specee.model.packed_cache import PACKED_VERSION
+
+    path = gguf_file(tmp_path, tiny_tokenizer, {"default": "Q4_0"})
+    specee.load(path, threads=1, dtype="bf16")
+    [kept] = cache.rglob("packed-*.pt")
+    older = [kept.with_name(f"packed-v{v}-gguf-fp32.pt") for v in (PACKED_VERSION - 1, PACKED_VERSION - 2)]
+    for old in older:
+        old.write_bytes(b"an earlier layout")
+    unrelated = kept.with_name("notes.txt")
+    unrelated.write_text("not a packed file")
+    capsys.readouterr()
+    specee.load(path, threads=1)  # fp32: a new file of this version
+    err = capsys.readouterr().err
+    assert not any(old.exists() for old in older) and kept.exists() and unrelated.exists()
+    assert sorted(p.name for p in cache.rglob("packed-*.pt")) == sorted(
+        [kept.name, f"packed-v{PACKED_VERSION}-gguf-fp32.pt"])
+    assert f"removed {older[0].name}" in err and "packed by an earlier version" in err
+
+
 def test_a_smaller_gguf_drafts_for_a_gguf_target_losslessly(tmp_path, tiny_tokenizer, cache):
     target = specee.load(gguf_file(tmp_path, tiny_tokenizer, Q4_K_M), threads=1)
     draft = write_llama_gguf(tmp_path / "draft.gguf", {"default": "Q8_0"}, tiny_tokenizer.directory, seed=3)

@@ -61,12 +61,25 @@ def save_packed(model: Transformer, path: Path) -> None:
         os.close(handle)
         torch.save(contents, staging)
         os.replace(staging, path)
+        remove_older_versions(path.parent)
     except (OSError, RuntimeError) as e:  # a full disk or a read-only folder: the model is loaded all the same
         print(f"specee: warning: could not cache the packed weights ({e}); later loads will decode the file "
               "again", file=sys.stderr)
     finally:
         if staging is not None:
             Path(staging).unlink(missing_ok=True)
+
+
+def remove_older_versions(metadata_directory: Path) -> None:
+    """Deletes the packed files of earlier PACKED_VERSIONs beside a new one: nothing reads them any
+    more, and at 1-8B each is gigabytes."""
+    for old in metadata_directory.glob("packed-v*-*.pt"):
+        version = old.name.split("-")[1][1:]
+        if version.isdigit() and int(version) != PACKED_VERSION:
+            size = old.stat().st_size
+            old.unlink(missing_ok=True)
+            print(f"specee: removed {old.name} ({size / 2**30:.2f} GiB), packed by an earlier version",
+                  file=sys.stderr)
 
 
 def load_packed(path: Path, config: LlamaConfig, dtype: torch.dtype, kernels) -> Transformer:
