@@ -114,9 +114,9 @@ def test_int4_and_grouped_int8_fuse_into_one_matrix_of_the_same_values(kernels, 
 
 
 def superblock_weight(N: int, K: int, group: int, seed: int, centered: bool = False, bits: int = 6) -> SuperblockInt8Weight:
-    """Q5_K-like: 6-bit codes, scale d * sc with an fp16 d per 256 inputs and an int8 sc per group,
-    offset m * mc; the offsets' factor and multipliers drawn apart, so a swap would show. `centered`:
-    Q6_K-like, offset -32 d * sc; bits 4: Q4_K-like."""
+    """Q5_K-like: 6-bit codes (bits 5: as Q5_K runs), scale d * sc with an fp16 d per 256 inputs and an
+    int8 sc per group, offset m * mc; the offsets' factor and multipliers drawn apart, so a swap would
+    show. `centered`: Q6_K-like, offset -32 d * sc; bits 4: Q4_K-like."""
     g = torch.Generator().manual_seed(seed)
     d = (torch.rand(N, K // 256, generator=g) * 1e-3).half().float()
     m = -32 * d if centered else (torch.randn(N, K // 256, generator=g) * 1e-2).half().float()
@@ -127,10 +127,11 @@ def superblock_weight(N: int, K: int, group: int, seed: int, centered: bool = Fa
     return SuperblockInt8Weight(codes, torch.stack((d, m), -1), multipliers, group, bits)
 
 
-@pytest.mark.parametrize("group, centered, bits", [(16, False, 6), (32, False, 6), (16, True, 6), (32, False, 4)])
+@pytest.mark.parametrize("group, centered, bits", [(16, False, 6), (32, False, 6), (16, True, 6), (32, False, 4),
+                                                   (32, False, 5)])
 def test_superblock_scales_multiply_as_their_fp32_products_do(kernels, portable, group, centered, bits):
-    """Scales kept as fp32 factors times int8 multipliers (a GGUF file's Q5_K; Q6_K's centered, its
-    offset -32 times its scale; Q4_K's over 4-bit codes) over 6- or 4-bit codes give the bits of the
+    """Scales kept as fp32 factors times int8 multipliers (a GGUF file's Q5_K, over 5-bit codes; Q6_K's
+    centered, its offset -32 times its scale; Q4_K's over 4-bit codes) over 4- to 6-bit codes give the bits of the
     same matrix with 8-bit codes and the products stored as fp32 scales, in every tier, in the bytes
     the file takes (but for fp32 factors)."""
     weight = superblock_weight(200, 512, group, seed=group, centered=centered, bits=bits)

@@ -99,9 +99,9 @@ def _unpermuted(weight, gguf_name: str, config):
 
 def _from_affine(affine: "gguf_blocks.AffineCodes"):
     codes, scales, offsets = (torch.from_numpy(a) for a in (affine.codes, affine.scales, affine.offsets))
-    if affine.factors is not None:
+    if affine.factors is not None:  # Q4_K's 4-bit codes, Q5_K's 5 (groups of 32), Q6_K's 6 (groups of 16)
         return SuperblockInt8Weight(codes, torch.from_numpy(affine.factors), torch.from_numpy(affine.multipliers),
-                                    affine.group_size, 4 if affine.bits == 4 else 6)
+                                    affine.group_size, 4 if affine.bits == 4 else 5 if affine.group_size == 32 else 6)
     if affine.bits == 4:
         # code * s + m = (code - 8) * s + (m + 8 s): int4's zero point is m + 8 s.
         return Int4Weight.from_codes(codes, scales, offsets + 8 * scales, affine.group_size)

@@ -16,18 +16,36 @@ SUPERBLOCK = 256  # inputs per pair of scale factors (superblock scales)
 
 
 def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """codes [N, K] unsigned (below 2 ** bits; bits 4, 6 or 8) -> [N / 16, K / 32 * block bytes]:
+    """codes [N, K] unsigned (below 2 ** bits; bits 4, 5, 6 or 8) -> [N / 16, K / 32 * block bytes]:
     per tile of 16 features and block of 32 inputs, 8 steps of [16 lanes x 4 inputs]; 4-bit codes
-    hold steps 0-3 in the low nibbles and 4-7 in the high ones, 6-bit codes as `six_bit_blocks` packs
-    them. N is padded to 16 with zeros."""
+    hold steps 0-3 in the low nibbles and 4-7 in the high ones, 5- and 6-bit codes as
+    `five_bit_blocks` and `six_bit_blocks` pack them. N is padded to 16 with zeros."""
     N, K = codes.shape
     codes = F.pad(codes.to(torch.uint8), (0, 0, 0, -N % LANES))
     steps = codes.view(-1, LANES, K // BLOCK, 8, 4).permute(0, 2, 3, 1, 4)  # [tiles, blocks, step, lane, 4]
     if bits == 4:
         steps = steps[:, :, :4] | (steps[:, :, 4:] << 4)
-    if bits == 6:
-        return six_bit_blocks(steps.reshape(*steps.shape[:2], -1)).reshape(steps.shape[0], -1)
+    if bits in (5, 6):
+        narrow = five_bit_blocks if bits == 5 else six_bit_blocks
+        return narrow(steps.reshape(*steps.shape[:2], -1)).reshape(steps.shape[0], -1)
     return steps.reshape(steps.shape[0], -1).contiguous()
+
+
+def five_bit_blocks(blocks: torch.Tensor) -> torch.Tensor:
+    """[..., 512] codes below 32, a byte each -> [..., 320]: 256 bytes whose low nibble is code i's low
+    4 bits and whose high nibble is code 256 + i's, then 64 bytes whose bit k is bit 4 of code
+    64 k + i (kernels.h's unpack_five reads them)."""
+    low = (blocks[..., :256] & 15) | ((blocks[..., 256:] & 15) << 4)
+    high = (blocks >> 4).unflatten(-1, (8, 64))  # [..., k, i]: bit 4 of code 64 k + i
+    high = sum(high[..., k, :] << k for k in range(8))
+    return torch.cat((low, high.to(torch.uint8)), dim=-1)
+
+
+def five_bit_codes(blocks: torch.Tensor) -> torch.Tensor:
+    """five_bit_blocks undone: [..., 320] -> [..., 512]."""
+    low, high = blocks[..., :256], blocks[..., 256:]
+    highs = torch.stack([(high >> k & 1) << 4 for k in range(8)], dim=-2).flatten(-2)  # [..., 512]
+    return torch.cat((low & 15, low >> 4), dim=-1) | highs
 
 
 def six_bit_blocks(blocks: torch.Tensor) -> torch.Tensor:
@@ -59,8 +77,8 @@ class IntegerLinear(nn.Module):
     """A quantized matrix as unsigned codes [N, K] with, for 4 bits, a bf16 scale and zero per
     feature and group of inputs (w = (code - 8) * scale + zero; `scales_zeros` [N, G, 2]) or, for 8
     bits, an fp32 scale and offset per feature (group_size 0: w = code * scale + offset; [N, 2]) or
-    per feature and group of 16 or 32 inputs ([N, G, 2]); or 6-bit codes whose scales and offsets
-    are superblock factors times int8 multipliers (`from_superblocks`). Row lookups (the tied head
+    per feature and group of 16 or 32 inputs ([N, G, 2]); or 4-, 5- or 6-bit codes whose scales and
+    offsets are superblock factors times int8 multipliers (`from_superblocks`). Row lookups (the tied head
     and embedding) read the packed tiles back (`dequantize`)."""
 
     def __init__(self, packed: torch.Tensor, scales_zeros: torch.Tensor, out_features: int, bits: int,
@@ -72,13 +90,13 @@ class IntegerLinear(nn.Module):
             raise ValueError(f"in_features {self.in_features} must be a multiple of {BLOCK}, and the group size "
                              f"{group_size} too (or 16 for 6 and 8 bits)")
         records = scales_zeros.dtype == torch.uint8
-        records_fit = bits == 6 and group_size or bits == 4 and group_size == BLOCK
-        if (records and (self.in_features % SUPERBLOCK or not records_fit)
+        records_fit = bits == 6 and group_size or bits in (4, 5) and group_size == BLOCK
+        if (records and (self.in_features % SUPERBLOCK or not records_fit) or bits == 5 and not records
                 or bits == 6 and not records and (group_size != BLOCK or scales_zeros.dim() != 3)
                 or bits == 8 and group_size and scales_zeros.dim() == 3 and group_size != BLOCK):
-            raise ValueError("superblock scales are for 6-bit and 4-bit codes (in groups of 32), over a multiple of "
-                             "256 inputs; 6-bit codes otherwise, and centered 8-bit ones, take one scale per group of 32 "
-                             "([tiles, G, 16])")
+            raise ValueError("superblock scales are for 6-bit, 5-bit and 4-bit codes (those in groups of 32), over a "
+                             "multiple of 256 inputs; 5-bit codes take nothing else; 6-bit codes otherwise, and "
+                             "centered 8-bit ones, take one scale per group of 32 ([tiles, G, 16])")
         self.bits, self.group_size, self.kernels, self.bias = bits, group_size, kernels, bias
         self.packed = packed  # [tiles, K / 32 * block bytes] uint8
         self.scales_zeros = scales_zeros  # [tiles, G, 2, 16], [tiles, 2, 16] or superblock records, uint8
@@ -95,7 +113,7 @@ class IntegerLinear(nn.Module):
     @classmethod
     def from_superblocks(cls, codes: torch.Tensor, factors: torch.Tensor, multipliers: torch.Tensor, group_size: int,
                          kernels, bias: torch.Tensor | None = None, bits: int = 6) -> "IntegerLinear":
-        """Codes [N, K] below 2 ** bits (6, or 4 in groups of 32) whose scale and offset are factors
+        """Codes [N, K] below 2 ** bits (6, or 4 or 5 in groups of 32) whose scale and offset are factors
         [N, K / 256, 2] fp32 times multipliers [N, K / group_size, 2] int8 (quantize.py's
         SuperblockInt8Weight), with, per tile and superblock of 256 inputs, the factors [2, 16] fp32
         then each group's multipliers [2, 16] int8, as bytes. Where every offset is -32 times its
@@ -103,8 +121,8 @@ class IntegerLinear(nn.Module):
         fp32, then each group's sc [16] int8."""
         if codes.shape[1] % SUPERBLOCK:
             raise ValueError(f"in_features {codes.shape[1]} must be a multiple of {SUPERBLOCK}")
-        if bits not in (4, 6) or (bits == 4 and group_size != BLOCK):
-            raise ValueError(f"superblock scales take 6-bit codes, or 4-bit ones in groups of {BLOCK}")
+        if bits not in (4, 5, 6) or (bits in (4, 5) and group_size != BLOCK):
+            raise ValueError(f"superblock scales take 6-bit codes, or 4- or 5-bit ones in groups of {BLOCK}")
         if codes.numel() and int(codes.max()) >= 2**bits:
             raise ValueError(f"superblock scales of {bits}-bit codes take codes below {2**bits}; "
                              f"got {int(codes.max())}")
@@ -173,8 +191,9 @@ class IntegerLinear(nn.Module):
         if self.bits == 4:
             packed = self.packed.view(-1, blocks, 4, LANES, 4)[tiles, :, :, lanes]  # [n, blocks, 4 steps, 4]
             codes = torch.cat((packed & 15, packed >> 4), dim=2)  # steps 0-3 low nibbles, 4-7 high
-        elif self.bits == 6:
-            unpacked = eight_bit_blocks(self.packed.view(-1, blocks, 384)[tiles]).view(len(rows), blocks, 8, LANES, 4)
+        elif self.bits in (5, 6):
+            undo, size = (five_bit_codes, 320) if self.bits == 5 else (eight_bit_blocks, 384)
+            unpacked = undo(self.packed.view(-1, blocks, size)[tiles]).view(len(rows), blocks, 8, LANES, 4)
             codes = unpacked[torch.arange(len(rows)), :, :, lanes]
         else:
             codes = self.packed.view(-1, blocks, 8, LANES, 4)[tiles, :, :, lanes]  # [n, blocks, 8 steps, 4]

@@ -172,7 +172,7 @@ class SuperblockInt8Weight:
     factors: torch.Tensor  # [N, K / 256, 2] fp32
     multipliers: torch.Tensor  # [N, K / group_size, 2] int8
     group_size: int
-    bits: int = 6  # 4 or 6: the width the codes are stored in
+    bits: int = 6  # 4, 5 (in groups of 32) or 6: the width the codes are stored in
 
     def scales_offsets(self, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The fp32 scales and offsets [rows, K / group_size] of `rows` (all when None)."""

@@ -27,9 +27,9 @@ constexpr int64_t SUPERBLOCK = 256;
 void check_format(int64_t bits, int64_t group_size) {
   TORCH_CHECK((bits == 4 && group_size > 0 && group_size % BLOCK == 0) ||
               (bits == 8 && (group_size == 0 || group_size == 16 || group_size == 32)) ||
-              (bits == 6 && (group_size == 16 || group_size == 32)),
+              (bits == 6 && (group_size == 16 || group_size == 32)) || (bits == 5 && group_size == 32),
               "bits 4 take groups of a multiple of 32 inputs, bits 8 groups of 16 or 32 or none (0), bits 6 groups "
-              "of 16 or 32; got bits ", bits, " and group size ", group_size);
+              "of 16 or 32, bits 5 groups of 32; got bits ", bits, " and group size ", group_size);
 }
 
 // Which scales a matrix of K inputs has (api.h): superblock records come as bytes (uint8), with
@@ -46,8 +46,9 @@ int64_t superblock_kind(const at::Tensor& scales_zeros, int64_t bits, int64_t gr
     return specee::CENTERED_GROUPS;
   }
   if (bits == 8 && group_size == BLOCK && !records && per_tile == K / BLOCK * LANES) return specee::CENTERED_GROUPS;
-  TORCH_CHECK(!records || bits == 6 || (bits == 4 && group_size == BLOCK),
-              "superblock scales (uint8) are for 6-bit codes and 4-bit codes in groups of 32");
+  TORCH_CHECK(records || bits != 5, "5-bit codes take superblock records (uint8)");
+  TORCH_CHECK(!records || bits == 6 || bits == 5 || (bits == 4 && group_size == BLOCK),
+              "superblock scales (uint8) are for 5- and 6-bit codes and 4-bit codes in groups of 32");
   if (!records) return specee::NO_SUPERBLOCKS;
   TORCH_CHECK(K % SUPERBLOCK == 0, "superblock scales take a multiple of 256 inputs; got ", K);
   const int64_t groups = SUPERBLOCK / group_size;

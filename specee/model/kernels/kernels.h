@@ -29,6 +29,7 @@ constexpr int64_t BLOCK = 32;  // activation block: one int8 scale per row and b
 constexpr int64_t INT4_BLOCK_BYTES = 256;  // 16 lanes x 32 codes, two per byte
 constexpr int64_t INT8_BLOCK_BYTES = 512;
 constexpr int64_t INT6_BLOCK_BYTES = 384;  // 256 bytes of low nibbles, 128 of 2-bit high parts
+constexpr int64_t INT5_BLOCK_BYTES = 320;  // 256 bytes of low nibbles, 64 of high bits
 constexpr int64_t SUPERBLOCK = 256;  // inputs under one pair of scale factors (SUPER formats)
 // A superblock's record of scales per tile: factors [D x16, M x16] fp32 and per group [sc x16, mc x16]
 // int8; CENTERED (w = (code - 32) s, a GGUF file's Q6_K): [D x16] fp32 and per group [sc x16].
@@ -105,13 +106,13 @@ inline void quantize_rows(const float* x, int64_t T, int64_t K, int8_t* codes, f
 }
 
 // The weight formats of MatmulArgs: 4-bit codes with bf16 scales and zeros per group; 8-bit codes
-// with fp32 scales and offsets per row or group; 4- or 6-bit codes (SUPER) whose scales and offsets
+// with fp32 scales and offsets per row or group; 4-, 5- or 6-bit codes (SUPER) whose scales and offsets
 // are fp32 factors per superblock times int8 multipliers per group (CENTERED16: the offset is -32
 // times the scale); or 6- or 8-bit codes with an fp32 scale per group of 32 and the offset -32 or
 // -128 times it (CENTERED32).
 enum class Format {
-  INT4, INT4_SUPER32, INT8_ROW, INT8_GROUP32, INT8_GROUP16, INT8_CENTERED32, INT6_SUPER32, INT6_SUPER16,
-  INT6_CENTERED16, INT6_CENTERED32
+  INT4, INT4_SUPER32, INT5_SUPER32, INT8_ROW, INT8_GROUP32, INT8_GROUP16, INT8_CENTERED32, INT6_SUPER32,
+  INT6_SUPER16, INT6_CENTERED16, INT6_CENTERED32
 };
 
 constexpr bool four_bit(Format f) { return f == Format::INT4 || f == Format::INT4_SUPER32; }
@@ -119,6 +120,30 @@ constexpr bool four_bit(Format f) { return f == Format::INT4 || f == Format::INT
 constexpr bool six_bit(Format f) {
   return f == Format::INT6_SUPER32 || f == Format::INT6_SUPER16 || f == Format::INT6_CENTERED16 ||
          f == Format::INT6_CENTERED32;
+}
+
+// 5- and 6-bit codes: packed, unpacked to a byte a code a block at a time, and below 64.
+constexpr bool narrow(Format f) { return six_bit(f) || f == Format::INT5_SUPER32; }
+
+constexpr int64_t packed_block_bytes(Format f) {
+  return four_bit(f) ? INT4_BLOCK_BYTES : six_bit(f) ? INT6_BLOCK_BYTES
+                                        : f == Format::INT5_SUPER32 ? INT5_BLOCK_BYTES : INT8_BLOCK_BYTES;
+}
+
+// A block of 5-bit codes as the 8-bit block the dots take: byte i of the first 256 holds code i's
+// low 4 bits in its low nibble and code 256 + i's in its high one; bit k of byte i of the last 64 is
+// bit 4 of code 64 k + i. Integers only, as unpack_six.
+inline void unpack_five(const uint8_t* p, uint8_t* out) {
+  const uint8_t* low = p;
+  const uint8_t* high = p + 256;
+  for (int i = 0; i < 64; ++i) {
+    const unsigned h = high[i];
+    for (int k = 0; k < 4; ++k) {
+      const unsigned a = low[64 * k + i];
+      out[64 * k + i] = static_cast<uint8_t>((a & 15u) | ((h << (4 - k)) & 16u));
+      out[256 + 64 * k + i] = static_cast<uint8_t>((a >> 4) | ((h >> k) & 16u));
+    }
+  }
 }
 
 // A block of 6-bit codes as the 8-bit block the dots take (512 bytes, one code a byte): byte i of
@@ -135,6 +160,14 @@ inline void unpack_six(const uint8_t* p, uint8_t* out) {
     out[256 + i] = static_cast<uint8_t>((a >> 4) | (h & 0x30u));
     out[384 + i] = static_cast<uint8_t>((b >> 4) | ((h >> 2) & 0x30u));
   }
+}
+
+template <Format FORMAT>
+inline void unpack_narrow(const uint8_t* p, uint8_t* out) {
+  if constexpr (FORMAT == Format::INT5_SUPER32)
+    unpack_five(p, out);
+  else
+    unpack_six(p, out);
 }
 
 // The matmuls run on the tier's `Part` vector: a tile's 16 lanes at once (Part = F16), or, where
@@ -199,7 +232,7 @@ inline void grouped_scale_offset(const uint8_t* scales_zeros, int64_t group, int
     const Part sc = part_load_i8(multipliers + (group % GROUPS) * LANES + lane);
     s = d * sc;
     m = (part_splat(-32.0f) * d) * sc;
-  } else if constexpr (six_bit(FORMAT) || FORMAT == Format::INT4_SUPER32) {
+  } else if constexpr (six_bit(FORMAT) || FORMAT == Format::INT4_SUPER32 || FORMAT == Format::INT5_SUPER32) {
     constexpr int64_t GROUPS = SUPERBLOCK / (FORMAT == Format::INT6_SUPER16 ? LANES : BLOCK);
     const uint8_t* record = scales_zeros + (group / GROUPS) * superblock_bytes(GROUPS, false);
     const float* factors = reinterpret_cast<const float*>(record) + lane;
@@ -218,16 +251,17 @@ inline void grouped_scale_offset(const uint8_t* scales_zeros, int64_t group, int
 // each row's activation scale times the sum of its codes, per block (per half block for INT8_GROUP16).
 // INT4: w = code * s + (z - 8 s) with bf16 s and z per lane and weight group ([G][s x16, z x16]).
 // INT8_ROW: w = code * s + m with fp32 s and m per lane for the whole row ([s x16, m x16]), applied last.
-// INT8_GROUP32/16, INT8_CENTERED32, INT4_SUPER32, INT6_*: w = code * s + m with s and m per lane and group of 32 or
-// 16 inputs (grouped_scale_offset); 6-bit codes unpacked a block at a time (unpack_six), unless
+// INT8_GROUP32/16, INT8_CENTERED32, INT4_SUPER32, INT5_SUPER32, INT6_*: w = code * s + m with s and m per lane
+// and group of 32 or 16 inputs (grouped_scale_offset); 5- and 6-bit codes unpacked a block at a time
+// (unpack_narrow), unless
 // `w` holds them unpacked already (PACKED false: a byte a code).
-template <int R, int P, Format FORMAT, bool PACKED = six_bit(FORMAT)>
+template <int R, int P, Format FORMAT, bool PACKED = narrow(FORMAT)>
 void tile_rows(const uint8_t* w, const uint8_t* scales_zeros, int64_t first_part, int64_t blocks,
                int64_t blocks_per_group, const int8_t* codes, const float* scales, const float* row_sums, int64_t K,
                float* out, int64_t ldo, int64_t valid) {
-  constexpr bool INT4 = four_bit(FORMAT), SIX = six_bit(FORMAT) && PACKED, NARROW = six_bit(FORMAT);
+  constexpr bool INT4 = four_bit(FORMAT), SIX = narrow(FORMAT) && PACKED, NARROW = narrow(FORMAT);
   const int64_t B = K / BLOCK, lane0 = first_part * PART_LANES;
-  constexpr int64_t BLOCK_BYTES = INT4 ? INT4_BLOCK_BYTES : SIX ? INT6_BLOCK_BYTES : INT8_BLOCK_BYTES;
+  constexpr int64_t BLOCK_BYTES = INT4 || SIX ? packed_block_bytes(FORMAT) : INT8_BLOCK_BYTES;
   Part acc[P][R];
   float acc_sums[R];
   for (int r = 0; r < R; ++r) {
@@ -240,7 +274,7 @@ void tile_rows(const uint8_t* w, const uint8_t* scales_zeros, int64_t first_part
   const uint16_t* int4_scales = reinterpret_cast<const uint16_t*>(scales_zeros) + lane0;
   constexpr int AHEAD = HALVES ? 1 : BLOCKS_AHEAD<R>;
   PartI ahead[AHEAD * R];  // AHEAD > 1: the dots of blocks b - b % AHEAD on, R a block
-  alignas(64) uint8_t unpacked[SIX ? AHEAD : 1][SIX ? INT8_BLOCK_BYTES : 1];  // 6-bit blocks as 8-bit ones
+  alignas(64) uint8_t unpacked[SIX ? AHEAD : 1][SIX ? INT8_BLOCK_BYTES : 1];  // 5- or 6-bit blocks as 8-bit ones
   for (int64_t b = 0, in_group = 0; b < blocks; ++b) {
     PartI dots[R];
     const uint8_t* block = w + b * BLOCK_BYTES;
@@ -251,7 +285,7 @@ void tile_rows(const uint8_t* w, const uint8_t* scales_zeros, int64_t first_part
     if constexpr (SIX) {  // the block (AHEAD > 1: the next AHEAD) with a byte a code
       if (b % AHEAD == 0) {
         for (int64_t k = 0; k < std::min<int64_t>(AHEAD, blocks - b); ++k)
-          unpack_six(block + k * BLOCK_BYTES, unpacked[k]);
+          unpack_narrow<FORMAT>(block + k * BLOCK_BYTES, unpacked[k]);
         // A tier's products may read them where the compiler cannot see it (AMX's tile loads).
         __asm__ volatile("" ::"r"(unpacked) : "memory");
       }
@@ -348,14 +382,15 @@ template <Format FORMAT>
 void tiles(const MatmulArgs& a, const float* row_sums, int64_t sums_per_row, int64_t begin, int64_t end) {
   constexpr int ROWS = PART_ROWS<four_bit(FORMAT)>;
   const int64_t K = a.in_features, B = K / BLOCK, blocks_per_group = a.group_size / BLOCK;
-  std::vector<uint8_t> unpacked(six_bit(FORMAT) && a.rows > ROWS ? B * INT8_BLOCK_BYTES : 0);
+  std::vector<uint8_t> unpacked(narrow(FORMAT) && a.rows > ROWS ? B * INT8_BLOCK_BYTES : 0);
   for (int64_t t = begin; t < end; ++t) {
     const int64_t valid = std::min<int64_t>(LANES, a.out_features - t * LANES);
     const uint8_t* w = a.packed + t * a.tile_bytes;
     const uint8_t* sz = a.scales_zeros + t * a.tile_scale_bytes;
     float* out = a.out + t * LANES;
     if (!unpacked.empty()) {
-      for (int64_t b = 0; b < B; ++b) unpack_six(w + b * INT6_BLOCK_BYTES, unpacked.data() + b * INT8_BLOCK_BYTES);
+      for (int64_t b = 0; b < B; ++b)
+        unpack_narrow<FORMAT>(w + b * packed_block_bytes(FORMAT), unpacked.data() + b * INT8_BLOCK_BYTES);
       __asm__ volatile("" ::"r"(unpacked.data()) : "memory");  // (AMX's tile loads read them unseen)
     }
     for (int64_t r0 = 0; r0 < a.rows; r0 += ROWS) {
@@ -376,6 +411,7 @@ void tiles(const MatmulArgs& a, const float* row_sums, int64_t sums_per_row, int
 // The format of a matmul's weights (api.h).
 inline Format format_of(const MatmulArgs& a) {
   if (a.bits == 4) return a.superblock_scales ? Format::INT4_SUPER32 : Format::INT4;
+  if (a.bits == 5) return Format::INT5_SUPER32;
   if (a.bits == 6) {
     if (a.superblock_scales == CENTERED_GROUPS) return Format::INT6_CENTERED32;
     if (a.superblock_scales == CENTERED_SUPERBLOCKS) return Format::INT6_CENTERED16;
@@ -411,6 +447,7 @@ inline void matmul_tiles(const MatmulArgs& a, int64_t begin, int64_t end) {
   switch (format_of(a)) {
     case Format::INT4: return tiles<Format::INT4>(a, sums, per_row, begin, end);
     case Format::INT4_SUPER32: return tiles<Format::INT4_SUPER32>(a, sums, per_row, begin, end);
+    case Format::INT5_SUPER32: return tiles<Format::INT5_SUPER32>(a, sums, per_row, begin, end);
     case Format::INT8_ROW: return tiles<Format::INT8_ROW>(a, sums, per_row, begin, end);
     case Format::INT8_GROUP32: return tiles<Format::INT8_GROUP32>(a, sums, per_row, begin, end);
     case Format::INT8_GROUP16: return tiles<Format::INT8_GROUP16>(a, sums, per_row, begin, end);
