@@ -162,18 +162,18 @@ def assert_runs_as(layer, weight, same_bits, portable, rows_back: torch.Tensor) 
         assert torch.equal(out, quantized_linear(weight, kernels=portable)(x)), f"{T} rows"
 
 
-def test_q5_0_runs_as_six_bit_codes_with_one_scale_a_group(kernels, portable):
-    """Offsets -16 times the scales over 5-bit codes (a GGUF file's Q5_0) run as the codes plus 16
-    in 6 bits with the offset -32 times the scale: the values of the 8-bit form, the bits of the same
-    shifted codes as 8-bit codes with fp32 pairs, in every tier, in 7 bits a weight instead of 10."""
+def test_q5_0_runs_as_its_five_bit_codes_with_one_scale_a_group(kernels, portable):
+    """Offsets -16 times the scales over 5-bit codes (a GGUF file's Q5_0) run as those codes in 5 bits
+    with one scale a group: the values of the 8-bit form, the bits of the same codes as 8-bit codes
+    with fp32 pairs, in every tier, in 6 bits a weight instead of 10."""
     g = torch.Generator().manual_seed(4)
     scales = (torch.rand(72, 256 // 32, generator=g) * 1e-2).half().float()
     weight = GroupedInt8Weight(torch.randint(0, 32, (72, 256), generator=g, dtype=torch.uint8), scales, -16 * scales, 32)
     layer = quantized_linear(weight, kernels=kernels)
-    assert (layer.bits, layer.centered) == (6, True)
-    assert layer.weight_bytes == 80 * 256 * (6 / 8 + 4 / 32)  # 72 features padded to whole tiles of 16
-    shifted = IntegerLinear.from_codes(weight.codes + 16, torch.stack((scales, -32 * scales), -1), 8, 32, kernels)
-    assert_runs_as(layer, weight, shifted, portable, torch.tensor([0, 15, 16, 71, 40]))
+    assert (layer.bits, layer.centered) == (5, True)
+    assert layer.weight_bytes == 80 * 256 * (5 / 8 + 4 / 32)  # 72 features padded to whole tiles of 16
+    pairs = IntegerLinear.from_codes(weight.codes, torch.stack((scales, -16 * scales), -1), 8, 32, kernels)
+    assert_runs_as(layer, weight, pairs, portable, torch.tensor([0, 15, 16, 71, 40]))
     # Other offsets (Q8_0's -128 d, a minimum's) keep 8-bit codes.
     assert quantized_linear(GroupedInt8Weight(weight.codes, scales, -128 * scales, 32), kernels=kernels).bits == 8
     assert quantized_linear(GroupedInt8Weight(weight.codes, scales, scales * 0.3, 32), kernels=kernels).bits == 8

@@ -9,8 +9,8 @@ Per `quantization`:
   (relative error <= 2^-9 of each). The K-quants (Q4_K, Q5_K, Q6_K) keep their codes in 4 or 6 bits
   and their scales as the file factors them (an fp32 per superblock times an int8 per group):
   exactly the file's values in about its bytes. Q5_0, Q5_1 and Q8_0 become int8 in groups of 32
-  with fp32 scales and offsets (Q5_0, whose offset is -16 times its scale, then runs as 6-bit codes
-  with one scale a group: `GroupedInt8Weight.centered_six`): exactly the file's values. F32, F16
+  with fp32 scales and offsets (Q5_0, whose offset is -16 times its scale, then runs as its 5-bit
+  codes with one scale a group: `GroupedInt8Weight.centered_five`): exactly the file's values. F32, F16
   and BF16 matrices are quantized to the default format (int4, with an int8 output head and
   embedding) as they are read; other block types (Q2_K, Q3_K, the IQ types) are dequantized and
   quantized the same way, and said so once on stderr.

@@ -91,11 +91,11 @@ class IntegerLinear(nn.Module):
                              f"{group_size} too (or 16 for 6 and 8 bits)")
         records = scales_zeros.dtype == torch.uint8
         records_fit = bits == 6 and group_size or bits in (4, 5) and group_size == BLOCK
-        if (records and (self.in_features % SUPERBLOCK or not records_fit) or bits == 5 and not records
-                or bits == 6 and not records and (group_size != BLOCK or scales_zeros.dim() != 3)
+        if (records and (self.in_features % SUPERBLOCK or not records_fit) or bits == 6 and not records
+                or bits == 5 and not records and (group_size != BLOCK or scales_zeros.dim() != 3)
                 or bits == 8 and group_size and scales_zeros.dim() == 3 and group_size != BLOCK):
             raise ValueError("superblock scales are for 6-bit, 5-bit and 4-bit codes (those in groups of 32), over a "
-                             "multiple of 256 inputs; 5-bit codes take nothing else; 6-bit codes otherwise, and "
+                             "multiple of 256 inputs; 6-bit codes take nothing else; 5-bit codes otherwise, and "
                              "centered 8-bit ones, take one scale per group of 32 ([tiles, G, 16])")
         self.bits, self.group_size, self.kernels, self.bias = bits, group_size, kernels, bias
         self.packed = packed  # [tiles, K / 32 * block bytes] uint8
@@ -140,14 +140,14 @@ class IntegerLinear(nn.Module):
 
     @classmethod
     def from_centered(cls, codes: torch.Tensor, scales: torch.Tensor, kernels, bias: torch.Tensor | None = None,
-                      bits: int = 6) -> "IntegerLinear":
+                      bits: int = 5) -> "IntegerLinear":
         """Codes [N, K] below 2 ** bits with w = (code - 2 ** (bits - 1)) * scale, one fp32 scale per
-        feature and group of 32 ([N, K / 32]): 6-bit codes (a GGUF file's Q5_0, its codes plus 16) or
+        feature and group of 32 ([N, K / 32]): 5-bit codes (a GGUF file's Q5_0, its own codes) or
         8-bit ones (Q8_0, its codes plus 128), one scale per group and no offset."""
         if codes.shape[1] % BLOCK:
             raise ValueError(f"in_features {codes.shape[1]} must be a multiple of {BLOCK}")
-        if bits not in (6, 8):
-            raise ValueError(f"centered codes are 6 or 8 bits; got {bits}")
+        if bits not in (5, 8):
+            raise ValueError(f"centered codes are 5 or 8 bits; got {bits}")
         if codes.numel() and int(codes.max()) >= 2**bits:
             raise ValueError(f"{bits}-bit codes must be below {2**bits}; got {int(codes.max())}")
         return cls(pack_codes(codes, bits), per_tile(scales.float()), codes.shape[0], bits, BLOCK, kernels, bias)
@@ -159,10 +159,10 @@ class IntegerLinear(nn.Module):
 
     @property
     def centered(self) -> bool:
-        """Offsets -32 (6 bits) or -128 (8 bits) times the scales: superblock records of D and sc alone
-        (their size says so), or codes with one scale per group."""
+        """Offsets -16 (5 bits), -32 (6 bits) or -128 (8 bits) times the scales: superblock records of D
+        and sc alone (their size says so), or codes with one scale per group."""
         if not self.superblock_scales:
-            return self.bits == 6 or self.bits == 8 and self.group_size == BLOCK and self.scales_zeros.dim() == 3
+            return self.bits == 5 or self.bits == 8 and self.group_size == BLOCK and self.scales_zeros.dim() == 3
         groups = SUPERBLOCK // self.group_size
         record = self.scales_zeros.shape[1] // (self.in_features // SUPERBLOCK)
         return record == LANES * 4 + groups * LANES

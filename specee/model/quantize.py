@@ -115,15 +115,14 @@ class GroupedInt8Weight:
         w = codes.float().unflatten(1, (-1, g)) * scales[..., None] + offsets[..., None]  # [rows, K / g, g]
         return w.flatten(1)
 
-    def centered_six(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(codes below 64, scales) with w = (code - 32) * scale, the same values, where the codes are
-        below 32 and every offset is -16 times its scale in groups of 32 (a GGUF file's Q5_0: its
-        codes plus 16); else None."""
+    def centered_five(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(codes, scales) with w = (code - 16) * scale, where the codes are below 32 and every offset
+        is -16 times its scale in groups of 32 (a GGUF file's Q5_0, its own codes); else None."""
         if self.group_size != INPUT_BLOCK or not self.codes.numel() or int(self.codes.max()) >= 32:
             return None
         if not torch.equal(self.offsets, -16 * self.scales):
             return None
-        return self.codes + 16, self.scales
+        return self.codes, self.scales
 
     def centered_eight(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(codes, scales) with w = (code - 128) * scale, the same values, where in groups of 32 every
@@ -374,7 +373,7 @@ def quantized_linear(weight: QuantizedWeight, bias: torch.Tensor | None = None, 
     if isinstance(weight, SuperblockInt8Weight):
         weight = weight.grouped()
     if kernels is not None and in_features % INPUT_BLOCK == 0:
-        if isinstance(weight, GroupedInt8Weight) and (centered := weight.centered_six()) is not None:
+        if isinstance(weight, GroupedInt8Weight) and (centered := weight.centered_five()) is not None:
             return IntegerLinear.from_centered(*centered, kernels, bias)
         if isinstance(weight, GroupedInt8Weight) and (centered := weight.centered_eight()) is not None:
             return IntegerLinear.from_centered(*centered, kernels, bias, bits=8)

@@ -18,7 +18,8 @@ constexpr int64_t NO_SUPERBLOCKS = 0, SUPERBLOCKS = 1, CENTERED_SUPERBLOCKS = 2,
 // - bits 4, group_size 32, 64 or 128: scales_zeros [tiles, K / group, 2, 16] bf16 (s, z), w = (code - 8) s + z;
 //   or, group_size 32, SUPERBLOCKS records as below, w = code s + m (a GGUF file's Q4_K);
 // - bits 5, group_size 32: 5-bit codes, 320 bytes a block (kernels.h's unpack_five), SUPERBLOCKS
-//   records as below (a GGUF file's Q5_K);
+//   records as below (a GGUF file's Q5_K); or, CENTERED_GROUPS, fp32 [tiles, K / 32, 16] (d),
+//   w = (code - 16) d (a GGUF file's Q5_0, its own codes);
 // - bits 8, group_size 0: one scale and offset per feature, [tiles, 2, 16] fp32, w = code s + m;
 // - bits 8, group_size 16 or 32: a scale and offset per feature and group, [tiles, K / group, 2, 16]
 //   fp32, w = code s + m (a GGUF file's Q5_1 blocks, exactly); or, CENTERED_GROUPS (group 32), fp32
@@ -28,9 +29,7 @@ constexpr int64_t NO_SUPERBLOCKS = 0, SUPERBLOCKS = 1, CENTERED_SUPERBLOCKS = 2,
 //   superblock a record [2 x 16 fp32 (D, M), K / 256 / group x 2 x 16 int8 (sc, mc)], s = D sc and
 //   m = M mc (SUPERBLOCKS: a Q5_K fused beside a Q6_K, or a Q4_K beside a Q5_K); or,
 //   CENTERED_SUPERBLOCKS (group 16), [16 fp32 (D), K / 256 / 16 x 16 int8 (sc)], s = D sc and
-//   m = (-32 D) sc (Q6_K: the file's bytes, but D in fp32);
-//   or, CENTERED_GROUPS (group 32), fp32 [tiles, K / 32, 16] (d), w = (code - 32) d (a GGUF file's
-//   Q5_0, its codes plus 16).
+//   m = (-32 D) sc (Q6_K: the file's bytes, but D in fp32).
 struct MatmulArgs {
   const uint8_t* packed;        // [tiles, tile_bytes]
   int64_t tile_bytes;

@@ -108,26 +108,27 @@ inline void quantize_rows(const float* x, int64_t T, int64_t K, int8_t* codes, f
 // The weight formats of MatmulArgs: 4-bit codes with bf16 scales and zeros per group; 8-bit codes
 // with fp32 scales and offsets per row or group; 4-, 5- or 6-bit codes (SUPER) whose scales and offsets
 // are fp32 factors per superblock times int8 multipliers per group (CENTERED16: the offset is -32
-// times the scale); or 6- or 8-bit codes with an fp32 scale per group of 32 and the offset -32 or
+// times the scale); or 5- or 8-bit codes with an fp32 scale per group of 32 and the offset -16 or
 // -128 times it (CENTERED32).
 enum class Format {
-  INT4, INT4_SUPER32, INT5_SUPER32, INT8_ROW, INT8_GROUP32, INT8_GROUP16, INT8_CENTERED32, INT6_SUPER32,
-  INT6_SUPER16, INT6_CENTERED16, INT6_CENTERED32
+  INT4, INT4_SUPER32, INT5_SUPER32, INT5_CENTERED32, INT8_ROW, INT8_GROUP32, INT8_GROUP16, INT8_CENTERED32,
+  INT6_SUPER32, INT6_SUPER16, INT6_CENTERED16
 };
 
 constexpr bool four_bit(Format f) { return f == Format::INT4 || f == Format::INT4_SUPER32; }
 
+constexpr bool five_bit(Format f) { return f == Format::INT5_SUPER32 || f == Format::INT5_CENTERED32; }
+
 constexpr bool six_bit(Format f) {
-  return f == Format::INT6_SUPER32 || f == Format::INT6_SUPER16 || f == Format::INT6_CENTERED16 ||
-         f == Format::INT6_CENTERED32;
+  return f == Format::INT6_SUPER32 || f == Format::INT6_SUPER16 || f == Format::INT6_CENTERED16;
 }
 
 // 5- and 6-bit codes: packed, unpacked to a byte a code a block at a time, and below 64.
-constexpr bool narrow(Format f) { return six_bit(f) || f == Format::INT5_SUPER32; }
+constexpr bool narrow(Format f) { return five_bit(f) || six_bit(f); }
 
 constexpr int64_t packed_block_bytes(Format f) {
-  return four_bit(f) ? INT4_BLOCK_BYTES : six_bit(f) ? INT6_BLOCK_BYTES
-                                        : f == Format::INT5_SUPER32 ? INT5_BLOCK_BYTES : INT8_BLOCK_BYTES;
+  return four_bit(f) ? INT4_BLOCK_BYTES : five_bit(f) ? INT5_BLOCK_BYTES : six_bit(f) ? INT6_BLOCK_BYTES
+                                                                                      : INT8_BLOCK_BYTES;
 }
 
 // A block of 5-bit codes as the 8-bit block the dots take: byte i of the first 256 holds code i's
@@ -164,7 +165,7 @@ inline void unpack_six(const uint8_t* p, uint8_t* out) {
 
 template <Format FORMAT>
 inline void unpack_narrow(const uint8_t* p, uint8_t* out) {
-  if constexpr (FORMAT == Format::INT5_SUPER32)
+  if constexpr (five_bit(FORMAT))
     unpack_five(p, out);
   else
     unpack_six(p, out);
@@ -221,9 +222,9 @@ void dots_ahead(const uint8_t* block, int64_t count, const int8_t* q, int64_t K,
 // file's Q6_K and Q5_K scales: an fp16 times a small integer).
 template <Format FORMAT>
 inline void grouped_scale_offset(const uint8_t* scales_zeros, int64_t group, int64_t lane, Part& s, Part& m) {
-  if constexpr (FORMAT == Format::INT6_CENTERED32 || FORMAT == Format::INT8_CENTERED32) {  // [G][d x16]
+  if constexpr (FORMAT == Format::INT5_CENTERED32 || FORMAT == Format::INT8_CENTERED32) {  // [G][d x16]
     s = part_load(reinterpret_cast<const float*>(scales_zeros) + group * LANES + lane);
-    m = part_splat(FORMAT == Format::INT8_CENTERED32 ? -128.0f : -32.0f) * s;
+    m = part_splat(FORMAT == Format::INT8_CENTERED32 ? -128.0f : -16.0f) * s;
   } else if constexpr (FORMAT == Format::INT6_CENTERED16) {
     constexpr int64_t GROUPS = SUPERBLOCK / LANES;
     const uint8_t* record = scales_zeros + (group / GROUPS) * superblock_bytes(GROUPS, true);
@@ -411,9 +412,8 @@ void tiles(const MatmulArgs& a, const float* row_sums, int64_t sums_per_row, int
 // The format of a matmul's weights (api.h).
 inline Format format_of(const MatmulArgs& a) {
   if (a.bits == 4) return a.superblock_scales ? Format::INT4_SUPER32 : Format::INT4;
-  if (a.bits == 5) return Format::INT5_SUPER32;
+  if (a.bits == 5) return a.superblock_scales == CENTERED_GROUPS ? Format::INT5_CENTERED32 : Format::INT5_SUPER32;
   if (a.bits == 6) {
-    if (a.superblock_scales == CENTERED_GROUPS) return Format::INT6_CENTERED32;
     if (a.superblock_scales == CENTERED_SUPERBLOCKS) return Format::INT6_CENTERED16;
     return a.group_size == BLOCK ? Format::INT6_SUPER32 : Format::INT6_SUPER16;
   }
@@ -448,6 +448,7 @@ inline void matmul_tiles(const MatmulArgs& a, int64_t begin, int64_t end) {
     case Format::INT4: return tiles<Format::INT4>(a, sums, per_row, begin, end);
     case Format::INT4_SUPER32: return tiles<Format::INT4_SUPER32>(a, sums, per_row, begin, end);
     case Format::INT5_SUPER32: return tiles<Format::INT5_SUPER32>(a, sums, per_row, begin, end);
+    case Format::INT5_CENTERED32: return tiles<Format::INT5_CENTERED32>(a, sums, per_row, begin, end);
     case Format::INT8_ROW: return tiles<Format::INT8_ROW>(a, sums, per_row, begin, end);
     case Format::INT8_GROUP32: return tiles<Format::INT8_GROUP32>(a, sums, per_row, begin, end);
     case Format::INT8_GROUP16: return tiles<Format::INT8_GROUP16>(a, sums, per_row, begin, end);
@@ -455,7 +456,6 @@ inline void matmul_tiles(const MatmulArgs& a, int64_t begin, int64_t end) {
     case Format::INT6_SUPER32: return tiles<Format::INT6_SUPER32>(a, sums, per_row, begin, end);
     case Format::INT6_SUPER16: return tiles<Format::INT6_SUPER16>(a, sums, per_row, begin, end);
     case Format::INT6_CENTERED16: return tiles<Format::INT6_CENTERED16>(a, sums, per_row, begin, end);
-    case Format::INT6_CENTERED32: return tiles<Format::INT6_CENTERED32>(a, sums, per_row, begin, end);
   }
 }
 
