@@ -252,17 +252,16 @@ inline void grouped_scale_offset(const uint8_t* scales_zeros, int64_t group, int
 // each row's activation scale times the sum of its codes, per block (per half block for INT8_GROUP16).
 // INT4: w = code * s + (z - 8 s) with bf16 s and z per lane and weight group ([G][s x16, z x16]).
 // INT8_ROW: w = code * s + m with fp32 s and m per lane for the whole row ([s x16, m x16]), applied last.
-// INT8_GROUP32/16, INT8_CENTERED32, INT4_SUPER32, INT5_SUPER32, INT6_*: w = code * s + m with s and m per lane
-// and group of 32 or 16 inputs (grouped_scale_offset); 5- and 6-bit codes unpacked a block at a time
-// (unpack_narrow), unless
-// `w` holds them unpacked already (PACKED false: a byte a code).
+// INT8_GROUP32/16, INT8_CENTERED32, INT4_SUPER32, INT5_*, INT6_*: w = code * s + m with s and m per lane and
+// group of 32 or 16 inputs (grouped_scale_offset); 5- and 6-bit codes unpacked a block at a time
+// (unpack_narrow), unless `w` holds them unpacked already (PACKED false: a byte a code).
 template <int R, int P, Format FORMAT, bool PACKED = narrow(FORMAT)>
 void tile_rows(const uint8_t* w, const uint8_t* scales_zeros, int64_t first_part, int64_t blocks,
                int64_t blocks_per_group, const int8_t* codes, const float* scales, const float* row_sums, int64_t K,
                float* out, int64_t ldo, int64_t valid) {
-  constexpr bool INT4 = four_bit(FORMAT), SIX = narrow(FORMAT) && PACKED, NARROW = narrow(FORMAT);
+  constexpr bool INT4 = four_bit(FORMAT), UNPACK = narrow(FORMAT) && PACKED, NARROW = narrow(FORMAT);
   const int64_t B = K / BLOCK, lane0 = first_part * PART_LANES;
-  constexpr int64_t BLOCK_BYTES = INT4 || SIX ? packed_block_bytes(FORMAT) : INT8_BLOCK_BYTES;
+  constexpr int64_t BLOCK_BYTES = INT4 || UNPACK ? packed_block_bytes(FORMAT) : INT8_BLOCK_BYTES;
   Part acc[P][R];
   float acc_sums[R];
   for (int r = 0; r < R; ++r) {
@@ -275,7 +274,7 @@ void tile_rows(const uint8_t* w, const uint8_t* scales_zeros, int64_t first_part
   const uint16_t* int4_scales = reinterpret_cast<const uint16_t*>(scales_zeros) + lane0;
   constexpr int AHEAD = HALVES ? 1 : BLOCKS_AHEAD<R>;
   PartI ahead[AHEAD * R];  // AHEAD > 1: the dots of blocks b - b % AHEAD on, R a block
-  alignas(64) uint8_t unpacked[SIX ? AHEAD : 1][SIX ? INT8_BLOCK_BYTES : 1];  // 5- or 6-bit blocks as 8-bit ones
+  alignas(64) uint8_t unpacked[UNPACK ? AHEAD : 1][UNPACK ? INT8_BLOCK_BYTES : 1];  // 5- or 6-bit blocks as 8-bit ones
   for (int64_t b = 0, in_group = 0; b < blocks; ++b) {
     PartI dots[R];
     const uint8_t* block = w + b * BLOCK_BYTES;
@@ -283,7 +282,7 @@ void tile_rows(const uint8_t* w, const uint8_t* scales_zeros, int64_t first_part
     // memory while this block is multiplied.
     if (first_part == 0)
       for (int64_t byte = 0; byte < BLOCK_BYTES; byte += 64) prefetch(block + PREFETCH_BYTES + byte);
-    if constexpr (SIX) {  // the block (AHEAD > 1: the next AHEAD) with a byte a code
+    if constexpr (UNPACK) {  // the block (AHEAD > 1: the next AHEAD) with a byte a code
       if (b % AHEAD == 0) {
         for (int64_t k = 0; k < std::min<int64_t>(AHEAD, blocks - b); ++k)
           unpack_narrow<FORMAT>(block + k * BLOCK_BYTES, unpacked[k]);
@@ -323,7 +322,7 @@ void tile_rows(const uint8_t* w, const uint8_t* scales_zeros, int64_t first_part
     for (int p = 0; p < P; ++p) {
       if constexpr (AHEAD > 1) {  // (P is 1: the tier's vector holds a tile's 16 lanes)
         if (b % AHEAD == 0)
-          dots_ahead<R, INT4>(SIX ? unpacked[0] : block, std::min<int64_t>(AHEAD, blocks - b), codes + b * BLOCK, K,
+          dots_ahead<R, INT4>(UNPACK ? unpacked[0] : block, std::min<int64_t>(AHEAD, blocks - b), codes + b * BLOCK, K,
                               ahead);
         std::copy(ahead + b % AHEAD * R, ahead + (b % AHEAD + 1) * R, dots);
       } else {
