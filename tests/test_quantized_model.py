@@ -114,16 +114,16 @@ def test_weights_read_per_token_shrink(default_engine, engines):
 
 
 def speculative_runs(engine, prompts, max_tokens, configs=SPECULATIVE,
-                     one_each: bool = False) -> dict[str, tuple[int, int, int]]:
+                     runs_on=None) -> dict[str, tuple[int, int, int]]:
     """For each speculative configuration: (prompts whose output equals dense decoding's in the
-    same format, draft tokens accepted, draft tokens proposed). `one_each`: configuration i on
-    prompts[i % len(prompts)] alone."""
+    same format, draft tokens accepted, draft tokens proposed). `runs_on(i, config)`: the indices
+    of the prompts configuration i runs on (default: all)."""
     dense = [engine.generate(p, max_tokens=max_tokens, ignore_eos=True, spec_method="none").token_ids for p in prompts]
     found = {}
     for index, (config, options) in enumerate(configs.items()):
         identical = accepted = proposed = 0
-        pairs = list(zip(prompts, dense))
-        for prompt, expected in [pairs[index % len(pairs)]] if one_each else pairs:
+        chosen = runs_on(index, config) if runs_on else range(len(prompts))
+        for prompt, expected in [(prompts[i], dense[i]) for i in chosen]:
             engine.suffix_cache.clear()  # auto would draft dense's own answer from it: a trivial check
             result = engine.generate(prompt, max_tokens=max_tokens, ignore_eos=True, **options)
             identical += result.token_ids == expected
@@ -191,18 +191,17 @@ def test_every_speculative_method_equals_dense(engines, name):
     identity is not trivial."""
     from test_speculative_lossless import MAX_TOKENS, PROMPTS
 
-    if name == DEFAULT_FORMAT:
-        auto = "auto (the default)"
-        plans = [({k: v for k, v in EVERY_METHOD.items() if k != auto}, [PROMPTS[i] for i in (0, 1, 3, 4)], False),
-                 ({auto: EVERY_METHOD[auto]}, PROMPTS, False)]
-    else:
-        plans = [(EVERY_METHOD, [PROMPTS[0], PROMPTS[4]], True)]
-    for methods, prompts, one_each in plans:
-        runs = speculative_runs(engines[name], prompts, MAX_TOKENS, methods, one_each)
-        for config, (identical, accepted, proposed) in runs.items():
-            expected = 1 if one_each else len(prompts)
-            assert identical == expected, f"{config}: {identical}/{expected} identical"
-            assert 0 < accepted < proposed, f"{config}: {accepted} of {proposed} drafts accepted"
+    def runs_on(index: int, config: str):
+        if name != DEFAULT_FORMAT:
+            return (index % 2,)
+        return range(len(PROMPTS)) if config == "auto (the default)" else (0, 1, 3, 4)
+
+    prompts = PROMPTS if name == DEFAULT_FORMAT else [PROMPTS[0], PROMPTS[4]]
+    runs = speculative_runs(engines[name], prompts, MAX_TOKENS, EVERY_METHOD, runs_on)
+    for i, (config, (identical, accepted, proposed)) in enumerate(runs.items()):
+        expected = len(runs_on(i, config))
+        assert identical == expected, f"{config}: {identical}/{expected} identical"
+        assert 0 < accepted < proposed, f"{config}: {accepted} of {proposed} drafts accepted"
 
 
 def test_trained_drafters_run_like_their_target(engines):

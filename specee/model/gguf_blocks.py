@@ -280,3 +280,9 @@ CODE_BITS: dict[Type, int] = {qtype: fmt.bits for qtype, fmt in _FORMATS.items()
 GROUP_SIZES: dict[Type, int] = {qtype: fmt.group_size for qtype, fmt in _FORMATS.items()}
 # The types whose scales come factored (AffineCodes.factors).
 FACTORED: frozenset[Type] = frozenset(qtype for qtype, fmt in _FORMATS.items() if fmt.factor_blocks is not None)
+
+
+def factored_code_width(bits: int, group_size: int) -> int:
+    """The bits a factored type's codes need (AffineCodes' bits and group size): Q4_K's 4, Q5_K's 5
+    (groups of 32), Q6_K's 6 (groups of 16)."""
+    return 4 if bits == 4 else 5 if group_size == 32 else 6

@@ -6,7 +6,7 @@ Per `quantization`:
 - "gguf" (what "auto" picks on the CPU for a file whose matrices are quantized): the file's own blocks, as
   `gguf_blocks.py` decodes them. Q4_0 and Q4_1 become int4 in groups of 32 with the file's codes;
   the int4 kernel takes bf16 scales and zero points, so d and the zero point are rounded to bf16
-  (relative error <= 2^-9 of each). The K-quants (Q4_K, Q5_K, Q6_K) keep their codes in 4 or 6 bits
+  (relative error <= 2^-9 of each). The K-quants (Q4_K, Q5_K, Q6_K) keep their codes in 4, 5 or 6 bits
   and their scales as the file factors them (an fp32 per superblock times an int8 per group):
   exactly the file's values in about its bytes. Q5_0, Q5_1 and Q8_0 become int8 in groups of 32
   with fp32 scales and offsets (Q5_0, whose offset is -16 times its scale, then runs as its 5-bit
@@ -99,9 +99,9 @@ def _unpermuted(weight, gguf_name: str, config):
 
 def _from_affine(affine: "gguf_blocks.AffineCodes"):
     codes, scales, offsets = (torch.from_numpy(a) for a in (affine.codes, affine.scales, affine.offsets))
-    if affine.factors is not None:  # Q4_K's 4-bit codes, Q5_K's 5 (groups of 32), Q6_K's 6 (groups of 16)
+    if affine.factors is not None:
         return SuperblockInt8Weight(codes, torch.from_numpy(affine.factors), torch.from_numpy(affine.multipliers),
-                                    affine.group_size, 4 if affine.bits == 4 else 5 if affine.group_size == 32 else 6)
+                                    affine.group_size, gguf_blocks.factored_code_width(affine.bits, affine.group_size))
     if affine.bits == 4:
         # code * s + m = (code - 8) * s + (m + 8 s): int4's zero point is m + 8 s.
         return Int4Weight.from_codes(codes, scales, offsets + 8 * scales, affine.group_size)
