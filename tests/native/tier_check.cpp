@@ -393,7 +393,11 @@ void check_attend_all(Random& rng) {
       check_attend(rng, "causal and tree", hd, 6, kv_heads, {{false, 29, 3}, {true, 13, 6}}, 1.0f);
       check_attend(rng, "tree and causal, sharp scores", hd, 6, kv_heads, {{true, 40, 7}, {false, 50, 2}}, 12.0f);
       check_attend(rng, "sliding, causal and tree", hd, 6, kv_heads, {{false, 29, 5, 20}, {true, 13, 6, 9}}, 1.0f);
+      // More queries of a kv group than one batch takes, over several blocks of 16 keys.
+      check_attend(rng, "causal, many rows", hd, 6, kv_heads, {{false, 70, 21}}, 1.0f);
+      check_attend(rng, "sliding across blocks", hd, 6, kv_heads, {{false, 60, 9, 37}}, 1.0f);
     }
+  check_attend(rng, "causal, one kv head", 256, 4, 1, {{false, 40, 6}, {true, 33, 5}}, 1.0f);  // Gemma 3's shape
 }
 
 // ---- rotate_rows, rms_norm, silu_mul, gelu_mul --------------------------------------------------

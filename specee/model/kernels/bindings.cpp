@@ -359,6 +359,14 @@ class Kernels {
     }
     const int threads = static_cast<int>(std::max<int64_t>(1, at::get_num_threads()));
     const int64_t width = (heads + 2 * kv_heads) * hd;
+    // keys_before[t]: the keys rows 0 .. t - 1 see (a masked row: counted as all its sequence's).
+    std::vector<int64_t> keys_before(T + 1, 0);
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t s = row_segment[t];
+      const Segment& segment = layer_segments[0][s];
+      const int64_t seen = segment.mask ? num_keys[s] : segment.visible[t - segment.first_row];
+      keys_before[t + 1] = keys_before[t] + std::max<int64_t>(seen, 1);
+    }
 #pragma omp parallel num_threads(threads)
     {
       const int64_t id = omp_get_thread_num(), n = omp_get_num_threads();
@@ -399,10 +407,19 @@ class Kernels {
           }
         });
 #pragma omp barrier
-        if (T >= 4 * n) {  // row t sees t more keys than row 0: rows dealt in turn keep the threads even
-          for (int64_t t = id; t < T; t += n) table_->attend(attention, t * heads, (t + 1) * heads);
-        } else {
-          share(T * heads, [&](int64_t b, int64_t e) { table_->attend(attention, b, e); });
+        {  // items split where the keys they see are even (row t of a prefill sees t more than row 0)
+          const int64_t total = keys_before[T];
+          auto item_at = [&](int64_t part) {  // the first item whose row begins at or after part / n of the keys
+            const int64_t target = total * part / n;
+            const int64_t t = std::lower_bound(keys_before.begin(), keys_before.end(), target) - keys_before.begin();
+            return std::min(t, T) * heads;
+          };
+          const int64_t b = id == 0 ? 0 : item_at(id), e = id + 1 == n ? T * heads : item_at(id + 1);
+          if (T < n) {  // fewer rows than threads: heads split as evenly as the items
+            share(T * heads, [&](int64_t b2, int64_t e2) { table_->attend(attention, b2, e2); });
+          } else if (b < e) {
+            table_->attend(attention, b, e);
+          }
         }
 #pragma omp barrier
         rows([&](int64_t b, int64_t e) { quantized(attended, b, e); });

@@ -8,7 +8,8 @@
 //    blocks of 32 with its own scale; weights are unsigned 4- or 8-bit codes with a scale and an
 //    offset. A tile of weights is loaded once for a few rows (PART_ROWS), so a pass over several
 //    rows reads the weights from memory once.
-// 2. Attention: every (row, head) pair walks its visible keys in order, as a one-row call would.
+// 2. Attention: every (row, head) pair walks its visible keys in order, as a one-row call would; the
+//    rows and heads that read the same keys walk them together, so each key is loaded once for them.
 // 3. The small per-row steps of a layer (RMS norm, SiLU or GELU gate), one call each.
 #pragma once
 
@@ -459,58 +460,166 @@ inline void matmul_tiles(const MatmulArgs& a, int64_t begin, int64_t end) {
 }
 
 constexpr int64_t MAX_HEAD_CHUNKS = 16;  // head_dim up to 256
+constexpr int64_t ATTEND_BATCH = 24;     // queries that walk the keys together (their scores: 24 x keys floats)
+#if defined(__AVX512F__)  // queries whose value sums share one load of each value, as registers allow
+constexpr int64_t VALUE_QUERIES = 4;
+#else
+constexpr int64_t VALUE_QUERIES = 2;
+#endif
 
-// Attention of one query row of one head over `count` keys, key i at row index(i) of k/v.
-template <typename Index>
-void attend_one(const float* q, const float* k, const float* v, int64_t hd, int64_t count, Index index, float scale,
-                float* scores, float* out) {
-  const int64_t chunks = hd / LANES;
-  for (int64_t i = 0; i < count; ++i) {
-    const float* key = k + index(i) * hd;
-    F16 acc = splat(0.0f);
-    for (int64_t c = 0; c < chunks; ++c) acc = madd(load(q + c * LANES), load(key + c * LANES), acc);
-    scores[i] = reduce_add(acc) * scale;
+#ifndef SPECEE_REDUCE_EACH
+// Lane j: reduce_add(a[j]), the halving tree of each vector (tiers with shuffles have their own).
+inline F16 reduce_add_each(const F16* a) {
+  float sums[LANES];
+  for (int64_t j = 0; j < LANES; ++j) sums[j] = reduce_add(a[j]);
+  return load(sums);
+}
+#endif
+
+// One (row, head) of an attention call: key p of the keys it sees, in order, is row
+// index[p] (or first + p) of keys/values.
+struct Query {
+  const float* q;
+  float* out;
+  float* scores;
+  const float* keys;
+  const float* values;
+  int64_t count, first;
+  const int64_t* index;
+  const float* key(int64_t p, int64_t hd) const { return keys + (index ? index[p] : first + p) * hd; }
+  const float* value(int64_t p, int64_t hd) const { return values + (index ? index[p] : first + p) * hd; }
+  bool same_keys(const Query& o) const { return keys == o.keys && first == o.first && index == o.index; }
+};
+
+// The outputs of M queries that see the same keys: each query's values summed key by key, a
+// value loaded once for all M over the keys they all see, then each alone over the rest of its own.
+template <int M, int CHUNKS>
+void sum_values(const Query* qs, int64_t hd, const float* inverse) {
+  const int64_t chunks = CHUNKS > 0 ? CHUNKS : hd / LANES;
+  int64_t common = qs[0].count;
+  for (int j = 1; j < M; ++j) common = std::min(common, qs[j].count);
+  F16 acc[M][MAX_HEAD_CHUNKS];
+  for (int j = 0; j < M; ++j)
+    for (int64_t c = 0; c < chunks; ++c) acc[j][c] = splat(0.0f);
+  for (int64_t i = 0; i < common; ++i) {
+    const float* value = qs[0].value(i, hd);
+    F16 weights[M];
+    for (int j = 0; j < M; ++j) weights[j] = splat(qs[j].scores[i]);
+    for (int64_t c = 0; c < chunks; ++c) {
+      const F16 v = load(value + c * LANES);
+      for (int j = 0; j < M; ++j) acc[j][c] = madd(weights[j], v, acc[j][c]);
+    }
   }
-  // Softmax with key i in lane i % 16 of the block i / 16, wherever the keys sit in the cache.
-  const float lowest = -std::numeric_limits<float>::infinity();
-  F16 highest = splat(lowest);
-  for (int64_t i = 0; i < count; i += LANES) highest = max(highest, load_head(scores + i, count - i, lowest));
-  const F16 top = splat(reduce_max(highest));
-  F16 total = splat(0.0f);
-  for (int64_t i = 0; i < count; i += LANES) {
-    const F16 p = exp(load_head(scores + i, count - i, lowest) - top);  // exp(-inf) lanes are 0
-    store_head(scores + i, p, count - i);
-    total = total + p;
+  for (int j = 0; j < M; ++j) {
+    const Query& query = qs[j];
+    for (int64_t i = common; i < query.count; ++i) {
+      const float* value = query.value(i, hd);
+      const F16 weight = splat(query.scores[i]);
+      for (int64_t c = 0; c < chunks; ++c) acc[j][c] = madd(weight, load(value + c * LANES), acc[j][c]);
+    }
+    const F16 factor = splat(inverse[j]);
+    for (int64_t c = 0; c < chunks; ++c) store(query.out + c * LANES, acc[j][c] * factor);
   }
-  const F16 inverse = splat(1.0f / reduce_add(total));
-  F16 acc[MAX_HEAD_CHUNKS];
-  for (int64_t c = 0; c < chunks; ++c) acc[c] = splat(0.0f);
-  for (int64_t i = 0; i < count; ++i) {
-    const float* value = v + index(i) * hd;
-    const F16 weight = splat(scores[i]);
-    for (int64_t c = 0; c < chunks; ++c) acc[c] = madd(weight, load(value + c * LANES), acc[c]);
-  }
-  for (int64_t c = 0; c < chunks; ++c) store(out + c * LANES, acc[c] * inverse);
 }
 
+// Every query's arithmetic is that of a one-query call: scores of 16 keys at a time as each
+// key's halving tree (reduce_add_each), the rest one by one; a softmax; the values summed key
+// by key. The queries only share the loads: keys and values are read once for the batch while
+// they sit in L1 (which is why a pass over several rows, or the heads of one kv group, costs
+// little more than one).
+template <int CHUNKS>  // hd / LANES, or 0: hd / LANES at run time
+void attend_batch(Query* qs, int64_t n, int64_t hd, float scale) {
+  const int64_t chunks = CHUNKS > 0 ? CHUNKS : hd / LANES;
+  int64_t longest = 0;
+  for (int64_t j = 0; j < n; ++j) longest = std::max(longest, qs[j].count);
+  const F16 scaled = splat(scale);
+  for (int64_t p = 0; p < longest; p += LANES)
+    for (int64_t j = 0; j < n; ++j) {
+      const Query& query = qs[j];
+      if (p >= query.count) continue;
+      F16 qv[MAX_HEAD_CHUNKS];
+      for (int64_t c = 0; c < chunks; ++c) qv[c] = load(query.q + c * LANES);
+      if (p + LANES <= query.count) {
+        F16 acc[LANES];
+        for (int64_t k = 0; k < LANES; ++k) {
+          const float* key = query.key(p + k, hd);
+          F16 a = splat(0.0f);
+          for (int64_t c = 0; c < chunks; ++c) a = madd(qv[c], load(key + c * LANES), a);
+          acc[k] = a;
+        }
+        store(query.scores + p, reduce_add_each(acc) * scaled);
+      } else {
+        for (int64_t i = p; i < query.count; ++i) {
+          const float* key = query.key(i, hd);
+          F16 a = splat(0.0f);
+          for (int64_t c = 0; c < chunks; ++c) a = madd(qv[c], load(key + c * LANES), a);
+          query.scores[i] = reduce_add(a) * scale;
+        }
+      }
+    }
+  // Softmax with key i in lane i % 16 of the block i / 16.
+  float inverse[ATTEND_BATCH];
+  const float lowest = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < n; ++j) {
+    float* scores = qs[j].scores;
+    const int64_t count = qs[j].count;
+    F16 highest = splat(lowest);
+    for (int64_t i = 0; i < count; i += LANES) highest = max(highest, load_head(scores + i, count - i, lowest));
+    const F16 top = splat(reduce_max(highest));
+    F16 total = splat(0.0f);
+    for (int64_t i = 0; i < count; i += LANES) {
+      const F16 e = exp(load_head(scores + i, count - i, lowest) - top);  // exp(-inf) lanes are 0
+      store_head(scores + i, e, count - i);
+      total = total + e;
+    }
+    inverse[j] = 1.0f / reduce_add(total);
+  }
+  for (int64_t j0 = 0; j0 < n;) {  // runs of up to VALUE_QUERIES queries that see the same keys
+    int64_t m = 1;
+    while (m < VALUE_QUERIES && j0 + m < n && qs[j0 + m].same_keys(qs[j0])) ++m;
+    switch (m) {
+      case 1: sum_values<1, CHUNKS>(qs + j0, hd, inverse + j0); break;
+      case 2: sum_values<2, CHUNKS>(qs + j0, hd, inverse + j0); break;
+      case 3: sum_values<3, CHUNKS>(qs + j0, hd, inverse + j0); break;
+      default: sum_values<4, CHUNKS>(qs + j0, hd, inverse + j0); break;
+    }
+    j0 += m;
+  }
+}
+
+inline void attend_queries(Query* qs, int64_t n, int64_t hd, float scale) {
+  switch (hd / LANES) {
+    case 4: return attend_batch<4>(qs, n, hd, scale);
+    case 8: return attend_batch<8>(qs, n, hd, scale);
+    case 16: return attend_batch<16>(qs, n, hd, scale);
+    default: return attend_batch<0>(qs, n, hd, scale);
+  }
+}
+
+// Items (row, head) begin .. end - 1: those of one kv group in consecutive rows of one segment
+// make a batch (up to ATTEND_BATCH), heads before rows.
 inline void attend(const AttentionArgs& a, int64_t begin, int64_t end) {
   const int64_t heads = a.heads, hd = a.head_dim, group = heads / a.kv_heads;
   const float scale = a.scale;
-  std::vector<float> scores(a.most_keys + LANES);
-  std::vector<int64_t> order;
-  for (int64_t item = begin; item < end; ++item) {
-    const int64_t t = item / heads, h = item % heads, g = h / group;
+  if (begin >= end) return;
+  thread_local std::vector<float> scores;
+  thread_local std::vector<std::vector<int64_t>> orders;  // a masked row's keys, per row of the items
+  const int64_t first_row = begin / heads, last_row = (end - 1) / heads;
+  const int64_t row_count = last_row - first_row + 1;
+  scores.resize(ATTEND_BATCH * (a.most_keys + LANES));
+  if (static_cast<int64_t>(orders.size()) < row_count) orders.resize(row_count);
+  // Each row's keys: contiguous (first, count) or through its masked order.
+  std::vector<int64_t> firsts(row_count), counts(row_count);
+  std::vector<const int64_t*> indices(row_count, nullptr);
+  for (int64_t t = first_row; t <= last_row; ++t) {
     const Segment& s = a.segments[a.row_segment[t]];
-    const int64_t row = t - s.first_row;
-    const float* k = s.keys + g * s.capacity * hd;
-    const float* v = s.values + g * s.capacity * hd;
-    const float* qrow = a.q + (t * heads + h) * hd;
-    float* o = a.out + t * heads * hd + h * hd;
-    // A sliding layer's row sees the last `window` keys of those it would see: positions p - window + 1 .. p.
+    const int64_t row = t - s.first_row, r = t - first_row;
     if (s.mask == nullptr) {
       const int64_t count = s.visible[row], first = s.window > 0 ? std::max<int64_t>(0, count - s.window) : 0;
-      attend_one(qrow, k, v, hd, count - first, [first](int64_t i) { return first + i; }, scale, scores.data(), o);
+      firsts[r] = first;
+      counts[r] = count - first;
     } else {
+      std::vector<int64_t>& order = orders[r];
       const int64_t tail_len = s.num_keys - s.prefix;
       order.clear();
       for (int64_t j = 0; j < s.prefix; ++j) order.push_back(j);
@@ -518,9 +627,34 @@ inline void attend(const AttentionArgs& a, int64_t begin, int64_t end) {
         if (s.mask[row * tail_len + j]) order.push_back(s.prefix + j);
       const int64_t count = static_cast<int64_t>(order.size());
       const int64_t skip = s.window > 0 ? std::max<int64_t>(0, count - s.window) : 0;
-      const int64_t* idx = order.data() + skip;
-      attend_one(qrow, k, v, hd, count - skip, [idx](int64_t i) { return idx[i]; }, scale, scores.data(), o);
+      firsts[r] = 0;
+      counts[r] = count - skip;
+      indices[r] = order.data() + skip;
     }
+  }
+  Query batch[ATTEND_BATCH];
+  for (int64_t g = 0; g < a.kv_heads; ++g) {
+    int64_t n = 0, segment = -1;
+    for (int64_t t = first_row; t <= last_row; ++t) {
+      if (a.row_segment[t] != segment && n > 0) {  // another sequence's keys
+        attend_queries(batch, n, hd, scale);
+        n = 0;
+      }
+      segment = a.row_segment[t];
+      const Segment& s = a.segments[segment];
+      const int64_t r = t - first_row;
+      for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+        const int64_t item = t * heads + h;
+        if (item < begin || item >= end) continue;
+        batch[n] = {a.q + (t * heads + h) * hd, a.out + t * heads * hd + h * hd, scores.data() + n * (a.most_keys + LANES),
+                    s.keys + g * s.capacity * hd, s.values + g * s.capacity * hd, counts[r], firsts[r], indices[r]};
+        if (++n == ATTEND_BATCH) {
+          attend_queries(batch, n, hd, scale);
+          n = 0;
+        }
+      }
+    }
+    if (n > 0) attend_queries(batch, n, hd, scale);
   }
 }
 

@@ -48,6 +48,25 @@ inline float reduce_add(F16 a) {
   const __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
   return _mm_cvtss_f32(_mm_add_ss(two, _mm_shuffle_ps(two, two, 1)));
 }
+// Lane j: reduce_add(a[j]), the same tree for 16 vectors at once: each vector's halves added,
+// then quarters of two side by side, and so on. The last step leaves vector 8 l + j + 2 m in lane
+// 8 l + 4 j + m, so the vectors go in as a[8 (k / 8) + 4 (k % 2) + (k % 8) / 2].
+#define SPECEE_REDUCE_EACH
+inline F16 reduce_add_each(const F16* a) {
+  auto in = [a](int k) { return a[8 * (k / 8) + 4 * (k % 2) + (k % 8) / 2]; };
+  __m256 halves[16], quarters[8], eighths[4], sums[2];
+  for (int k = 0; k < 16; ++k) halves[k] = _mm256_add_ps(in(k).lo, in(k).hi);
+  for (int m = 0; m < 8; ++m)
+    quarters[m] = _mm256_add_ps(_mm256_permute2f128_ps(halves[2 * m], halves[2 * m + 1], 0x20),
+                                _mm256_permute2f128_ps(halves[2 * m], halves[2 * m + 1], 0x31));
+  for (int m = 0; m < 4; ++m)
+    eighths[m] = _mm256_add_ps(_mm256_shuffle_ps(quarters[2 * m], quarters[2 * m + 1], 0x44),
+                               _mm256_shuffle_ps(quarters[2 * m], quarters[2 * m + 1], 0xEE));
+  for (int l = 0; l < 2; ++l)
+    sums[l] = _mm256_add_ps(_mm256_shuffle_ps(eighths[2 * l], eighths[2 * l + 1], 0x88),
+                            _mm256_shuffle_ps(eighths[2 * l], eighths[2 * l + 1], 0xDD));
+  return {sums[0], sums[1]};
+}
 inline float reduce_max(F16 a) {
   const __m256 eight = _mm256_max_ps(a.lo, a.hi);
   const __m128 four = _mm_max_ps(_mm256_castps256_ps128(eight), _mm256_extractf128_ps(eight, 1));
