@@ -13,9 +13,10 @@ import torch
 from helpers import tiny_model, tiny_model_directory
 from specee.batch import Batch
 from specee.cli import main
-from specee.drafters.auto import MARGIN, AutoDrafter, Choice, RowPrice
+from specee.drafters.auto import COSTLY_DRAFT_LIMIT, MARGIN, SUFFIX_DRAFT_LIMIT, AutoDrafter, Choice, RowPrice
 from specee.drafters.ngram import NgramModel
 from specee.drafters.prompt_lookup import PromptLookup
+from specee.drafters.suffix_cache import SuffixCache
 from specee.engine import Engine
 from specee.sampling import Sampler, SamplingParams
 from specee.stats import GenerationStats
@@ -126,6 +127,24 @@ def test_a_copy_is_drafted_alone_but_not_when_the_pass_is_full():
     assert seeded.price.cost == 0.2 and unseeded.price.cost > 0.4
     # Where a row costs a whole pass (the portable tier), even a good copy does not pay.
     assert drafter(row_cost=1.0)[0].choose(context, 8).source == "none"
+
+
+def test_the_suffix_caches_chains_run_longer_than_the_others_where_rows_are_dear():
+    """Where rows cost enough that copies are cut at COSTLY_DRAFT_LIMIT, an earlier answer held in
+    the suffix cache is still drafted up to SUFFIX_DRAFT_LIMIT tokens: an agent's repeated call."""
+    history = SuffixCache()
+    answer = list(range(40, 60))
+    history.add([3, 4] + PATTERN + answer)
+    auto = AutoDrafter(PromptLookup(), None, 0.15, COSTLY_DRAFT_LIMIT, history, SUFFIX_DRAFT_LIMIT)
+    auto.reset(PATTERN, None)
+    auto.watch(None, GenerationStats())
+    repeated = PATTERN + answer[:6]  # a long match: the cache trusts it
+    choice = auto.choose(repeated, COSTLY_DRAFT_LIMIT, SUFFIX_DRAFT_LIMIT)
+    assert choice.source == "suffix" and choice.tokens == answer[6:6 + len(choice.tokens)]
+    assert COSTLY_DRAFT_LIMIT < len(choice.tokens) <= SUFFIX_DRAFT_LIMIT
+    copy = auto.choose(PATTERN + [5, 6, 7], COSTLY_DRAFT_LIMIT, SUFFIX_DRAFT_LIMIT)  # no answer follows: a copy
+    assert copy.source == "prompt-lookup" and 0 < len(copy.tokens) <= COSTLY_DRAFT_LIMIT
+    assert auto.choose(repeated, COSTLY_DRAFT_LIMIT).tokens == choice.tokens[:COSTLY_DRAFT_LIMIT]  # one limit for all
 
 
 def test_failing_copies_turn_drafting_off_until_a_longer_match_appears():

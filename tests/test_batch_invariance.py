@@ -175,7 +175,8 @@ def test_fused_layers_give_the_bits_of_the_layers_part_by_part(quantization, arc
     """On the integer formats a pass runs all its layers in one kernel call (`run_fused`); the same
     pass part by part (norm, matrices, attention, adds as separate calls) gives the same bits, for a
     chain, a tree, and a pass over some of the layers. The fused call runs on 3 threads, each taking
-    its own rows between the matmuls (7 rows: 3, 3 and 1; the 25-row prefix: rows dealt in turn)."""
+    its own rows between the matmuls (7 rows: 3, 3 and 1; the 25-row prefix: runs of rows that see
+    about as many keys each)."""
     model = kernel_model(quantization, architecture=architecture)
     assert model.fused_stack is not None and all(layer.fused is not None for layer in model.layers)
     rng = random.Random(3)

@@ -51,6 +51,10 @@ PRIORS = {"prompt-lookup": 1.0, "ngram": 0.5, "suffix": 1.0}
 DRAFT_LIMIT = 8
 COSTLY_ROW = 0.1
 COSTLY_DRAFT_LIMIT = 4
+# The suffix cache's chains run to DRAFT_LIMIT whatever rows cost: they copy what earlier requests
+# produced, which an agent's repeated calls bring back nearly whole (BENCHMARKS.md, "Attention
+# that shares its loads"); each node still pays for its row or is cut.
+SUFFIX_DRAFT_LIMIT = DRAFT_LIMIT
 
 
 @dataclass
@@ -104,12 +108,14 @@ class AutoDrafter(Proposer):
     margin = MARGIN
 
     def __init__(self, lookup: PromptLookup, table: NgramModel | None, row_cost: float,
-                 max_tokens: int = DRAFT_LIMIT, history: SuffixCache | None = None) -> None:
+                 max_tokens: int = DRAFT_LIMIT, history: SuffixCache | None = None,
+                 suffix_max_tokens: int | None = None) -> None:
         self.lookup = lookup
         self.table = table
         self.history = history  # the engine's suffix cache, shared by its generations (read only here)
         self.row_cost = row_cost
         self.max_tokens = max_tokens
+        self.suffix_max_tokens = max_tokens if suffix_max_tokens is None else suffix_max_tokens
         self.passes = None
         self.stats = None
         self.reproducible = False
@@ -143,9 +149,10 @@ class AutoDrafter(Proposer):
             return 0, 0
         return self.passes.sharing()
 
-    def offers(self, context: list[int], limit: int, floor: float) -> list[Offer]:
-        """What each drafter offers, each chain cut where a node's reach falls below `floor` (reaches
-        only fall, so no later node could pay for its row)."""
+    def offers(self, context: list[int], limit: int, floor: float, suffix_limit: int | None = None) -> list[Offer]:
+        """What each drafter offers (chains of up to `limit` tokens, the suffix cache's up to
+        `suffix_limit`), each cut where a node's reach falls below `floor` (reaches only fall, so no
+        later node could pay for its row)."""
         offers = []
         n, follows = self.lookup.match(context)
         if n:
@@ -154,7 +161,8 @@ class AutoDrafter(Proposer):
             rates = [self.lookup.reliability.rate(min(length + i, MAX_MATCH)) for i in range(len(copied))]
             offers.append(self.chain_offer("prompt-lookup", copied, rates, floor))
         # A seeded sample's answer depends on its drafts, so it must not depend on other requests.
-        match = None if self.history is None or self.reproducible else self.history.lookup(context, limit)
+        suffix_limit = limit if suffix_limit is None else suffix_limit
+        match = None if self.history is None or self.reproducible else self.history.lookup(context, suffix_limit)
         if match is not None:
             rates = [hit_rate(match.length + i) for i in range(len(match.continuation))]
             offers.append(self.chain_offer("suffix", match.continuation, rates, floor))
@@ -178,7 +186,7 @@ class AutoDrafter(Proposer):
         reach = reaching(rates, self.calibrations[source].factor, floor)
         return Offer(source, tokens[:len(reach)], reach, reaching(rates, 1.0)[:len(reach)])
 
-    def choose(self, context: list[int], limit: int) -> Choice:
+    def choose(self, context: list[int], limit: int, suffix_limit: int | None = None) -> Choice:
         """The offer and length with the most tokens per unit of pass cost, or none."""
         others, other_rows = self.sharing()
         price = self.price
@@ -190,7 +198,7 @@ class AutoDrafter(Proposer):
         best = None
         # A node adds to the tokens per cost only if its reach is above a row's price times the
         # value so far, which a draft worth taking has above the dense step's.
-        for offer in self.offers(context, limit, floor=price.cost * dense):
+        for offer in self.offers(context, limit, price.cost * dense, suffix_limit):
             expected = 0.0
             for k, reach in enumerate(offer.reach, start=1):
                 expected += reach
@@ -207,7 +215,7 @@ class AutoDrafter(Proposer):
 
     def propose(self, context: list[int], max_tokens: int) -> Draft:
         if self.guard.open:
-            choice = self.choose(context, min(max_tokens, self.max_tokens))
+            choice = self.choose(context, min(max_tokens, self.max_tokens), min(max_tokens, self.suffix_max_tokens))
         else:
             self.guard.rest()
             choice = Choice("none", [], 0.0, 0.0, 1.0, resting=True)
@@ -268,11 +276,13 @@ def _auto_method(config, artifacts) -> Drafting:
             raise
     row_cost = artifacts.model.extra_row_cost
     limit = config.num_draft_tokens or (DRAFT_LIMIT if row_cost < COSTLY_ROW else COSTLY_DRAFT_LIMIT)
+    suffix_limit = config.num_draft_tokens or SUFFIX_DRAFT_LIMIT
     if not artifacts.model.rows_exact:
-        limit = 0  # drafts would not be lossless here: every pass is a dense step
+        limit = suffix_limit = 0  # drafts would not be lossless here: every pass is a dense step
     history = artifacts.suffix_cache  # the engine's, shared by all its generations
-    return Drafting(lambda: AutoDrafter(PromptLookup(num_draft_tokens=max(limit, 1)), table, row_cost, limit, history),
-                    num_draft_tokens=max(limit, 1), adaptive=False)
+    return Drafting(lambda: AutoDrafter(PromptLookup(num_draft_tokens=max(limit, 1)), table, row_cost, limit, history,
+                                        suffix_limit),
+                    num_draft_tokens=max(limit, suffix_limit, 1), adaptive=False)
 
 
 register(SpecMethod("auto", _auto_method, sizes_itself=True, bench={"auto": {}}))
