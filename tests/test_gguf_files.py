@@ -171,6 +171,23 @@ def test_a_damaged_cache_is_rebuilt_with_a_warning(tmp_path, tiny_tokenizer, cac
     assert cached.stat().st_size > 1000
 
 
+def test_a_cache_whose_tiles_do_not_fit_the_kernels_is_rebuilt(tmp_path, tiny_tokenizer, cache, capsys):
+    """A packed file of this version whose matrices the kernels refuse (tiles packed another way, by a
+    development build, say) is rebuilt from the GGUF file, not a traceback."""
+    path = gguf_file(tmp_path, tiny_tokenizer, {"default": "Q4_K"})
+    expected = specee.load(path, threads=1).generate("Hello", max_tokens=6, ignore_eos=True, spec_method="none")
+    [cached] = cache.rglob("packed-*.pt")
+    saved = torch.load(cached, weights_only=True)
+    name = next(key for key in saved["tensors"] if key.endswith("mlp.down_proj.scales_zeros"))
+    saved["tensors"][name] = saved["tensors"][name][:, : saved["tensors"][name].shape[1] // 2].contiguous()
+    torch.save(saved, cached)
+    capsys.readouterr()
+    result = specee.load(path, threads=1).generate("Hello", max_tokens=6, ignore_eos=True, spec_method="none")
+    err = capsys.readouterr().err
+    assert "is damaged (RuntimeError" in err and "caching the packed weights" in err
+    assert result.token_ids == expected.token_ids
+
+
 def test_a_new_packed_file_removes_those_of_earlier_versions(tmp_path, tiny_tokenizer, cache, capsys):
     """Packed files an earlier specee wrote beside the model's (nothing reads them now) go when this
     version writes its own; a file of this version in another format or dtype stays."""

@@ -97,11 +97,13 @@ def load_packed(path: Path, config: LlamaConfig, dtype: torch.dtype, kernels) ->
         for name, m in saved["matrices"].items():
             linear = IntegerLinear(tensors[f"{name}.packed"], tensors[f"{name}.scales_zeros"], m["out_features"],
                                    m["bits"], m["group_size"], kernels, tensors.get(f"{name}.bias"))
+            if kernels is not None:  # tiles of another layout (a build that packed them otherwise) do not fit
+                linear.as_kernel_matrix()
             if name == EMBEDDING_MATRIX:
                 model.embed_tokens = QuantizedEmbedding(linear, dtype, owned=True)
             else:
                 model.set_submodule(name, linear)
-    except (KeyError, ValueError, AttributeError) as e:
+    except (KeyError, ValueError, AttributeError, RuntimeError) as e:
         raise DamagedCache(f"{type(e).__name__}: {e}") from None
     if EMBEDDING_MATRIX not in saved["matrices"]:  # tied: the head's rows
         model.embed_tokens = QuantizedEmbedding(model.lm_head, dtype)
