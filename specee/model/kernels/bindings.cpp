@@ -407,19 +407,16 @@ class Kernels {
           }
         });
 #pragma omp barrier
-        {  // items split where the keys they see are even (row t of a prefill sees t more than row 0)
-          const int64_t total = keys_before[T];
+        if (T < n) {  // fewer rows than threads: heads split as evenly as the items
+          share(T * heads, [&](int64_t b, int64_t e) { table_->attend(attention, b, e); });
+        } else {  // runs of rows that see about as many keys (row t of a prefill sees t more than row 0)
           auto item_at = [&](int64_t part) {  // the first item whose row begins at or after part / n of the keys
-            const int64_t target = total * part / n;
+            const int64_t target = keys_before[T] * part / n;
             const int64_t t = std::lower_bound(keys_before.begin(), keys_before.end(), target) - keys_before.begin();
             return std::min(t, T) * heads;
           };
           const int64_t b = id == 0 ? 0 : item_at(id), e = id + 1 == n ? T * heads : item_at(id + 1);
-          if (T < n) {  // fewer rows than threads: heads split as evenly as the items
-            share(T * heads, [&](int64_t b2, int64_t e2) { table_->attend(attention, b2, e2); });
-          } else if (b < e) {
-            table_->attend(attention, b, e);
-          }
+          if (b < e) table_->attend(attention, b, e);
         }
 #pragma omp barrier
         rows([&](int64_t b, int64_t e) { quantized(attended, b, e); });

@@ -491,6 +491,13 @@ struct Query {
   bool same_keys(const Query& o) const { return keys == o.keys && first == o.first && index == o.index; }
 };
 
+// q . key before its scale, a chunk of 16 features at a time (each key's own sum, as a one-key call makes it).
+inline F16 key_products(const F16* qv, const float* key, int64_t chunks) {
+  F16 a = splat(0.0f);
+  for (int64_t c = 0; c < chunks; ++c) a = madd(qv[c], load(key + c * LANES), a);
+  return a;
+}
+
 // The outputs of M queries that see the same keys: each query's values summed key by key, a
 // value loaded once for all M over the keys they all see, then each alone over the rest of its own.
 template <int M, int CHUNKS>
@@ -541,20 +548,11 @@ void attend_batch(Query* qs, int64_t n, int64_t hd, float scale) {
       for (int64_t c = 0; c < chunks; ++c) qv[c] = load(query.q + c * LANES);
       if (p + LANES <= query.count) {
         F16 acc[LANES];
-        for (int64_t k = 0; k < LANES; ++k) {
-          const float* key = query.key(p + k, hd);
-          F16 a = splat(0.0f);
-          for (int64_t c = 0; c < chunks; ++c) a = madd(qv[c], load(key + c * LANES), a);
-          acc[k] = a;
-        }
+        for (int64_t k = 0; k < LANES; ++k) acc[k] = key_products(qv, query.key(p + k, hd), chunks);
         store(query.scores + p, reduce_add_each(acc) * scaled);
       } else {
-        for (int64_t i = p; i < query.count; ++i) {
-          const float* key = query.key(i, hd);
-          F16 a = splat(0.0f);
-          for (int64_t c = 0; c < chunks; ++c) a = madd(qv[c], load(key + c * LANES), a);
-          query.scores[i] = reduce_add(a) * scale;
-        }
+        for (int64_t i = p; i < query.count; ++i)
+          query.scores[i] = reduce_add(key_products(qv, query.key(i, hd), chunks)) * scale;
       }
     }
   // Softmax with key i in lane i % 16 of the block i / 16.
@@ -602,15 +600,19 @@ inline void attend(const AttentionArgs& a, int64_t begin, int64_t end) {
   const int64_t heads = a.heads, hd = a.head_dim, group = heads / a.kv_heads;
   const float scale = a.scale;
   if (begin >= end) return;
+  // Kept from call to call (a pass calls this once a layer): the batch's scores, and each row's keys,
+  // contiguous (first, count) or through its masked order.
   thread_local std::vector<float> scores;
-  thread_local std::vector<std::vector<int64_t>> orders;  // a masked row's keys, per row of the items
+  thread_local std::vector<std::vector<int64_t>> orders;
+  thread_local std::vector<int64_t> firsts, counts;
+  thread_local std::vector<const int64_t*> indices;
   const int64_t first_row = begin / heads, last_row = (end - 1) / heads;
   const int64_t row_count = last_row - first_row + 1;
   scores.resize(ATTEND_BATCH * (a.most_keys + LANES));
   if (static_cast<int64_t>(orders.size()) < row_count) orders.resize(row_count);
-  // Each row's keys: contiguous (first, count) or through its masked order.
-  std::vector<int64_t> firsts(row_count), counts(row_count);
-  std::vector<const int64_t*> indices(row_count, nullptr);
+  firsts.resize(row_count);
+  counts.resize(row_count);
+  indices.assign(row_count, nullptr);
   for (int64_t t = first_row; t <= last_row; ++t) {
     const Segment& s = a.segments[a.row_segment[t]];
     const int64_t row = t - s.first_row, r = t - first_row;
