@@ -178,8 +178,10 @@ def test_ctrl_c_in_a_terminal_stops_a_local_ray_gracefully(tiny_replicated, tiny
             assert time.monotonic() < deadline, "the replica never answered /health"
             time.sleep(0.5)
         os.killpg(server.pid, signal.SIGINT)  # as a terminal does
-        assert server.wait(120) == 0
-        assert "replicas finish their running requests" in server.stderr.read()
+        code = server.wait(120)
+        stderr = server.stderr.read()
+        assert code == 0, stderr[-4000:]
+        assert "replicas finish their running requests" in stderr
     finally:
         if server.poll() is None:
             os.killpg(server.pid, signal.SIGKILL)

@@ -23,13 +23,19 @@ def run(app, host: str, port: int, address: str | None, replicas: int | str, gra
     local = address is None
     if local:
         bind(host, port).close()  # a busy port fails now, not inside Ray's proxy
+    stop = threading.Event()
+
+    def request_stop(*_) -> None:
+        stop.set()
+
+    # A Ctrl-C while Ray starts stops the command once it has started, in order, not mid-start.
+    signal.signal(signal.SIGINT, request_stop)
     # "local": a Ray of its own even where `ray start` left a cluster on this machine, which
     # ray.init() without an address would join.
     ray.init(address=address or "local", include_dashboard=False, logging_level=logging.WARNING,
              configure_logging=True, log_to_driver=True)
-    stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):  # after ray.init, which installs its own
-        signal.signal(signum, lambda *_: stop.set())
+        signal.signal(signum, request_stop)
     try:
         ours = not serve_running()  # then Serve stops with this command, even on a cluster we joined
         serve.start(http_options={"host": host, "port": port})
