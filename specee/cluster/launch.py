@@ -52,7 +52,10 @@ def run(app, host: str, port: int, address: str | None, replicas: int | str, gra
                   f"{http.host}:{http.port}, not --host {host} --port {port}", file=sys.stderr)
         print(f"specee serving on http://{http.host}:{http.port} with {replicas} replica(s) on {where}",
               file=sys.stderr, flush=True)
-        while not stop.wait(1.0):
+        try:
+            while not stop.wait(1.0):
+                pass
+        except KeyboardInterrupt:  # should any handler but ours see the Ctrl-C: still stop in order
             pass
         print("specee: stopping: replicas finish their running requests", file=sys.stderr, flush=True)
         # Bounded: a signal sent to the whole process group (systemd's control-group kill, `timeout`)
