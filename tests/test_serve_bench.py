@@ -398,6 +398,26 @@ def test_conversations_are_dealt_round_the_clients_and_runs_share_no_prefix(monk
     assert second_run != first_run.pop()  # tagged apart, so no cache serves one run from another
 
 
+def test_calls_of_a_task_sent_again_are_timed_apart(monkeypatch):
+    tasks = len(serve_scenarios.AGENT_TASKS)
+    scripts = serve_scenarios.agent_scripts(tasks + 2)
+    assert [s.seen for s in scripts] == [False] * tasks + [True, True]
+    assert scripts[tasks].turns[0] == scripts[0].turns[0] and scripts[tasks].turns[1:] != scripts[0].turns[1:]
+    assert scripts[tasks].tagged("[run 1]").seen
+    seen = scripted_server(monkeypatch)
+    summary = run_load(TARGET, 1, ServeBenchConfig(concurrency=[1], scenario="agent", conversations=tasks + 1))
+    assert len(seen) == (tasks + 1) * serve_scenarios.AGENT_CALLS
+    assert summary.seen_tokens_per_s > 0 and summary.unseen_tokens_per_s > 0
+    # Each request's rate is its tokens over its own time: 10 tokens in 1 s and 5 in 0.5 s seen, 30 in 2 s new.
+    records = [RequestRecord(0, 0, 0.1, 1, 10, seen=True), RequestRecord(0, 1, 0.1, 1.5, 5, seen=True),
+               RequestRecord(0, 2, 0.1, 4, 30)]
+    split = summarize_load(TARGET, 1, records, 4.0)
+    assert split.seen_tokens_per_s == pytest.approx(10.0) and split.unseen_tokens_per_s == pytest.approx(15.0)
+    assert "seen tok/s" in format_table([split], None)
+    plain = summarize_load(TARGET, 1, records[2:], 4.0)
+    assert math.isnan(plain.seen_tokens_per_s) and "seen tok/s" not in format_table([plain], None)
+
+
 def test_chat_conversations_chain_two_turn_questions_of_different_categories():
     questions = [serve_scenarios.Prompt(f"{c}{i}", c, [f"{c}{i} first", f"{c}{i} second"])
                  for c in ("math", "coding", "writing") for i in range(2)]

@@ -106,6 +106,7 @@ class RequestRecord:
     turn: int = 1  # the request's turn in its conversation
     prompt_tokens: int | None = None  # as the server's usage reports them
     cached_tokens: int | None = None  # prompt tokens the server took from its cache, where it says
+    seen: bool = False  # its conversation's task was sent before in the run (serve_scenarios.Script.seen)
 
 
 @dataclass
@@ -126,6 +127,10 @@ class LoadSummary:
     late_ttft_p95_s: float = float("nan")
     prompt_tokens_mean: float = float("nan")
     cached_share: float | None = None  # cached prompt tokens over prompt tokens; None: not reported
+    # Completion tokens over the requests' own time (start to end), for the calls of conversations
+    # whose task the run sent before and for the others: what a cache of earlier answers can give.
+    seen_tokens_per_s: float = float("nan")
+    unseen_tokens_per_s: float = float("nan")
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -146,6 +151,7 @@ def summarize_load(target: Target, clients: int, records: list[RequestRecord], w
     late = [r.first_token_s for r in records if r.turn >= LATE_TURN and r.first_token_s is not None]
     prompts = [r.prompt_tokens for r in records if r.prompt_tokens is not None]
     cached = [(r.cached_tokens, r.prompt_tokens) for r in records if r.cached_tokens is not None and r.prompt_tokens]
+    seen, unseen = ([r for r in records if r.seen == flag] for flag in (True, False))
     return LoadSummary(
         system=target.system, server=target.server, clients=clients, requests=len(records), completion_tokens=tokens,
         wall_s=wall_s, requests_per_s=len(records) / wall_s if wall_s > 0 else 0.0,
@@ -158,7 +164,14 @@ def summarize_load(target: Target, clients: int, records: list[RequestRecord], w
         late_ttft_p95_s=percentile(late, 95) if late else float("nan"),
         prompt_tokens_mean=mean(prompts) if prompts else float("nan"),
         cached_share=sum(c for c, _ in cached) / sum(p for _, p in cached) if cached else None,
+        seen_tokens_per_s=request_rate(seen), unseen_tokens_per_s=request_rate(unseen),
     )
+
+
+def request_rate(records: list[RequestRecord]) -> float:
+    """Completion tokens over the requests' summed durations; nan for none."""
+    busy = sum(r.end_s - r.start_s for r in records)
+    return sum(r.completion_tokens for r in records) / busy if busy > 0 else float("nan")
 
 
 def open_client(url: str) -> OpenAI:
@@ -210,11 +223,12 @@ def run_load(target: Target, clients: int, config: ServeBenchConfig) -> LoadSumm
         conversations = [s.tagged(tag) for s in serve_scenarios.scripts(config.scenario, config.conversation_count)]
     began = time.perf_counter()
 
-    def send(api: OpenAI, client: int, messages: list[dict], turn: int, records: list[RequestRecord]) -> str:
+    def send(api: OpenAI, client: int, messages: list[dict], turn: int, records: list[RequestRecord],
+             seen: bool = False) -> str:
         start = time.perf_counter() - began
         reply = stream_chat(api, target, messages, config.max_tokens)
         records.append(RequestRecord(client, start, reply.first_token_s, time.perf_counter() - began,
-                                     reply.completion_tokens, turn, reply.prompt_tokens, reply.cached_tokens))
+                                     reply.completion_tokens, turn, reply.prompt_tokens, reply.cached_tokens, seen))
         return reply.text
 
     def client_loop(client: int) -> list[RequestRecord]:
@@ -227,7 +241,7 @@ def run_load(target: Target, clients: int, config: ServeBenchConfig) -> LoadSumm
             messages = list(script.opening)
             for turn, text in enumerate(script.turns, 1):
                 messages += user(text)
-                messages.append({"role": "assistant", "content": send(api, client, messages, turn, records)})
+                messages.append({"role": "assistant", "content": send(api, client, messages, turn, records, script.seen)})
         return records
 
     with ThreadPoolExecutor(clients) as pool:
@@ -320,16 +334,22 @@ def bench_llama_cpp(config: ServeBenchConfig) -> tuple[list[LoadSummary], str]:
 def format_table(summaries: list[LoadSummary], overhead: dict | None, notes: list[str] = ()) -> str:
     turns = any(not math.isnan(s.late_ttft_p50_s) for s in summaries)
     late = f" {'turn4+ p50':>10} {'turn4+ p95':>10} {'prompt':>6} {'cached':>6}" if turns else ""
+    repeats = any(not math.isnan(s.seen_tokens_per_s) for s in summaries)
+    split = f" {'seen tok/s':>10} {'new tok/s':>9}" if repeats else ""
     lines = [f"{'system/mode':<26} {'clients':>7} {'requests':>8} {'req/s':>7} {'tok/s':>8} {'tok/s/client':>12} "
-             f"{'TTFT p50':>9} {'TTFT p95':>9}{late} {'peak MB':>8}  server"]
+             f"{'TTFT p50':>9} {'TTFT p95':>9}{late}{split} {'peak MB':>8}  server"]
     for s in summaries:
         peak = f"{s.peak_rss_mb:>8.0f}" if s.peak_rss_mb is not None else f"{'-':>8}"
         cached = f"{s.cached_share:>6.0%}" if s.cached_share is not None else f"{'-':>6}"
         late = (f" {s.late_ttft_p50_s:>9.3f}s {s.late_ttft_p95_s:>9.3f}s {s.prompt_tokens_mean:>6.0f} {cached}"
                 if turns else "")
+        split = f" {s.seen_tokens_per_s:>10.1f} {s.unseen_tokens_per_s:>9.1f}" if repeats else ""
         lines.append(f"{s.system:<26} {s.clients:>7} {s.requests:>8} {s.requests_per_s:>7.2f} {s.tokens_per_s:>8.1f} "
-                     f"{s.tokens_per_s_per_client:>12.1f} {s.ttft_p50_s:>8.3f}s {s.ttft_p95_s:>8.3f}s{late} {peak}  "
-                     f"{s.server}")
+                     f"{s.tokens_per_s_per_client:>12.1f} {s.ttft_p50_s:>8.3f}s {s.ttft_p95_s:>8.3f}s{late}{split} "
+                     f"{peak}  {s.server}")
+    if repeats:
+        lines.append("seen tok/s: completion tokens over the requests' own time, for the calls of conversations "
+                     "whose task an earlier one sent; new tok/s: the others")
     lines += list(notes)
     if overhead:
         lines.append(f"specee server overhead on one request: {overhead['server_s']:.3f} s served vs "

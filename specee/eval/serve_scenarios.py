@@ -88,16 +88,18 @@ OBSERVATIONS = [
 
 @dataclass(frozen=True)
 class Script:
-    """One conversation: the messages before its first user turn, then its user turns in order."""
+    """One conversation: the messages before its first user turn, then its user turns in order;
+    `seen`: an earlier conversation of the run sent the same task (an agent sent its task again)."""
     opening: tuple[dict, ...]
     turns: tuple[str, ...]
+    seen: bool = False
 
     def tagged(self, tag: str) -> "Script":
         """The same conversation, its first message beginning with `tag`."""
         if self.opening:
             first = dict(self.opening[0], content=f"{tag} {self.opening[0]['content']}")
-            return Script((first, *self.opening[1:]), self.turns)
-        return Script((), (f"{tag} {self.turns[0]}", *self.turns[1:]))
+            return Script((first, *self.opening[1:]), self.turns, self.seen)
+        return Script((), (f"{tag} {self.turns[0]}", *self.turns[1:]), self.seen)
 
 
 def chat_scripts(count: int, questions: list[Prompt] | None = None) -> list[Script]:
@@ -128,10 +130,12 @@ def agent_system_prompt() -> str:
 
 
 def agent_scripts(count: int) -> list[Script]:
-    """`count` agent loops: the shared system prompt, a task, then AGENT_CALLS - 1 observations."""
+    """`count` agent loops: the shared system prompt, a task, then AGENT_CALLS - 1 observations.
+    Past len(AGENT_TASKS) loops the tasks come round again with other observations: `seen`."""
     system = {"role": "system", "content": agent_system_prompt()}
     return [Script((system,), (AGENT_TASKS[i % len(AGENT_TASKS)],
-                               *(OBSERVATIONS[(i + k) % len(OBSERVATIONS)] for k in range(AGENT_CALLS - 1))))
+                               *(OBSERVATIONS[(i + k) % len(OBSERVATIONS)] for k in range(AGENT_CALLS - 1))),
+                   seen=i >= len(AGENT_TASKS))
             for i in range(count)]
 
 
