@@ -87,7 +87,7 @@ def assert_speculated(report: dict, method: str) -> None:
 def test_every_benchmark_script_has_a_run_here():
     """A new script in benchmarks/ needs its run below (cluster_scaling.py's is in test_cluster.py, on
     that module's Ray cluster)."""
-    covered = {"cluster_scaling.py", "cuda_pass_cost.py", "cuda_penalties_logprobs.py", "formats.py",
+    covered = {"agent_loop.py", "cluster_scaling.py", "cuda_pass_cost.py", "cuda_penalties_logprobs.py", "formats.py",
                "head_bounds.py", "multirow_cost.py", "paired_decode.py", "pass_profile.py",
                "prefix_cache_budget.py", "prefix_cache_turns.py", "structured_output.py", "tier_rows.py"}
     assert {p.name for p in BENCHMARKS.glob("*.py")} <= covered
@@ -114,6 +114,22 @@ def test_prefix_cache_turns_times_dense_first_tokens(tiny):
     assert report["spec_method"] == "none"
     assert_dense(report)
     assert list(report["off_over_on"]) == ["1"] and 0 < report["off_over_on"]["1"] < math.inf
+
+
+@pytest.mark.slow
+def test_agent_loop_times_auto_against_dense_with_the_same_answers(tiny):
+    """Nine loops: the ninth sends the first loop's task again, so its calls are also "seen"."""
+    directory, model = tiny
+    report = last_json(run("agent_loop.py", "--model", model, "--loops", "9", "--max-tokens", "4",
+                           directory=directory)[1])
+    assert report["spec_method"] == {"auto": "auto", "dense": "none"} and report["differ"] == 0
+    dense, auto = report["modes"]["dense"], report["modes"]["auto"]
+    assert_dense(dense["all"])
+    assert set(auto["all"]["method_passes"]) <= {"prompt-lookup", "suffix", "ngram", "none"}
+    assert auto["all"]["drafted"] > 0 and auto["seen"]["method_passes"].get("suffix", 0) > 0  # the ninth loop's own task
+    calls = 9 * 5
+    assert dense["all"]["calls"] == auto["all"]["calls"] == calls and dense["seen"]["calls"] == 5
+    assert dense["all"]["tokens"] == auto["all"]["tokens"] > 0 and dense["all"]["cached_tokens"] > 0
 
 
 @pytest.mark.slow
