@@ -206,6 +206,18 @@ def test_every_speculative_method_equals_dense(engines, name):
         assert 0 < accepted < proposed, f"{config}: {accepted} of {proposed} drafts accepted"
 
 
+@pytest.mark.parametrize("name", [f for f in FORMATS if f != DEFAULT_FORMAT])
+def test_auto_equals_dense_on_every_prompt_in_the_other_formats(engines, name):
+    """`auto`, the default, over the fp32 check's six prompts and 96 tokens in each other format on
+    the kernels, as in the default format above (a lower tier's bits are the best tier's:
+    test_every_cpu_tier_decodes_the_best_tiers_tokens)."""
+    from test_speculative_lossless import MAX_TOKENS, PROMPTS
+
+    [(identical, accepted, proposed)] = speculative_runs(engines[name], PROMPTS, MAX_TOKENS,
+                                                         {"auto (the default)": {}}).values()
+    assert identical == len(PROMPTS) and 0 < accepted < proposed, (identical, accepted, proposed)
+
+
 def test_trained_drafters_run_like_their_target(engines):
     """On the kernels, EAGLE's head, Kangaroo's adapter and their scorers are int8 (read in fp32
     they cost half an int4 pass a draft step); on PyTorch's kernels they stay dense, packed."""
