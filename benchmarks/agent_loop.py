@@ -44,13 +44,12 @@ def main() -> None:
     parser.add_argument("--model", help="a GGUF file or model directory (default: the default model)")
     args = parser.parse_args()
     engines = {mode: specee.load(args.model) for mode in MODES}
-    engine = engines["dense"]
     cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    print(f"{cpu}, {engine.cpu_tier} kernels, {engine.quantization} weights, {args.loops} loops")
-    for (mode, method), engine in zip(MODES.items(), engines.values()):
-        engine.generate([{"role": "user", "content": "Say hello."}], max_tokens=8, spec_method=method)  # warm-up
-        engine.suffix_cache.clear()
-        engine.prefix_cache.clear()
+    print(f"{cpu}, {engines['dense'].cpu_tier} kernels, {engines['dense'].quantization} weights, {args.loops} loops")
+    for mode, method in MODES.items():  # a warm-up, then each engine starts with empty caches
+        engines[mode].generate([{"role": "user", "content": "Say hello."}], max_tokens=8, spec_method=method)
+        engines[mode].suffix_cache.clear()
+        engines[mode].prefix_cache.clear()
     totals = {mode: {"all": new_totals(), "seen": new_totals()} for mode in MODES}
     differ = 0
     for script in agent_scripts(args.loops):
