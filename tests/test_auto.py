@@ -147,6 +147,35 @@ def test_the_suffix_caches_chains_run_longer_than_the_others_where_rows_are_dear
     assert auto.choose(repeated, COSTLY_DRAFT_LIMIT).tokens == choice.tokens[:COSTLY_DRAFT_LIMIT]  # one limit for all
 
 
+def test_a_copy_accepted_whole_may_run_to_the_suffix_limit_until_one_breaks():
+    """Where rows are dear, copies are cut at COSTLY_DRAFT_LIMIT; after one is accepted whole at that
+    length the next may run to SUFFIX_DRAFT_LIMIT (a long verbatim repeat), and a copy that breaks
+    brings the limit back."""
+    text = list(range(100, 160))
+    prompt = [3, 4] + text + [1, 2]
+    auto = AutoDrafter(PromptLookup(num_draft_tokens=SUFFIX_DRAFT_LIMIT), None, 0.15, COSTLY_DRAFT_LIMIT, None,
+                       SUFFIX_DRAFT_LIMIT)
+    auto.reset(prompt, None)
+    auto.watch(None, GenerationStats())
+    context = prompt + text[:12]  # the answer repeats the text: a long match
+
+    def step(accepted: int) -> list[int]:
+        draft = auto.propose(context, 64).tokens
+        assert draft == text[len(context) - len(prompt):][:len(draft)]  # the copy follows the text
+        kept = draft[:accepted] + ([text[len(context) - len(prompt) + accepted]] if accepted == len(draft) else [0])
+        context.extend(kept)
+        auto.update(context, accepted)
+        return draft
+
+    first = step(accepted=COSTLY_DRAFT_LIMIT)
+    assert len(first) == COSTLY_DRAFT_LIMIT
+    longer = step(accepted=3)  # the streak: the copy runs past the usual limit; 3 of them accepted
+    assert COSTLY_DRAFT_LIMIT < len(longer) <= SUFFIX_DRAFT_LIMIT
+    del context[len(context) - 1:]  # the rejected token: the answer goes on copying the text
+    context.append(text[len(context) - len(prompt)])
+    assert len(auto.propose(context, 64).tokens) <= COSTLY_DRAFT_LIMIT  # the broken copy ended the streak
+
+
 def test_failing_copies_turn_drafting_off_until_a_longer_match_appears():
     auto, stats = drafter()
     context = PATTERN + [5]

@@ -116,6 +116,10 @@ class AutoDrafter(Proposer):
         self.row_cost = row_cost
         self.max_tokens = max_tokens
         self.suffix_max_tokens = max_tokens if suffix_max_tokens is None else suffix_max_tokens
+        # The latest copy was accepted whole at full length: the next may run to the suffix cache's
+        # limit, so a long verbatim copy (an agent repeating an earlier answer) takes half the
+        # passes; a copy that breaks ends the streak (BENCHMARKS.md, "A copy accepted whole").
+        self.copy_streak = False
         self.passes = None
         self.stats = None
         self.reproducible = False
@@ -136,6 +140,7 @@ class AutoDrafter(Proposer):
         self.prompt_tokens = len(prompt)
         self.calibrations = {source: Calibration(prior) for source, prior in PRIORS.items()}
         self.last = self.pending = None
+        self.copy_streak = False
         self.price = RowPrice(self.row_cost)
         self.guard = DenseGuard()
         self.timed = 0.0
@@ -154,14 +159,15 @@ class AutoDrafter(Proposer):
         `suffix_limit`), each cut where a node's reach falls below `floor` (reaches only fall, so no
         later node could pay for its row)."""
         offers = []
+        suffix_limit = limit if suffix_limit is None else suffix_limit
         n, follows = self.lookup.match(context)
         if n:
-            copied = self.lookup.chain(context, follows, limit).tokens
+            copy_limit = max(limit, suffix_limit) if self.copy_streak else limit
+            copied = self.lookup.chain(context, follows, copy_limit).tokens
             length = self.lookup.match_length(context, follows, n)
             rates = [self.lookup.reliability.rate(min(length + i, MAX_MATCH)) for i in range(len(copied))]
             offers.append(self.chain_offer("prompt-lookup", copied, rates, floor))
         # A seeded sample's answer depends on its drafts, so it must not depend on other requests.
-        suffix_limit = limit if suffix_limit is None else suffix_limit
         match = None if self.history is None or self.reproducible else self.history.lookup(context, suffix_limit)
         if match is not None:
             rates = [hit_rate(match.length + i) for i in range(len(match.continuation))]
@@ -242,6 +248,8 @@ class AutoDrafter(Proposer):
         choice, self.pending = self.pending, None  # None: a pass auto did not draft (a grammar's)
         drafted = 0 if choice is None else len(choice.tokens)
         sharing = self.sharing()
+        if drafted and choice.source == "prompt-lookup":
+            self.copy_streak = num_accepted == drafted and drafted >= self.max_tokens
         if drafted:
             self.calibrations[choice.source].record(choice.estimated, drafted, num_accepted)
             other_rows = sharing[1]  # the pass against the dense step it replaced
@@ -280,7 +288,7 @@ def _auto_method(config, artifacts) -> Drafting:
     if not artifacts.model.rows_exact:
         limit = suffix_limit = 0  # drafts would not be lossless here: every pass is a dense step
     history = artifacts.suffix_cache  # the engine's, shared by all its generations
-    return Drafting(lambda: AutoDrafter(PromptLookup(num_draft_tokens=max(limit, 1)), table, row_cost, limit, history,
+    return Drafting(lambda: AutoDrafter(PromptLookup(num_draft_tokens=max(limit, suffix_limit, 1)), table, row_cost, limit, history,
                                         suffix_limit),
                     num_draft_tokens=max(limit, suffix_limit, 1), adaptive=False)
 
