@@ -159,21 +159,22 @@ def test_a_copy_accepted_whole_may_run_to_the_suffix_limit_until_one_breaks():
     auto.watch(None, GenerationStats())
     context = prompt + text[:12]  # the answer repeats the text: a long match
 
-    def step(accepted: int) -> list[int]:
+    def copy(accepted: int | None = None) -> int:
+        """One pass: the copy drafted, `accepted` of it kept (all when None) and the target's token
+        after them (the text's next one, or 0 where it broke the copy). Returns the draft's length."""
+        at = text.index(context[-1]) + 1  # where the answer is in the text (its tokens are distinct)
         draft = auto.propose(context, 64).tokens
-        assert draft == text[len(context) - len(prompt):][:len(draft)]  # the copy follows the text
-        kept = draft[:accepted] + ([text[len(context) - len(prompt) + accepted]] if accepted == len(draft) else [0])
-        context.extend(kept)
-        auto.update(context, accepted)
-        return draft
+        assert draft == text[at:at + len(draft)]  # the copy follows the text
+        kept = len(draft) if accepted is None else accepted
+        context.extend(text[at:at + kept] + [text[at + kept] if accepted is None else 0])
+        auto.update(context, kept)
+        return len(draft)
 
-    first = step(accepted=COSTLY_DRAFT_LIMIT)
-    assert len(first) == COSTLY_DRAFT_LIMIT
-    longer = step(accepted=3)  # the streak: the copy runs past the usual limit; 3 of them accepted
-    assert COSTLY_DRAFT_LIMIT < len(longer) <= SUFFIX_DRAFT_LIMIT
-    del context[len(context) - 1:]  # the rejected token: the answer goes on copying the text
-    context.append(text[len(context) - len(prompt)])
-    assert len(auto.propose(context, 64).tokens) <= COSTLY_DRAFT_LIMIT  # the broken copy ended the streak
+    assert copy() == COSTLY_DRAFT_LIMIT
+    assert COSTLY_DRAFT_LIMIT < copy(accepted=3) <= SUFFIX_DRAFT_LIMIT  # the streak: past the usual limit
+    context.extend(text[:14])  # the answer copies the text again, from its start
+    auto.update(context, 0)
+    assert copy() == COSTLY_DRAFT_LIMIT  # the broken copy ended the streak
 
 
 def test_failing_copies_turn_drafting_off_until_a_longer_match_appears():
