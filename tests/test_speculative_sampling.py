@@ -21,6 +21,7 @@ from specee.drafters.auto import AutoDrafter
 from specee.drafters.draft_model import DraftModel
 from specee.drafters.eagle import EagleArtifact, EagleDrafter, EagleHead, EagleModel
 from specee.drafters.kangaroo import Adapter, KangarooArtifact, KangarooDrafter, KangarooModel, KangarooSettings
+from specee.drafters.model_offer import ModelOffer
 from specee.drafters.ngram import NgramModel
 from specee.drafters.prompt_lookup import PromptLookup
 from specee.model.fingerprint import weights_fingerprint
@@ -109,11 +110,14 @@ def prompt_lookup_chain(model):
     return Speculative(lambda: PromptLookup(max_ngram=3), num_draft_tokens=3, adaptive=False)
 
 
-def auto_copy_and_table(model):
-    """`auto` choosing between the copy, a table trained on the prompt's own pattern and nothing,
-    with rows priced so that both drafters' chains and dense steps all occur."""
+def auto_copy_table_and_draft_model(model):
+    """`auto` choosing between the copy, a table trained on the prompt's own pattern and a draft
+    model (the first layer), with rows and draft passes priced so that all three drafters' chains
+    occur (the draft model's in about a third of the passes, where the free drafters offer nothing)."""
     table = NgramModel.train([PROMPT * 4], VOCAB, progress=False)
-    return Speculative(lambda: AutoDrafter(PromptLookup(), table, row_cost=0.1, max_tokens=3), 3, adaptive=False)
+    return Speculative(lambda: AutoDrafter(PromptLookup(), table, row_cost=0.1, max_tokens=3,
+                                           model=ModelOffer(DraftModel(model, num_layers=1), bytes_share=0.02)),
+                       3, adaptive=False)
 
 
 def eagle_tree(model):
@@ -162,7 +166,7 @@ CASES = {
     # Penalties count each row's own path: t3's row in a tree counts the t2 above it.
     "static tree, penalties and bias": (static_tree_from_the_whole_target, PENALIZED),
     "prompt lookup, top-k and top-p": (prompt_lookup_chain, SamplingParams(temperature=1.1, top_k=6, top_p=0.9)),
-    "auto, temperature": (auto_copy_and_table, SamplingParams(temperature=0.9)),
+    "auto, temperature": (auto_copy_table_and_draft_model, SamplingParams(temperature=0.9)),
     "eagle tree, reduced vocabulary, temperature": (eagle_tree, SamplingParams(temperature=0.9)),
     "eagle tree mixed with the copy, temperature": (eagle_copy(1.0), SamplingParams(temperature=0.9)),
     "copy alone in eagle-copy, top-p": (eagle_copy(0.0), SamplingParams(temperature=1.0, top_p=0.9)),

@@ -30,6 +30,8 @@ from ..verification.draft import Draft
 from .base import Proposer
 from .copy_reliability import MAX_MATCH
 from .dense_guard import DenseGuard
+from .draft_model import DraftModel, draft_weights
+from .model_offer import ModelOffer
 from .ngram import NgramModel
 from .prompt_lookup import PromptLookup
 from .registry import Drafting, SpecMethod, register
@@ -45,6 +47,8 @@ MARGIN = 0.05
 # the suffix cache's rates are a prior still to be measured (suffix_cache.py).
 CALIBRATION_WEIGHT = 8.0
 PRIORS = {"prompt-lookup": 1.0, "ngram": 0.5, "suffix": 1.0}
+# A draft model's top probabilities, taken at their word until the request measures them.
+DRAFT_MODEL_PRIOR = 1.0
 # The longest chain, unless the user sets num_draft_tokens; where a row costs at least COSTLY_ROW
 # of a pass (the quantized formats), chains of 4 matched or beat 8 on the tuning slice: a long copy
 # rejected at its first token wastes several passes' work.
@@ -66,6 +70,7 @@ class Offer:
     tokens: list[int]
     reach: list[float]
     estimated: list[float]
+    node_cost: float = 0.0  # drafting one node, as a share of a one-row pass (a draft model's pass)
 
 
 class Calibration:
@@ -109,9 +114,11 @@ class AutoDrafter(Proposer):
 
     def __init__(self, lookup: PromptLookup, table: NgramModel | None, row_cost: float,
                  max_tokens: int = DRAFT_LIMIT, history: SuffixCache | None = None,
-                 suffix_max_tokens: int | None = None) -> None:
+                 suffix_max_tokens: int | None = None, model: ModelOffer | None = None) -> None:
         self.lookup = lookup
         self.table = table
+        self.model = model  # the user's draft model, consulted where the free drafters offer nothing
+        self.consulted: tuple[int, float] | None = None  # this pass's draft-model passes and their price
         self.history = history  # the engine's suffix cache, shared by its generations (read only here)
         self.row_cost = row_cost
         self.max_tokens = max_tokens
@@ -138,7 +145,11 @@ class AutoDrafter(Proposer):
         self.reproducible = sampler is not None and not sampler.greedy and sampler.params.seed is not None
         self.lookup.reset(prompt)
         self.prompt_tokens = len(prompt)
-        self.calibrations = {source: Calibration(prior) for source, prior in PRIORS.items()}
+        priors = PRIORS | ({"draft": DRAFT_MODEL_PRIOR} if self.model is not None else {})
+        self.calibrations = {source: Calibration(prior) for source, prior in priors.items()}
+        if self.model is not None:
+            self.model.reset(prompt)
+        self.consulted = None
         self.last = self.pending = None
         self.copy_streak = False
         self.price = RowPrice(self.row_cost)
@@ -197,20 +208,30 @@ class AutoDrafter(Proposer):
         others, other_rows = self.sharing()
         price = self.price
 
-        def value(drafted: int, expected: float) -> float:  # the pass's tokens over its cost
-            return (others + 1 + expected) / price.share(other_rows + drafted)
+        def value(drafted: int, expected: float, drafting: float = 0.0) -> float:  # the pass's tokens over its cost
+            return (others + 1 + expected) / (price.share(other_rows + drafted) + drafting)
 
         dense = value(0, 0.0)
         best = None
-        # A node adds to the tokens per cost only if its reach is above a row's price times the
-        # value so far, which a draft worth taking has above the dense step's.
-        for offer in self.offers(context, limit, price.cost * dense, suffix_limit):
+
+        def weigh(offer: Offer) -> None:
+            nonlocal best
             expected = 0.0
             for k, reach in enumerate(offer.reach, start=1):
                 expected += reach
-                gain = value(k, expected) / dense
+                gain = value(k, expected, offer.node_cost * k) / dense
                 if best is None or gain > best[3]:
                     best = (offer, k, expected, gain)
+
+        # A node adds to the tokens per cost only if its reach is above a row's price times the
+        # value so far, which a draft worth taking has above the dense step's.
+        for offer in self.offers(context, limit, price.cost * dense, suffix_limit):
+            weigh(offer)
+        self.consulted = None
+        if self.model is not None and limit and (best is None or best[3] <= 1 + self.margin):
+            offer = self.model_offer(context, limit, dense)
+            if offer is not None:
+                weigh(offer)
         if best is None:
             return Choice("none", [], 0.0, 0.0, 1.0)
         offer, k, expected, gain = best
@@ -218,6 +239,18 @@ class AutoDrafter(Proposer):
         if gain <= 1 + self.margin:
             return Choice("none", [], 0.0, 0.0, 1.0, summary)
         return Choice(offer.source, offer.tokens[:k], expected, sum(offer.estimated[:k]), gain, summary)
+
+    def model_offer(self, context: list[int], limit: int, dense: float) -> Offer | None:
+        """The draft model's chain, each node paying for its row and its draft pass; None while
+        its guard rests it."""
+        if not self.model.guard.open:
+            self.model.guard.rest()
+            return None
+        node_cost = self.model.price(self.price.one_row, measured=not self.reproducible)
+        factor = self.calibrations["draft"].factor
+        tokens, reach, estimated, passes = self.model.chain(context, limit, factor, (self.price.cost + node_cost) * dense)
+        self.consulted = (passes, node_cost)
+        return Offer("draft", tokens, reach, estimated, node_cost)
 
     def propose(self, context: list[int], max_tokens: int) -> Draft:
         if self.guard.open:
@@ -250,10 +283,19 @@ class AutoDrafter(Proposer):
         sharing = self.sharing()
         if drafted and choice.source == "prompt-lookup":
             self.copy_streak = num_accepted == drafted and drafted >= self.max_tokens
+        drafting = 0.0  # what consulting the draft model cost, in one-row passes
+        if self.consulted is not None:
+            passes, node_cost = self.consulted
+            drafting, self.consulted = passes * node_cost, None
+            if not (drafted and choice.source == "draft"):  # consulted for nothing: a dense step's token, dearer
+                self.model.guard.record(0, 1 + drafting)
         if drafted:
             self.calibrations[choice.source].record(choice.estimated, drafted, num_accepted)
             other_rows = sharing[1]  # the pass against the dense step it replaced
-            self.guard.record(num_accepted, self.price.share(other_rows + drafted) / self.price.share(other_rows))
+            cost = (self.price.share(other_rows + drafted) + drafting) / self.price.share(other_rows)
+            self.guard.record(num_accepted, cost)
+            if choice.source == "draft":
+                self.model.guard.record(num_accepted, cost)
         if self.stats is not None:
             if choice is not None:
                 self.stats.record_drafter(choice.source, drafted, num_accepted)
@@ -261,6 +303,10 @@ class AutoDrafter(Proposer):
             alone = sharing == (0, 0)  # a pass of its own: its time is its rows'
             if choice is not None and alone and not self.reproducible:
                 self.price.record(drafted, seconds)
+
+
+    def take_bytes_read(self) -> int:
+        return super().take_bytes_read() + (self.model.take_bytes_read() if self.model is not None else 0)
 
 
 def reaching(rates: list[float], factor: float, floor: float = 0.0) -> list[float]:
@@ -288,9 +334,20 @@ def _auto_method(config, artifacts) -> Drafting:
     if not artifacts.model.rows_exact:
         limit = suffix_limit = 0  # drafts would not be lossless here: every pass is a dense step
     history = artifacts.suffix_cache  # the engine's, shared by all its generations
+    make_model = draft_model_offer(config, artifacts)
     return Drafting(lambda: AutoDrafter(PromptLookup(num_draft_tokens=max(limit, suffix_limit, 1)), table, row_cost, limit, history,
-                                        suffix_limit),
+                                        suffix_limit, make_model()),
                     num_draft_tokens=max(limit, suffix_limit, 1), adaptive=False)
 
 
-register(SpecMethod("auto", _auto_method, sizes_itself=True, bench={"auto": {}}))
+def draft_model_offer(config, artifacts):
+    """A maker of the user's draft model for one generation (None without --draft-model)."""
+    if config.draft_model is None:
+        return lambda: None
+    weights, layers = draft_weights(artifacts, config.draft_model)
+    vocab_size = artifacts.model.config.vocab_size
+    share = DraftModel(weights, layers, vocab_size=vocab_size).pass_bytes / artifacts.model.weight_bytes
+    return lambda: ModelOffer(DraftModel(weights, layers, vocab_size=vocab_size), share)
+
+
+register(SpecMethod("auto", _auto_method, sizes_itself=True, options=("draft_model",), bench={"auto": {}}))

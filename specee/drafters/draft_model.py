@@ -172,5 +172,5 @@ def _staged_method(config, artifacts) -> Drafting:
 
 register_artifact(ArtifactLoader("draft", _load_draft_model, "the draft and staged methods need --draft-model PATH"))
 # The target's first 6 layers as the draft model (alone, or sped up by prompt lookup).
-register(SpecMethod("draft", _draft_method, scored=True, bench={"draft-self": {"draft_model": "self:6"}}))
-register(SpecMethod("staged", _staged_method, bench={"staged": {"draft_model": "self:6"}}))
+register(SpecMethod("draft", _draft_method, scored=True, options=("draft_model",), bench={"draft-self": {"draft_model": "self:6"}}))
+register(SpecMethod("staged", _staged_method, options=("draft_model",), bench={"staged": {"draft_model": "self:6"}}))

@@ -74,7 +74,8 @@ class SpecConfig:
     # On the 2-core CPU a pass over 5 inputs costs little more than one; 4 nodes matched or beat 3, 6
     # and 8 on the tuning slice (BENCHMARKS.md).
     tree_budget: int | None = option(help="draft nodes per tree (default 4)", ge=1, le=MAX_DRAFT_NODES)
-    draft_model: str | None = option(help="draft model path, or self:L for the target's first L layers",
+    draft_model: str | None = option(help="draft model path, or self:L for the target's first L layers (the draft "
+                                          "and staged methods; auto consults it where the free drafters offer nothing)",
                                      http_pattern=r"^self:[0-9]{1,4}$")
     ngram_model: str | None = option(help="n-gram table from `specee train ngram` (default: the bundled one)",
                                      path=True)
