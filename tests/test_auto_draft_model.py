@@ -1,14 +1,17 @@
 """`auto` with the user's draft model (`--draft-model`): consulted where the free drafters offer
 nothing worth a row, its nodes paying for their rows and their draft passes, dropped by a guard of
-its own while it does not pay, and the answer dense decoding's whatever it drafts."""
+its own while it does not pay (where it stands is shared by the engine's requests), and the answer
+dense decoding's whatever it drafts."""
 import statistics
 
 import pytest
 import torch
 
 from helpers import tiny_model
+from specee.drafters.dense_guard import FIRST_REST
 from specee.drafters.draft_model import DraftModel
 from specee.drafters.model_offer import ModelOffer
+from specee.drafters.row_price import RowPrice
 from specee.engine import Engine
 from specee.strategies.config import SpecConfig
 
@@ -16,15 +19,17 @@ PROMPTS = ["Repeat exactly: the red fox, the red fox, the red fox.", "Count from
            "the cat sat on the mat and looked at the dog.", "Hello there, name three colours: red, green"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def engine(tiny_tokenizer):
-    # No suffix cache: each request drafts from its own text and its draft model only.
+    # Each test its own engine: the draft model's record is the engine's. No suffix cache: each
+    # request drafts from its own text and its draft model only.
     return Engine(tiny_model(seed=5, vocab_size=tiny_tokenizer.vocab_size, num_hidden_layers=2), tiny_tokenizer,
                   suffix_cache_tokens=0)
 
 
 def priced(monkeypatch, share: float) -> list[int]:
-    """Every draft pass costs `share` of a one-row pass; returns a list that counts consultations."""
+    """Every draft pass costs `share` of a one-row pass and a row the model's price (not measured
+    times, which vary from run to run); returns a list that counts consultations."""
     consulted = []
     chain = ModelOffer.chain
 
@@ -33,6 +38,7 @@ def priced(monkeypatch, share: float) -> list[int]:
         return chain(self, *args)
 
     monkeypatch.setattr(ModelOffer, "price", lambda self, one_row, measured: share)
+    monkeypatch.setattr(RowPrice, "record", lambda self, rows, seconds: None)
     monkeypatch.setattr(ModelOffer, "chain", counted)
     return consulted
 
@@ -54,14 +60,36 @@ def test_a_cheap_draft_model_drafts_where_nothing_else_pays_and_the_answer_stays
 
 
 def test_a_draft_model_that_cannot_pay_is_dropped_within_a_few_passes(engine, monkeypatch):
-    consulted = priced(monkeypatch, 2.0)  # a draft pass dearer than the target's: no node can pay
+    consulted = priced(monkeypatch, 0.4)  # no node can pay for its row and its draft pass
     dense = engine.generate(PROMPTS[1], max_tokens=64, ignore_eos=True, spec_method="none")
     result = engine.generate(PROMPTS[1], max_tokens=64, ignore_eos=True, draft_model="self:1")
     assert result.token_ids == dense.token_ids
     assert "draft" not in result.stats.drafters
     free_passes = result.stats.method_passes["none"]
-    # Four fruitless consultations start a rest of 4 passes; each failed probe doubles it (4, 8, 16, 32).
-    assert 4 <= len(consulted) <= 8 < free_passes
+    # Three fruitless consultations lose 1.2 dense steps and start a rest of 4 passes; each failed
+    # probe doubles it (8, 16, 32).
+    assert 3 <= len(consulted) <= 6 < free_passes
+    # The engine remembers: the next request starts resting where this one stood.
+    consulted.clear()
+    engine.generate(PROMPTS[3], max_tokens=64, ignore_eos=True, draft_model="self:1")
+    assert len(consulted) <= 2
+    # ... but not a seeded sample, whose answer must not depend on earlier requests.
+    consulted.clear()
+    engine.generate(PROMPTS[3], max_tokens=64, ignore_eos=True, draft_model="self:1", temperature=0.8, seed=3)
+    assert len(consulted) >= 3
+
+
+def test_a_draft_model_that_pays_again_is_consulted_again_by_the_next_requests(engine, monkeypatch):
+    priced(monkeypatch, 0.4)
+    engine.generate(PROMPTS[0], max_tokens=64, ignore_eos=True, draft_model="self:1")
+    record = engine.artifacts.load("draft-record", "self:1")
+    assert record.rest_length > 2 * FIRST_REST  # it lost, and failed its probes
+    consulted = priced(monkeypatch, 0.0)  # now free: its first probe pays and reopens it
+    engine.generate(PROMPTS[2], max_tokens=200, ignore_eos=True, draft_model="self:1")
+    assert record.rest_length == FIRST_REST
+    consulted.clear()
+    engine.generate(PROMPTS[1], max_tokens=16, ignore_eos=True, draft_model="self:1")
+    assert len(consulted) >= 4  # the next request consults it from its first passes
 
 
 def test_the_draft_models_price_is_its_measured_passes_over_a_one_row_pass(engine):

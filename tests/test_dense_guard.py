@@ -3,7 +3,7 @@ tokens per unit of pass cost than dense steps, it rests drafting, for longer aft
 and the output is dense decoding's throughout."""
 from helpers import tiny_model
 from specee.drafters.auto import AutoDrafter
-from specee.drafters.dense_guard import FIRST_REST, GUARD_PASSES, LONGEST_REST, DenseGuard
+from specee.drafters.dense_guard import FIRST_REST, GUARD_PASSES, LONGEST_REST, MAX_CREDIT, BalanceGuard, DenseGuard
 from specee.drafters.prompt_lookup import PromptLookup
 from specee.engine import Engine
 from specee.strategies.speculative import Speculative
@@ -98,3 +98,42 @@ def test_a_drafter_that_is_always_wrong_soon_drafts_nothing_and_the_answer_is_de
     # (calibration alone keeps drafting far longer: the test above).
     assert 1 <= drafters["ngram"]["passes"] <= GUARD_PASSES + 4
     assert drafters["none"]["passes"] >= 60
+
+
+def test_a_drafter_that_costs_when_unused_rests_once_it_has_lost_a_dense_steps_worth():
+    cheap = BalanceGuard()  # fruitless consultations at 0.02 of a dense step each
+    for _ in range(49):
+        cheap.record(accepted=0, cost=1.02)
+    assert cheap.open  # 0.98 of a step lost so far
+    cheap.record(accepted=2, cost=1.5)  # a draft that paid: +1.5, banked
+    for _ in range(120):
+        cheap.record(accepted=0, cost=1.02)
+    assert not cheap.open  # 1.5 banked, then 2.4 lost
+    dear = BalanceGuard()
+    for _ in range(4):
+        dear.record(accepted=3, cost=1.5)  # +2.5 each, but at most MAX_CREDIT banked
+    assert dear.balance == MAX_CREDIT
+    for _ in range(7):
+        dear.record(accepted=0, cost=1.4)
+    assert dear.open
+    dear.record(accepted=0, cost=1.4)  # 8 x 0.4 = 3.2 lost against 2 banked
+    assert not dear.open and dear.resting == FIRST_REST
+    # Its probes are judged alone, as the dense guard's: a failed one doubles the rest.
+    while not dear.open:
+        dear.rest()
+    dear.record(accepted=0, cost=1.4)
+    assert dear.resting == 2 * FIRST_REST
+
+
+def test_a_guard_resumes_where_an_earlier_one_of_the_same_drafter_stands():
+    fresh = DenseGuard()
+    fresh.resume(FIRST_REST)  # the earlier one never failed a probe: open
+    assert fresh.open
+    resumed = DenseGuard()
+    resumed.resume(4 * FIRST_REST)  # its next rest would be 4 x the first: this one rests 2 x, then 4 x
+    rested = 0
+    while not resumed.open:
+        resumed.rest()
+        rested += 1
+    assert rested == 2 * FIRST_REST and resumed.rest_length == 4 * FIRST_REST
+

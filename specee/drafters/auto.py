@@ -148,7 +148,7 @@ class AutoDrafter(Proposer):
         priors = PRIORS | ({"draft": DRAFT_MODEL_PRIOR} if self.model is not None else {})
         self.calibrations = {source: Calibration(prior) for source, prior in priors.items()}
         if self.model is not None:
-            self.model.reset(prompt)
+            self.model.reset(prompt, shared=not self.reproducible)
         self.consulted = None
         self.last = self.pending = None
         self.copy_streak = False
@@ -243,8 +243,7 @@ class AutoDrafter(Proposer):
     def model_offer(self, context: list[int], limit: int, dense: float) -> Offer | None:
         """The draft model's chain, each node paying for its row and its draft pass; None while
         its guard rests it."""
-        if not self.model.guard.open:
-            self.model.guard.rest()
+        if not self.model.open:
             return None
         node_cost = self.model.price(self.price.one_row, measured=not self.reproducible)
         factor = self.calibrations["draft"].factor
@@ -288,14 +287,13 @@ class AutoDrafter(Proposer):
             passes, node_cost = self.consulted
             drafting, self.consulted = passes * node_cost, None
             if not (drafted and choice.source == "draft"):  # consulted for nothing: a dense step's token, dearer
-                self.model.guard.record(0, 1 + drafting)
+                self.model.judge(0, 1 + drafting)
         if drafted:
             self.calibrations[choice.source].record(choice.estimated, drafted, num_accepted)
             other_rows = sharing[1]  # the pass against the dense step it replaced
             cost = (self.price.share(other_rows + drafted) + drafting) / self.price.share(other_rows)
-            self.guard.record(num_accepted, cost)
-            if choice.source == "draft":
-                self.model.guard.record(num_accepted, cost)
+            # The draft model answers to its own guard: its losses must not rest the free drafters.
+            (self.model.judge if choice.source == "draft" else self.guard.record)(num_accepted, cost)
         if self.stats is not None:
             if choice is not None:
                 self.stats.record_drafter(choice.source, drafted, num_accepted)
@@ -347,7 +345,8 @@ def draft_model_offer(config, artifacts):
     weights, layers = draft_weights(artifacts, config.draft_model)
     vocab_size = artifacts.model.config.vocab_size
     share = DraftModel(weights, layers, vocab_size=vocab_size).pass_bytes / artifacts.model.weight_bytes
-    return lambda: ModelOffer(DraftModel(weights, layers, vocab_size=vocab_size), share)
+    record = artifacts.load("draft-record", config.draft_model)  # the engine's, shared by its requests
+    return lambda: ModelOffer(DraftModel(weights, layers, vocab_size=vocab_size), share, record)
 
 
 register(SpecMethod("auto", _auto_method, sizes_itself=True, options=("draft_model",), bench={"auto": {}}))

@@ -48,7 +48,42 @@ class DenseGuard:
         if len(self.recent) == GUARD_PASSES and sum(t for t, _ in self.recent) < sum(c for _, c in self.recent):
             self._start_rest()
 
+    def resume(self, rest_length: int) -> None:
+        """Start where an earlier guard of the same drafter stands: resting, if its latest rest
+        (half its next) was longer than the first, so a drafter found losing is not tried anew."""
+        if rest_length > FIRST_REST:
+            self.rest_length = rest_length // 2
+            self._start_rest()
+
     def _start_rest(self) -> None:
         self.resting = self.rest_length
         self.rest_length = min(2 * self.rest_length, LONGEST_REST)
         self.recent.clear()
+
+
+# A drafter whose every consultation costs (a draft model's passes) rests once its consultations
+# since the last rest lost this many dense steps' worth net; good ones bank at most MAX_CREDIT.
+LOSS_TO_REST = 1.0
+MAX_CREDIT = 2.0
+
+
+class BalanceGuard(DenseGuard):
+    """The guard for a drafter that costs even when nothing it offers is drafted: it judges the
+    running balance (tokens gained minus their cost, draft passes included) rather than the latest
+    four passes, so a cheap drafter that often offers nothing is kept for the drafts that pay, and
+    a dear one rests after about a pass's worth of loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.balance = 0.0
+
+    def record(self, accepted: int, cost: float) -> None:
+        if self.probing:
+            super().record(accepted, cost)
+            self.balance = 0.0
+            return
+        self.balance = min(MAX_CREDIT, self.balance + accepted + 1 - cost)
+        if self.balance < -LOSS_TO_REST:
+            self._start_rest()
+            self.balance = 0.0
+

@@ -5,34 +5,74 @@ Unlike a copy or a table lookup, a draft costs a pass of the draft model per tok
 not the chain is taken. So each node must pay for its row and its draft pass, and the draft
 passes' price is measured as the row's is: their seconds over a one-row target pass's (a seeded
 sampled request keeps the bytes' ratio, so its answer never depends on timing). A guard of its
-own (dense_guard.py) stops consulting the model while its latest consultations gave fewer tokens
-than they cost, draft passes included: a draft model that cannot pay on this text is dropped
-within a few passes, and probed again later.
+own (dense_guard.py's BalanceGuard) stops consulting the model once its consultations lost about a
+dense step's worth (tokens gained minus their cost, draft passes included): a draft model that
+cannot pay on this text is dropped within a few passes, and probed again later. Where that guard stands is the engine's, shared by
+its requests (`DraftRecord`): after a few requests that found the draft model losing, the next
+start resting too, and one whose probe pays opens it for the next. The draft model reads only the prompt's last
+CONTEXT_WINDOW tokens, then everything after them: its cache must first take in every token it has
+not seen, and a long prompt taken in whole cost more than a short answer's drafts could win back
+(BENCHMARKS.md, "auto with a draft model"); drafts are verified, so a shorter context costs
+acceptance, never the answer.
 """
 from __future__ import annotations
 
 import time
 from collections import deque
+from dataclasses import dataclass
 from statistics import median
 
-from .dense_guard import DenseGuard
+from ..artifact_store import ArtifactLoader, register_artifact
+from .dense_guard import FIRST_REST, BalanceGuard
 from .draft_model import DraftModel
 
 # Draft passes whose seconds give the draft's price (the latest ones: the context grows).
 TIMED_PASSES = 16
+CONTEXT_WINDOW = 128
+
+
+@dataclass
+class DraftRecord:
+    """What an engine's requests learned of a draft model: the rest its guard would take next
+    (FIRST_REST: it paid lately, or was never judged). The one artifact requests write to."""
+
+    rest_length: int = FIRST_REST
 
 
 class ModelOffer:
-    def __init__(self, draft: DraftModel, bytes_share: float) -> None:
+    def __init__(self, draft: DraftModel, bytes_share: float, record: DraftRecord | None = None) -> None:
         self.draft = draft
         self.bytes_share = bytes_share  # a draft pass's weight bytes over a target pass's
+        self.record = record or DraftRecord()
         self.seconds: deque[float] = deque(maxlen=TIMED_PASSES)
-        self.guard = DenseGuard()
+        self.guard = BalanceGuard()
+        self.shared = True  # reads and writes the record
+        self.start = 0  # the first token the draft model reads
 
-    def reset(self, prompt: list[int]) -> None:
-        self.draft.reset(prompt, None)  # greedy drafts: verification treats them as one-hot
+    def reset(self, prompt: list[int], shared: bool = True) -> None:
+        """A new request; `shared` False (a seeded sample, whose answer must not depend on other
+        requests) starts its guard afresh and leaves the record alone."""
+        self.start = max(0, len(prompt) - CONTEXT_WINDOW)
+        self.draft.reset(prompt[self.start:], None)  # greedy drafts: verification treats them as one-hot
         self.seconds.clear()
-        self.guard = DenseGuard()
+        self.guard = BalanceGuard()
+        self.shared = shared
+        if shared:
+            self.guard.resume(self.record.rest_length)
+
+    @property
+    def open(self) -> bool:
+        """Whether to consult the draft model this pass (else a pass of its rest goes by)."""
+        if self.guard.open:
+            return True
+        self.guard.rest()
+        return False
+
+    def judge(self, accepted: int, cost: float) -> None:
+        """A consultation gave accepted + 1 tokens for `cost` dense steps (draft passes included)."""
+        self.guard.record(accepted, cost)
+        if self.shared:
+            self.record.rest_length = self.guard.rest_length
 
     def price(self, one_row_seconds: float | None, measured: bool) -> float:
         """A draft pass's cost as a share of a one-row target pass."""
@@ -47,9 +87,10 @@ class ModelOffer:
         tokens: list[int] = []
         reach, estimated = [], []
         passes = 0
+        seen = context[self.start:]
         while len(tokens) < limit:
             began = time.perf_counter()
-            probs = self.draft.logits_after(context + tokens)[0].float().softmax(-1)
+            probs = self.draft.logits_after(seen + tokens)[0].float().softmax(-1)
             self.seconds.append(time.perf_counter() - began)
             passes += 1
             prob, token = probs.max(0)
@@ -63,3 +104,7 @@ class ModelOffer:
 
     def take_bytes_read(self) -> int:
         return self.draft.take_bytes_read()
+
+
+register_artifact(ArtifactLoader("draft-record", lambda spec, store: DraftRecord(),
+                                 "auto's record of a draft model needs --draft-model"))
