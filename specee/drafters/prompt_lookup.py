@@ -25,6 +25,8 @@ class PromptLookup(Proposer):
     index: SuffixIndex = field(init=False, repr=False)
     reliability: CopyReliability = field(init=False, repr=False)
     _scored: int | None = field(init=False, default=None, repr=False)  # positions already scored
+    # The match of the indexed text itself, which `update` scores right after `propose` asked for it.
+    _whole: tuple[int, tuple[int, list[int]]] | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_ngram <= self.max_ngram:
@@ -39,17 +41,25 @@ class PromptLookup(Proposer):
         self.index.reset(prompt)
         self.reliability.reset()
         self._scored = len(prompt)
+        self._whole = None
 
     def match(self, context: list[int]) -> tuple[int, list[int]]:
         """(n, where each earlier occurrence of the last n tokens continues), for the longest n in
         max_ngram..min_ngram that occurred before, oldest first; (0, []) when none did."""
         covered = self.index.covered(context)
+        whole = covered == len(context)  # the context is the indexed text: its match is the index's
+        if whole and self._whole is not None and self._whole[0] == covered:
+            return self._whole[1]
+        found = 0, []
         for n in range(self.max_ngram, self.min_ngram - 1, -1):
             if len(context) > n:
                 follows = self.index.follows(context, n, covered)
                 if follows:
-                    return n, follows
-        return 0, []
+                    found = n, follows
+                    break
+        if whole:
+            self._whole = covered, found
+        return found
 
     def match_length(self, context: list[int], follows: list[int], n: int) -> int:
         """How many tokens before the latest few occurrences agree with the end of `context`,
@@ -109,6 +119,7 @@ class PromptLookup(Proposer):
                 self.reliability.record(self.match_length(prefix, follows, n), best == context[i])
         self._scored = len(context)
         self.index.extend(context)
+        self._whole = None
 
 
 def ranked_continuations(context: list[int], follows: list[int], k: int) -> list[tuple[int, float]]:

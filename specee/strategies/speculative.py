@@ -197,10 +197,11 @@ class FullPass:
             paths = [[]] + [[draft.tokens[n] for n in layout.path_to(node)] for node in range(len(draft))]
             scores = self.sampler.adjusted(logits, tokens, paths)
         if self.sampler.greedy:
-            accepted, next_token = accept_greedy(draft, argmax(scores))
+            accepted, next_token = accept_greedy(draft, argmax(scores), layout)
         else:
             accepted, next_token = accept_sampling(draft, self.sampler.probs(scores), self.sampler.generator)
-        keep_path(cache, prefix, draft, accepted)
+        if len(draft):  # a pass of the root alone wrote nothing past it
+            keep_path(cache, prefix, draft, accepted)
         return Verified(accepted, next_token, logits, hidden, [0] + [1 + node for node in accepted])
 
     def update(self, tokens: list[int], num_accepted: int) -> None:

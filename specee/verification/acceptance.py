@@ -13,10 +13,16 @@ from .draft import Draft
 from .tree import TreeLayout
 
 
-def accept_greedy(draft: Draft, target_argmax: torch.Tensor) -> tuple[list[int], int]:
-    """Follow the children whose token is the target's argmax; output = plain greedy decoding."""
+def accept_greedy(draft: Draft, target_argmax: torch.Tensor, layout: TreeLayout | None = None) -> tuple[list[int], int]:
+    """Follow the children whose token is the target's argmax; output = plain greedy decoding.
+    `layout`: the draft's, where the caller has it."""
     argmax = target_argmax.tolist()  # [n + 1]; one host read for the whole tree
-    layout = TreeLayout.of(draft)
+    if draft.is_chain:  # a chain's children are its next node: no layout needed
+        accepted = 0
+        while accepted < len(draft) and draft.tokens[accepted] == argmax[accepted]:
+            accepted += 1
+        return list(range(accepted)), argmax[accepted]
+    layout = layout or TreeLayout.of(draft)
     accepted: list[int] = []
     node = -1
     while True:

@@ -76,7 +76,7 @@ class TreeLayout:
 
     def positions(self, prefix_len: int) -> torch.Tensor:
         """Positions of [root] + nodes when the root sits at `prefix_len`."""
-        return prefix_len + torch.tensor([0, *self.depths], dtype=torch.long)  # [n + 1]
+        return torch.tensor([prefix_len, *(prefix_len + depth for depth in self.depths)], dtype=torch.long)  # [n + 1]
 
 
 @dataclass(frozen=True)
