@@ -55,7 +55,7 @@ class Metrics:
                                      "nothing drafted; auto chooses per pass)", ["mode", "method"], registry=r)
         self.switches = Counter("specee_auto_switches", "Changes of auto's drafting method between passes",
                                 ["mode"], registry=r)
-        # `auto`'s choices, per drafter (prompt-lookup, ngram, suffix; none: a dense step).
+        # `auto`'s choices, per drafter (prompt-lookup, ngram, suffix, draft; none: a dense step).
         self.drafter_passes = Counter("specee_auto_drafter_passes", "auto's passes by the drafter it chose "
                                       "(none: nothing drafted)", ["drafter"], registry=r)
         self.drafter_drafted = Counter("specee_auto_drafter_drafted_tokens", "Draft tokens auto sent to verification, "
