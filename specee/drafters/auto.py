@@ -8,8 +8,10 @@ no draft beats one token for one row. A node's chance of acceptance is the draft
 cache's rate for its match length) times this request's calibration: accepted over expected draft
 tokens of that drafter so far. So a request whose copies keep failing stops drafting, and one
 whose text becomes copyable (a match appears) starts again; a guard (dense_guard.py) rests drafting
-when the latest drafted passes gave fewer tokens per unit of cost than dense steps. Every draft is
-verified by the target, so the output is dense decoding's, whatever it chooses.
+when the latest drafted passes gave fewer tokens per unit of cost than dense steps. Given a draft
+model (`--draft-model`), it consults that model where the free drafters offer nothing worth a row,
+each node paying for its row and its draft pass (model_offer.py). Every draft is verified by the
+target, so the output is dense decoding's, whatever it chooses.
 
 A row's price, as a share of a one-row pass, starts at the model's `extra_row_cost` and follows
 this request's own passes (row_price.py: a median line through their verification times against
@@ -301,7 +303,6 @@ class AutoDrafter(Proposer):
             alone = sharing == (0, 0)  # a pass of its own: its time is its rows'
             if choice is not None and alone and not self.reproducible:
                 self.price.record(drafted, seconds)
-
 
     def take_bytes_read(self) -> int:
         return super().take_bytes_read() + (self.model.take_bytes_read() if self.model is not None else 0)
