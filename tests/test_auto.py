@@ -13,7 +13,8 @@ import torch
 from helpers import tiny_model, tiny_model_directory
 from specee.batch import Batch
 from specee.cli import main
-from specee.drafters.auto import COSTLY_DRAFT_LIMIT, MARGIN, SUFFIX_DRAFT_LIMIT, AutoDrafter, Choice, RowPrice
+from specee.drafters.auto import (COSTLY_DRAFT_LIMIT, MARGIN, SUFFIX_DRAFT_LIMIT, SUFFIX_STREAK_LIMIT, AutoDrafter, Choice,
+                                  RowPrice)
 from specee.drafters.ngram import NgramModel
 from specee.drafters.prompt_lookup import PromptLookup
 from specee.drafters.suffix_cache import SuffixCache
@@ -175,6 +176,37 @@ def test_a_copy_accepted_whole_may_run_to_the_suffix_limit_until_one_breaks():
     context.extend(text[:14])  # the answer copies the text again, from its start
     auto.update(context, 0)
     assert copy() == COSTLY_DRAFT_LIMIT  # the broken copy ended the streak
+
+
+def test_a_suffix_chain_accepted_whole_may_run_to_the_streak_limit_until_one_breaks():
+    """An earlier answer in the suffix cache is drafted SUFFIX_DRAFT_LIMIT tokens at a time; after a
+    chain is accepted whole at that length the next may run to SUFFIX_STREAK_LIMIT (an agent's call
+    answered as before), and a chain that breaks brings the limit back."""
+    history = SuffixCache()
+    answer = list(range(100, 180))  # distinct tokens, none in the prompt: only the suffix cache offers them
+    prompt = [3, 4, 5, 6, 7, 8, 9, 10]
+    history.add(prompt + answer)
+    auto = AutoDrafter(PromptLookup(), None, 0.05, COSTLY_DRAFT_LIMIT, history, SUFFIX_DRAFT_LIMIT,
+                       suffix_streak_tokens=SUFFIX_STREAK_LIMIT)
+    auto.reset(prompt, None)
+    auto.watch(None, GenerationStats())
+    context = prompt + answer[:6]
+
+    def chain(accepted: int | None = None) -> int:
+        """One pass as in the copy's test above; returns the draft's length."""
+        at = answer.index(context[-1]) + 1
+        draft = auto.propose(context, 64)
+        assert draft.source == "suffix" and draft.tokens == answer[at:at + len(draft)]
+        kept = len(draft) if accepted is None else accepted
+        context.extend(answer[at:at + kept] + [answer[at + kept] if accepted is None else 0])
+        auto.update(context, kept)
+        return len(draft)
+
+    assert chain() == SUFFIX_DRAFT_LIMIT
+    assert SUFFIX_DRAFT_LIMIT < chain(accepted=5) <= SUFFIX_STREAK_LIMIT  # the streak: past the usual limit
+    context.extend(answer[40:46])  # after the break, the answer picks up the earlier one further on
+    auto.update(context, 0)
+    assert chain() == SUFFIX_DRAFT_LIMIT  # the broken chain ended the streak
 
 
 def test_failing_copies_turn_drafting_off_until_a_longer_match_appears():

@@ -61,6 +61,9 @@ COSTLY_DRAFT_LIMIT = 4
 # produced, which an agent's repeated calls bring back nearly whole (BENCHMARKS.md, "Attention
 # that shares its loads"); each node still pays for its row or is cut.
 SUFFIX_DRAFT_LIMIT = DRAFT_LIMIT
+# After a suffix-cache chain is accepted whole at its limit, the next may run this far (an agent's
+# call sent again answers as before, token for token); a chain that breaks ends the streak.
+SUFFIX_STREAK_LIMIT = 2 * SUFFIX_DRAFT_LIMIT
 
 
 @dataclass
@@ -116,7 +119,8 @@ class AutoDrafter(Proposer):
 
     def __init__(self, lookup: PromptLookup, table: NgramModel | None, row_cost: float,
                  max_tokens: int = DRAFT_LIMIT, history: SuffixCache | None = None,
-                 suffix_max_tokens: int | None = None, model: ModelOffer | None = None) -> None:
+                 suffix_max_tokens: int | None = None, model: ModelOffer | None = None,
+                 suffix_streak_tokens: int | None = None) -> None:
         self.lookup = lookup
         self.table = table
         self.model = model  # the user's draft model, consulted where the free drafters offer nothing
@@ -125,6 +129,8 @@ class AutoDrafter(Proposer):
         self.row_cost = row_cost
         self.max_tokens = max_tokens
         self.suffix_max_tokens = max_tokens if suffix_max_tokens is None else suffix_max_tokens
+        self.suffix_streak_tokens = self.suffix_max_tokens if suffix_streak_tokens is None else suffix_streak_tokens
+        self.suffix_streak = False  # the latest suffix chain was accepted whole at its limit
         # The latest copy was accepted whole at full length: the next may run to the suffix cache's
         # limit, so a long verbatim copy (an agent repeating an earlier answer) takes half the
         # passes; a copy that breaks ends the streak (BENCHMARKS.md, "A copy accepted whole").
@@ -153,7 +159,7 @@ class AutoDrafter(Proposer):
             self.model.reset(prompt, shared=not self.reproducible)
         self.consulted = None
         self.last = self.pending = None
-        self.copy_streak = False
+        self.copy_streak = self.suffix_streak = False
         self.price = RowPrice(self.row_cost)
         self.guard = DenseGuard()
         self.timed = 0.0
@@ -175,7 +181,7 @@ class AutoDrafter(Proposer):
         suffix_limit = limit if suffix_limit is None else suffix_limit
         n, follows = self.lookup.match(context)
         if n:
-            copy_limit = max(limit, suffix_limit) if self.copy_streak else limit
+            copy_limit = max(limit, self.suffix_max_tokens) if self.copy_streak else limit
             copied = self.lookup.chain(context, follows, copy_limit).tokens
             length = self.lookup.match_length(context, follows, n)
             rates = [self.lookup.reliability.rate(min(length + i, MAX_MATCH)) for i in range(len(copied))]
@@ -255,7 +261,8 @@ class AutoDrafter(Proposer):
 
     def propose(self, context: list[int], max_tokens: int) -> Draft:
         if self.guard.open:
-            choice = self.choose(context, min(max_tokens, self.max_tokens), min(max_tokens, self.suffix_max_tokens))
+            suffix_limit = self.suffix_streak_tokens if self.suffix_streak else self.suffix_max_tokens
+            choice = self.choose(context, min(max_tokens, self.max_tokens), min(max_tokens, suffix_limit))
         else:
             self.guard.rest()
             choice = Choice("none", [], 0.0, 0.0, 1.0, resting=True)
@@ -284,6 +291,8 @@ class AutoDrafter(Proposer):
         sharing = self.sharing()
         if drafted and choice.source == "prompt-lookup":
             self.copy_streak = num_accepted == drafted and drafted >= self.max_tokens
+        if drafted and choice.source == "suffix":
+            self.suffix_streak = num_accepted == drafted and drafted >= self.suffix_max_tokens
         drafting = 0.0  # what consulting the draft model cost, in one-row passes
         if self.consulted is not None:
             passes, node_cost = self.consulted
@@ -330,13 +339,14 @@ def _auto_method(config, artifacts) -> Drafting:
     row_cost = artifacts.model.extra_row_cost
     limit = config.num_draft_tokens or (DRAFT_LIMIT if row_cost < COSTLY_ROW else COSTLY_DRAFT_LIMIT)
     suffix_limit = config.num_draft_tokens or SUFFIX_DRAFT_LIMIT
+    streak_limit = config.num_draft_tokens or SUFFIX_STREAK_LIMIT
     if not artifacts.model.rows_exact:
-        limit = suffix_limit = 0  # drafts would not be lossless here: every pass is a dense step
+        limit = suffix_limit = streak_limit = 0  # drafts would not be lossless here: every pass is a dense step
     history = artifacts.suffix_cache  # the engine's, shared by all its generations
     make_model = draft_model_offer(config, artifacts)
     return Drafting(lambda: AutoDrafter(PromptLookup(num_draft_tokens=max(limit, suffix_limit, 1)), table, row_cost, limit, history,
-                                        suffix_limit, make_model()),
-                    num_draft_tokens=max(limit, suffix_limit, 1), adaptive=False)
+                                        suffix_limit, make_model(), streak_limit),
+                    num_draft_tokens=max(limit, streak_limit, 1), adaptive=False)
 
 
 def draft_model_offer(config, artifacts):
