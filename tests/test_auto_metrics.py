@@ -1,11 +1,13 @@
 """`/metrics` counts auto's choices per drafter (passes, draft tokens sent, draft tokens accepted)
 and the suffix cache's state, in process over a tiny random model: a request repeated through the
-server drafts from the first one's answer."""
+server drafts from the first one's answer, and one naming a draft model drafts from it."""
 import pytest
 from fastapi.testclient import TestClient
 from helpers import tiny_model
 from prometheus_client.parser import text_string_to_metric_families
 
+from specee.drafters.model_offer import ModelOffer
+from specee.drafters.row_price import RowPrice
 from specee.engine import Engine
 from specee.server.app import ServerConfig, create_app
 from specee.server.completions import Defaults
@@ -46,3 +48,21 @@ def test_a_repeated_request_drafts_from_the_suffix_cache_and_the_metrics_count_e
     assert all(accepted[d] <= drafted[d] for d in drafted) and drafted.get("none", 0) == 0
     assert metrics["specee_suffix_cache_documents_total", ()] == 2
     assert metrics["specee_suffix_cache_tokens", ()] > 2 * 32
+
+
+def test_a_request_naming_a_draft_model_drafts_from_it_and_the_metrics_say_so(client, monkeypatch):
+    # Draft passes and rows at fixed prices (a draft pass at 0.02 of a target pass), so the tiny
+    # model's first layer drafts where the free drafters offer nothing.
+    monkeypatch.setattr(ModelOffer, "price", lambda self, one_row, measured: 0.02)
+    monkeypatch.setattr(RowPrice, "record", lambda self, rows, seconds: None)
+    before = per_drafter(samples(client), "passes").get("draft", 0)
+    request = {"messages": [{"role": "user", "content": "Count from one to ten in words."}], "max_tokens": 40}
+    drafted = client.post("/v1/chat/completions", json=request | {"specee": {"draft_model": "self:1"}}).json()
+    dense = client.post("/v1/chat/completions", json=request | {"specee": {"spec_method": "none"}}).json()
+    assert drafted["choices"][0]["message"] == dense["choices"][0]["message"]
+    draft_passes = drafted["specee"]["stats"]["method_passes"].get("draft", 0)
+    assert draft_passes > 0 and per_drafter(samples(client), "passes")["draft"] - before == draft_passes
+    # Only the methods that read a draft model take one: anything else is a 4xx naming the option.
+    refused = client.post("/v1/chat/completions", json=request | {"specee": {"spec_method": "prompt-lookup",
+                                                                             "draft_model": "self:1"}})
+    assert 400 <= refused.status_code < 500 and "draft_model" in refused.text
