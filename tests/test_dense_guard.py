@@ -61,7 +61,7 @@ def test_failing_passes_rest_drafting_for_longer_after_each_failed_probe():
 def test_the_guard_stops_a_drafter_that_turned_bad_long_before_calibration_would():
     """After 20 passes whose chains were all accepted, the table's calibration trusts it 1.4x: it
     would keep drafting through 200 rejected passes and more (its trust falls to 0.34, and a 1-token
-chain at 0.9 x 0.34 still pays on paper). The guard stops it after GUARD_PASSES."""
+chain at 0.9 x 0.34 still pays on paper). The guard stops it within GUARD_PASSES."""
     auto = AutoDrafter(NoCopies(), Table(42, 0.9), row_cost=0.2)
     context = list(range(10, 30))
     auto.reset(context, None)
@@ -71,14 +71,23 @@ chain at 0.9 x 0.34 still pays on paper). The guard stops it after GUARD_PASSES.
         context = context + draft.tokens + [42]
         auto.update(context, len(draft.tokens))
     assert auto.calibrations["ngram"].factor > 1.3
+    def refused(passes: int) -> int:
+        """`passes` passes whose drafts are all refused; returns how many drafted."""
+        nonlocal context
+        drafted = 0
+        for _ in range(passes):
+            drafted += bool(auto.propose(context, 8).tokens)
+            context = context + [7]
+            auto.update(context, 0)
+        return drafted
+
     drafted = 0
-    # Now every draft is refused: GUARD_PASSES of them, a rest, a probe, half of a rest twice as long.
-    for _ in range(GUARD_PASSES + FIRST_REST + 1 + FIRST_REST):
-        draft = auto.propose(context, 8)
-        drafted += bool(draft.tokens)
-        context = context + [7]
-        auto.update(context, 0)
-    assert drafted == GUARD_PASSES + 1 and auto.guard.resting == FIRST_REST
+    while auto.guard.open:  # every draft is refused now: the guard rests within GUARD_PASSES of them
+        drafted += refused(1)
+        assert drafted <= GUARD_PASSES
+    assert auto.guard.resting == FIRST_REST
+    # The rest, then a probe that is refused too: a rest twice as long.
+    assert refused(FIRST_REST + 1) == 1 and auto.guard.resting == 2 * FIRST_REST
     assert auto.choose(context, 8).source == "ngram"  # calibration alone would still draft
 
 
