@@ -3,17 +3,18 @@
 `auto`'s calibration is a request's whole history: after a long stretch of good copies it keeps
 trusting a drafter for many passes once the text stops repeating. The guard reads only the latest
 drafted passes: when their tokens per unit of pass cost fall clearly below a dense step's (one
-token for one row), drafting rests for a number of passes that doubles with each failed probe, then one
-drafted pass probes again; a probe that pays ends the rest and resets its length.
+token for one row), drafting rests for a number of passes that doubles with each failed probe,
+then one drafted pass probes again; a probe that pays ends the rest and resets its length.
 """
 from __future__ import annotations
 
 from collections import deque
 
-# Drafted passes judged together, and the share of their cost their tokens must reach. Copies
-# accepted a third of the time pay on average but often fail four times running: four passes held
-# to their whole cost rested them, and 8 passes at 85% gained 3-5% on the tuning slice
-# (BENCHMARKS.md, "A guard that tolerates a run of failed copies").
+# Drafted passes judged together, and the share of their cost their tokens must reach (none of
+# their drafts accepted rests drafting too, however cheap the rows). Copies accepted a third of the
+# time pay on average but often fail four times running: four passes held to their whole cost
+# rested them, and 8 passes at 85% gained 3-5% on the tuning slice (BENCHMARKS.md, "A guard that
+# tolerates a run of failed copies").
 GUARD_PASSES = 8
 GUARD_TOLERANCE = 0.85
 # Dense passes of the first rest, and the longest rest (a doubling that never stops would starve
@@ -49,8 +50,10 @@ class DenseGuard:
                 self._start_rest()
             return
         self.recent.append((accepted + 1, cost))
-        if len(self.recent) == GUARD_PASSES and sum(t for t, _ in self.recent) < GUARD_TOLERANCE * sum(c for _, c in self.recent):
-            self._start_rest()
+        if len(self.recent) == GUARD_PASSES:
+            tokens, cost = sum(t for t, _ in self.recent), sum(c for _, c in self.recent)
+            if tokens < GUARD_TOLERANCE * cost or tokens == GUARD_PASSES:  # well below its cost, or nothing accepted
+                self._start_rest()
 
     def resume(self, rest_length: int) -> None:
         """Start where an earlier guard of the same drafter stands: resting, if its latest rest
@@ -74,7 +77,7 @@ MAX_CREDIT = 2.0
 class BalanceGuard(DenseGuard):
     """The guard for a drafter that costs even when nothing it offers is drafted: it judges the
     running balance (tokens gained minus their cost, draft passes included) rather than the latest
-    four passes, so a cheap drafter that often offers nothing is kept for the drafts that pay, and
+    passes, so a cheap drafter that often offers nothing is kept for the drafts that pay, and
     a dear one rests after about a pass's worth of loss."""
 
     def __init__(self) -> None:
@@ -90,4 +93,3 @@ class BalanceGuard(DenseGuard):
         if self.balance < -LOSS_TO_REST:
             self._start_rest()
             self.balance = 0.0
-

@@ -7,13 +7,13 @@ passes' price is measured as the row's is: their seconds over a one-row target p
 sampled request keeps the bytes' ratio, so its answer never depends on timing). A guard of its
 own (dense_guard.py's BalanceGuard) stops consulting the model once its consultations lost about a
 dense step's worth (tokens gained minus their cost, draft passes included): a draft model that
-cannot pay on this text is dropped within a few passes, and probed again later. Where that guard stands is the engine's, shared by
-its requests (`DraftRecord`): after a few requests that found the draft model losing, the next
-start resting too, and one whose probe pays opens it for the next. The draft model reads only the prompt's last
-CONTEXT_WINDOW tokens, then everything after them: its cache must first take in every token it has
-not seen, and a long prompt taken in whole cost more than a short answer's drafts could win back
-(BENCHMARKS.md, "auto with a draft model"); drafts are verified, so a shorter context costs
-acceptance, never the answer.
+cannot pay on this text is dropped within a few passes, and probed again later. Where that guard
+stands is the engine's, shared by its requests (`DraftRecord`): after a few requests that found
+the draft model losing, the next start resting too, and one whose probe pays opens it for the
+next. The draft model reads only the prompt's last CONTEXT_WINDOW tokens, then everything after
+them: its cache must first take in every token it has not seen, and a long prompt taken in whole
+cost more than a short answer's drafts could win back (BENCHMARKS.md, "auto with a draft model");
+drafts are verified, so a shorter context costs acceptance, never the answer.
 """
 from __future__ import annotations
 

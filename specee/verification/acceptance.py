@@ -18,11 +18,11 @@ def accept_greedy(draft: Draft, target_argmax: torch.Tensor, layout: TreeLayout 
     `layout`: the draft's, where the caller has it."""
     argmax = target_argmax.tolist()  # [n + 1]; one host read for the whole tree
     if draft.is_chain:  # a chain's children are its next node: no layout needed
-        accepted = 0
-        while accepted < len(draft) and draft.tokens[accepted] == argmax[accepted]:
-            accepted += 1
-        return list(range(accepted)), argmax[accepted]
-    layout = layout or TreeLayout.of(draft)
+        kept = 0
+        while kept < len(draft) and draft.tokens[kept] == argmax[kept]:
+            kept += 1
+        return list(range(kept)), argmax[kept]
+    layout = TreeLayout.of(draft) if layout is None else layout
     accepted: list[int] = []
     node = -1
     while True:
