@@ -304,7 +304,10 @@ class AutoDrafter(Proposer):
             other_rows = sharing[1]  # the pass against the dense step it replaced
             cost = (self.price.share(other_rows + drafted) + drafting) / self.price.share(other_rows)
             # The draft model answers to its own guard: its losses must not rest the free drafters.
-            (self.model.judge if choice.source == "draft" else self.guard.record)(num_accepted, cost)
+            if choice.source == "draft":
+                self.model.judge(num_accepted, cost)
+            else:
+                self.guard.record(num_accepted, cost, shared=sharing != (0, 0))
         if self.stats is not None:
             if choice is not None:
                 self.stats.record_drafter(choice.source, drafted, num_accepted)

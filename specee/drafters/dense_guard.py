@@ -17,6 +17,9 @@ from collections import deque
 # tolerates a run of failed copies").
 GUARD_PASSES = 8
 GUARD_TOLERANCE = 0.85
+# A pass shared with other generations is judged as before the tolerance, the latest 4 at their
+# whole cost: in a batch, a draft's loss is every member's.
+SHARED_GUARD_PASSES = 4
 # Dense passes of the first rest, and the longest rest (a doubling that never stops would starve
 # a request whose text becomes copyable again).
 FIRST_REST = 4
@@ -25,7 +28,7 @@ LONGEST_REST = 256
 
 class DenseGuard:
     def __init__(self) -> None:
-        self.recent: deque[tuple[int, float]] = deque(maxlen=GUARD_PASSES)  # (tokens gained, pass cost)
+        self.recent: deque[tuple[int, float]] = deque(maxlen=GUARD_PASSES)  # (tokens gained, tokens owed)
         self.rest_length = FIRST_REST
         self.resting = 0  # dense passes left before the next probe
         self.probing = False  # the next drafted pass is judged alone
@@ -39,8 +42,10 @@ class DenseGuard:
         self.resting -= 1
         self.probing = self.resting == 0
 
-    def record(self, accepted: int, cost: float) -> None:
-        """A drafted pass gave accepted + 1 tokens and cost `cost` dense steps."""
+    def record(self, accepted: int, cost: float, shared: bool = False) -> None:
+        """A drafted pass gave accepted + 1 tokens and cost `cost` dense steps. A pass `shared` with
+        other generations must pay its whole cost within a shorter window: a loss there is every
+        member's."""
         if self.probing:
             self.probing = False
             if accepted + 1 >= cost:
@@ -49,10 +54,12 @@ class DenseGuard:
             else:
                 self._start_rest()
             return
-        self.recent.append((accepted + 1, cost))
-        if len(self.recent) == GUARD_PASSES:
-            tokens, cost = sum(t for t, _ in self.recent), sum(c for _, c in self.recent)
-            if tokens < GUARD_TOLERANCE * cost or tokens == GUARD_PASSES:  # well below its cost, or nothing accepted
+        self.recent.append((accepted + 1, cost if shared else GUARD_TOLERANCE * cost))  # (tokens, tokens owed)
+        window = SHARED_GUARD_PASSES if shared else GUARD_PASSES
+        if len(self.recent) >= window:
+            latest = list(self.recent)[-window:]
+            tokens, owed = sum(t for t, _ in latest), sum(o for _, o in latest)
+            if tokens < owed or tokens == window:  # below what they owe, or nothing accepted
                 self._start_rest()
 
     def resume(self, rest_length: int) -> None:
@@ -84,7 +91,7 @@ class BalanceGuard(DenseGuard):
         super().__init__()
         self.balance = 0.0
 
-    def record(self, accepted: int, cost: float) -> None:
+    def record(self, accepted: int, cost: float, shared: bool = False) -> None:
         if self.probing:
             super().record(accepted, cost)
             self.balance = 0.0
