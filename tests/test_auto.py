@@ -148,6 +148,21 @@ def test_the_suffix_caches_chains_run_longer_than_the_others_where_rows_are_dear
     assert auto.choose(repeated, COSTLY_DRAFT_LIMIT).tokens == choice.tokens[:COSTLY_DRAFT_LIMIT]  # one limit for all
 
 
+def drafted_pass(auto: AutoDrafter, context: list[int], text: list[int], accepted: int | None = None,
+                 source: str | None = None) -> int:
+    """One pass over an answer that repeats `text` (its tokens distinct): the draft, which must
+    follow the text (and come from `source`, where given), `accepted` of it kept (all when None)
+    and the target's token after them (the text's next one, or 0 where it broke the draft).
+    Returns the draft's length."""
+    at = text.index(context[-1]) + 1  # where the answer is in the text
+    draft = auto.propose(context, 64)
+    assert draft.tokens == text[at:at + len(draft)] and source in (None, draft.source)
+    kept = len(draft) if accepted is None else accepted
+    context.extend(text[at:at + kept] + [text[at + kept] if accepted is None else 0])
+    auto.update(context, kept)
+    return len(draft)
+
+
 def test_a_copy_accepted_whole_may_run_to_the_suffix_limit_until_one_breaks():
     """Where rows are dear, copies are cut at COSTLY_DRAFT_LIMIT; after one is accepted whole at that
     length the next may run to SUFFIX_DRAFT_LIMIT (a long verbatim repeat), and a copy that breaks
@@ -161,15 +176,7 @@ def test_a_copy_accepted_whole_may_run_to_the_suffix_limit_until_one_breaks():
     context = prompt + text[:12]  # the answer repeats the text: a long match
 
     def copy(accepted: int | None = None) -> int:
-        """One pass: the copy drafted, `accepted` of it kept (all when None) and the target's token
-        after them (the text's next one, or 0 where it broke the copy). Returns the draft's length."""
-        at = text.index(context[-1]) + 1  # where the answer is in the text (its tokens are distinct)
-        draft = auto.propose(context, 64).tokens
-        assert draft == text[at:at + len(draft)]  # the copy follows the text
-        kept = len(draft) if accepted is None else accepted
-        context.extend(text[at:at + kept] + [text[at + kept] if accepted is None else 0])
-        auto.update(context, kept)
-        return len(draft)
+        return drafted_pass(auto, context, text, accepted)
 
     assert copy() == COSTLY_DRAFT_LIMIT
     assert COSTLY_DRAFT_LIMIT < copy(accepted=3) <= SUFFIX_DRAFT_LIMIT  # the streak: past the usual limit
@@ -193,14 +200,7 @@ def test_a_suffix_chain_accepted_whole_may_run_to_the_streak_limit_until_one_bre
     context = prompt + answer[:6]
 
     def chain(accepted: int | None = None) -> int:
-        """One pass as in the copy's test above; returns the draft's length."""
-        at = answer.index(context[-1]) + 1
-        draft = auto.propose(context, 64)
-        assert draft.source == "suffix" and draft.tokens == answer[at:at + len(draft)]
-        kept = len(draft) if accepted is None else accepted
-        context.extend(answer[at:at + kept] + [answer[at + kept] if accepted is None else 0])
-        auto.update(context, kept)
-        return len(draft)
+        return drafted_pass(auto, context, answer, accepted, source="suffix")
 
     assert chain() == SUFFIX_DRAFT_LIMIT
     assert SUFFIX_DRAFT_LIMIT < chain(accepted=5) <= SUFFIX_STREAK_LIMIT  # the streak: past the usual limit
