@@ -30,9 +30,11 @@ PRIOR_ROWS = 4
 # A pass counts as at most CLAMP times (at least 1 / CLAMP of) what the current line predicts for it.
 CLAMP = 2.0
 MIN_PRICE = 0.01
-# A dense pass moves the line little: the fit (a few dozen numpy calls, a share of a pass) reruns
-# after every drafted pass and after every DENSE_REFIT-th dense one.
-DENSE_REFIT = 4
+# The fit (a few dozen numpy calls on caches a pass has just emptied: 4-5% of a dense step if run
+# after every drafted pass) reruns after every REFIT-th pass; while the window holds fewer than
+# YOUNG passes, after every drafted one, so a request's first drafts learn the price at once.
+REFIT = 8
+YOUNG = 8
 
 
 class RowPrice:
@@ -43,7 +45,7 @@ class RowPrice:
         self.one_row: float | None = None  # a one-row pass's seconds
         self.passes: deque[tuple[int, float]] = deque(maxlen=PRICE_WINDOW)  # (extra rows, seconds)
         self.prior_weight = PRICE_PRIOR_WEIGHT
-        self.dense_since_fit = 0
+        self.since_fit = 0  # passes recorded since the latest fit
 
     def share(self, extra_rows: int) -> float:
         """A pass of one row and `extra_rows` more (drafted, or other sequences'), in one-row passes."""
@@ -56,8 +58,9 @@ class RowPrice:
             self.prior_weight *= PRICE_DECAY
         expected = self.one_row * self.share(extra_rows)
         self.passes.append((extra_rows, min(max(seconds, expected / CLAMP), expected * CLAMP)))
-        self.dense_since_fit = 0 if extra_rows else self.dense_since_fit + 1
-        if self.dense_since_fit % DENSE_REFIT == 0:
+        self.since_fit += 1
+        if self.since_fit >= REFIT or (extra_rows and len(self.passes) < YOUNG):
+            self.since_fit = 0
             self.fit()
 
     def fit(self) -> None:
