@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 MAX_LOGGED_SWITCHES = 32  # a long answer may switch hundreds of times; the first ones explain it
@@ -113,10 +114,12 @@ class GenerationStats:
         counts["drafted"] += drafted
         counts["accepted"] += accepted
 
-    def record_switch(self, switch: dict) -> None:
+    def record_switch(self, explain: Callable[[], dict]) -> None:
+        """A change of drafting method; `explain()` gives its record, asked for only while the log
+        has room (it costs a share of a pass, and long answers switch hundreds of times)."""
         self.switches += 1
         if len(self.switch_log) < MAX_LOGGED_SWITCHES:
-            self.switch_log.append(switch)
+            self.switch_log.append(explain())
 
     def record_pass(self, proposed: int, accepted: int) -> None:
         """One verification pass: `proposed` draft tokens along the checked path(s), `accepted`

@@ -192,7 +192,7 @@ class AutoDrafter(Proposer):
             rates = [hit_rate(match.length + i) for i in range(len(match.continuation))]
             offers.append(self.chain_offer("suffix", match.continuation, rates, floor))
         if self.table is not None:
-            factor, tail = self.calibrations["ngram"].factor, list(context[len(context) - (self.table.order - 1):])
+            factor, tail = self.calibrations["ngram"].factor, list(context[max(0, len(context) - (self.table.order - 1)):])
             tokens, probs, reach = [], [], [1.0]
             while len(tokens) < limit:
                 token, prob = self.table.best(tail + tokens)
@@ -267,7 +267,7 @@ class AutoDrafter(Proposer):
             self.guard.rest()
             choice = Choice("none", [], 0.0, 0.0, 1.0, resting=True)
         if self.last is not None and choice.source != self.last.source and self.stats is not None:
-            self.stats.record_switch(self.explain(context, choice))
+            self.stats.record_switch(lambda: self.explain(context, choice))
         self.last = self.pending = choice
         return Draft.chain(choice.tokens, source=choice.source)
 
