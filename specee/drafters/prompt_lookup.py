@@ -111,15 +111,17 @@ class PromptLookup(Proposer):
         reliable copies are in this text), then index the new tokens."""
         if self._scored is None:  # never reset: start with the tokens of this step
             self._scored = max(0, len(context) - num_accepted - 1)
-        for i in range(self._scored, len(context)):
-            prefix = context[:i]
-            n, follows = self.match(prefix)
+        if self.index.covered(context) != self._scored:  # a text not indexed (never reset, or another)
+            self.index.reset(context[: self._scored])
+        text = self.index.tokens  # the text before each new token in turn, indexed token by token
+        for token in context[self._scored :]:
+            n, follows = self.match(text)
             if n:
-                best = ranked_continuations(prefix, follows, 1)[0][0]
-                self.reliability.record(self.match_length(prefix, follows, n), best == context[i])
+                best = ranked_continuations(text, follows, 1)[0][0]
+                self.reliability.record(self.match_length(text, follows, n), best == token)
+            self.index.append(token)
+            self._whole = None
         self._scored = len(context)
-        self.index.extend(context)
-        self._whole = None
 
 
 def ranked_continuations(context: list[int], follows: list[int], k: int) -> list[tuple[int, float]]:

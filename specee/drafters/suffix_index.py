@@ -18,25 +18,39 @@ class SuffixIndex:
         self.max_n = max_n
         self.tokens: list[int] = []
         self._follows: dict[tuple[int, ...], list[int]] = {}
+        self._extended_by: list[int] | None = None  # the latest list `covered` found extending the text
 
     def reset(self, tokens: list[int]) -> None:
         self.tokens = []
         self._follows = {}
+        self._extended_by = None
         self.extend(tokens)
 
     def extend(self, context: list[int]) -> None:
         """Index `context`, which must start with the text indexed so far (else it is re-indexed)."""
         if self.covered(context) == 0 and self.tokens:
-            self.tokens, self._follows = [], {}
-        for end in range(len(self.tokens), len(context)):
-            for n in range(1, min(self.max_n, end + 1) + 1):
-                self._follows.setdefault(tuple(context[end - n + 1 : end + 1]), []).append(end + 1)
-        self.tokens.extend(context[len(self.tokens) :])
+            self.reset([])
+        for token in context[len(self.tokens) :]:
+            self.append(token)
+
+    def append(self, token: int) -> None:
+        """Index one more token of the text."""
+        self.tokens.append(token)
+        end = len(self.tokens) - 1
+        for n in range(1, min(self.max_n, end + 1) + 1):
+            self._follows.setdefault(tuple(self.tokens[end - n + 1 : end + 1]), []).append(end + 1)
 
     def covered(self, context: list[int]) -> int:
         """How many leading tokens of `context` are indexed: all indexed ones, or 0 if it differs."""
         m = len(self.tokens)
-        return m if len(context) >= m and context[:m] == self.tokens else 0
+        # A list found to extend the text is trusted to grow only at its end, as a generation's
+        # tokens do: comparing a long text on every call costs a share of a pass.
+        if context is self.tokens or (context is self._extended_by and len(context) >= m):
+            return m
+        if len(context) >= m and context[:m] == self.tokens:
+            self._extended_by = context
+            return m
+        return 0
 
     def follows(self, context: list[int], n: int, covered: int | None = None) -> list[int]:
         """Positions after every earlier occurrence of the last `n` tokens of `context`, oldest first.
