@@ -133,3 +133,28 @@ def test_proposer_chain_stops_after_an_unconfident_token(model):
     first_below = next(i for i, p in enumerate(probs) if p < threshold)
     draft = NgramProposer(model, num_draft_tokens=6, confidence_threshold=threshold).propose([3, 5], max_tokens=6)
     assert draft.tokens == context[2 : 2 + first_below + 1]
+
+
+@pytest.mark.parametrize("order", [2, 3, 4])
+def test_best_from_the_seen_contexts_dicts_is_the_tables_own(order, monkeypatch):
+    """`best` answers most contexts from per-order dicts of the seen contexts' best continuations
+    (`seen_best`): every context of up to order - 1 tokens gets what the table itself gives, with
+    the dicts and without them (a table over SEEN_BEST_LIMIT), including the seen contexts whose
+    shorter contexts might win, which the dicts leave to the table."""
+    import itertools
+
+    from specee.drafters import ngram
+
+    sequences = corpus(1) + [[4, 5, 6, 4, 5, 7]] * 3 + [[8, 9]] * 40  # 9 after 8 dominates the bigram
+    with_dicts = NgramModel.train(sequences, vocab_size=VOCAB, order=order, progress=False)
+    with_dicts.best([])  # builds its dicts
+    answers = [answer for by_context in with_dicts.seen_best() for answer in by_context.values()]
+    assert None in answers and any(answer is not None for answer in answers)
+    monkeypatch.setattr(ngram, "SEEN_BEST_LIMIT", -1)
+    without = NgramModel.train(sequences, vocab_size=VOCAB, order=order, progress=False)
+    contexts = [list(c) for n in range(order) for c in itertools.product(range(VOCAB), repeat=n)]
+    for context in contexts:
+        token, prob = with_dicts.best(context)
+        assert (token, prob) == without.best(context)
+        assert prob == pytest.approx(without.top_k(context, 1)[0][1], abs=1e-15)
+    assert with_dicts._seen_best and without._seen_best == []

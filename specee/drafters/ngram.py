@@ -10,6 +10,7 @@ nk is the number of n-grams seen exactly k times.
 """
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -30,6 +31,10 @@ HEADER = ArtifactKind("specee-ngram", 1, "n-gram table", "specee train ngram", f
 DISCOUNT_RANGE = (0.1, 0.9)
 FALLBACK_DISCOUNT = 0.5  # when the data has no n-grams seen once or twice to estimate it from
 BEST_MEMO = 1 << 16  # contexts whose best continuation `best` remembers
+# Tables with at most this many contexts get every seen context's best continuation in a dict at
+# first use (a few ms): a memo miss reads numpy arrays on caches a pass has just emptied, about
+# 40 us, once or twice a pass.
+SEEN_BEST_LIMIT = 1 << 18
 
 
 @dataclass
@@ -68,6 +73,7 @@ class NgramModel:
         by_prob = np.argsort(-self.unigram, kind="stable")
         self._unigram_level = Level(by_prob, self.unigram[by_prob], backoff=0.0)
         self._best: dict[tuple[int, ...], tuple[int, float]] = {}
+        self._seen_best: list[dict] | None = None  # built by `best` at first use (seen_best)
 
     @staticmethod
     def train(
@@ -137,20 +143,74 @@ class NgramModel:
     def best(self, context: Sequence[int]) -> tuple[int, float]:
         """The most probable next token and its probability (remembered: chains drafted pass after
         pass ask for the same contexts again)."""
-        key = tuple(context[len(context) - (self.order - 1) :])
-        found = self._best.get(key)
+        key = tuple(context[max(0, len(context) - (self.order - 1)) :])
+        found = self._quick_best(key)
+        if found is not None:
+            return found
+        found = self._best.get(key)  # a large table's memo
         if found is None:
             if len(self._best) >= BEST_MEMO:
                 self._best.clear()
             found = self._best[key] = self._find_best(key)
         return found
 
+    def _quick_best(self, key: tuple[int, ...]) -> tuple[int, float] | None:
+        """`best` from `seen_best`'s dicts (None for a table too large for them); a seen context
+        whose shorter ones might win is answered by `_find_best` once, then from its dict."""
+        if self._seen_best is None:
+            small = sum(len(table.contexts) for table in self.tables) <= SEEN_BEST_LIMIT
+            self._seen_best = self.seen_best() if small else []
+        if not self._seen_best:
+            return None
+        for k in range(min(self.order, len(key) + 1), 1, -1):
+            ending = key[len(key) - (k - 1) :]
+            by_context = self._seen_best[k - 2]
+            found = by_context.get(ending, _UNSEEN)
+            if found is None:
+                found = by_context[ending] = self._find_best(ending)
+            if found is not _UNSEEN:
+                return found
+        return self._unigram_best
+
+    def seen_best(self) -> list[dict[tuple[int, ...], tuple[int, float] | None]]:
+        """Per order k = 2..order, each seen context (k - 1 tokens) with its best continuation, as
+        `_find_best` gives it where its first continuation wins outright; None where a shorter
+        context's might beat it (`best` asks `_find_best`). Any longer context backs off to its
+        longest seen ending with weight 1, so that ending's answer is its answer."""
+        seen, reaches = [], []  # reaches: per order, the most any token gets after each seen context
+        for k, table in enumerate(self.tables, start=2):
+            first = table.starts[:-1]
+            top, top_prob = table.tokens[first], table.probs[first]
+            shorter = np.full(len(table.contexts), float(self._unigram_level.probs[0]))  # the next level's reach
+            for j in range(2, k):  # longer shorter contexts overwrite: the longest seen one is the next level
+                lower = self.tables[j - 2]
+                if not len(lower.contexts):
+                    continue
+                keys = table.contexts % self.vocab_size ** (j - 1)
+                rows = np.minimum(np.searchsorted(lower.contexts, keys), len(lower.contexts) - 1)
+                hit = lower.contexts[rows] == keys
+                shorter[hit] = reaches[j - 2][rows[hit]]
+            wins = top_prob >= table.backoff * shorter
+            reaches.append(np.maximum(top_prob, table.backoff * shorter))
+            digits, rest = [], table.contexts
+            for _ in range(k - 1):
+                rest, digit = np.divmod(rest, self.vocab_size)
+                digits.insert(0, digit.tolist())
+            answers = [(token, prob) if win else None
+                       for token, prob, win in zip(top.tolist(), top_prob.tolist(), wins.tolist())]
+            seen.append(dict(zip(zip(*digits), answers)))
+        return seen
+
+    @functools.cached_property
+    def _unigram_best(self) -> tuple[int, float]:
+        return int(self._unigram_level.tokens[0]), float(self._unigram_level.probs[0])
+
     def _find_best(self, context: Sequence[int]) -> tuple[int, float]:
         """Usually the longest context's first continuation, which no shorter context can beat once
-        its share is above their best."""
+        its share is above the most they can give (their reach)."""
         levels = self._levels(context)
         first = levels[0]
-        if len(levels) == 1 or first.probs[0] >= first.backoff * levels[1].probs[0]:
+        if len(levels) == 1 or first.probs[0] >= first.backoff * _reach(levels[1:]):
             return int(first.tokens[0]), float(first.probs[0])
         return self.top_k(context, 1)[0]
 
@@ -198,6 +258,17 @@ class NgramModel:
         saved = HEADER.load(path, fingerprint)
         tables = [OrderTable(**{name: tensor.numpy() for name, tensor in table.items()}) for table in saved["tables"]]
         return NgramModel(saved["order"], saved["vocab_size"], saved["unigram"].numpy(), tables)
+
+
+_UNSEEN = object()
+
+
+def _reach(levels: list[Level]) -> float:
+    """The most any token can get from a backoff chain, before the longer contexts' alphas."""
+    reach = float(levels[-1].probs[0])
+    for level in reversed(levels[:-1]):
+        reach = max(float(level.probs[0]), level.backoff * reach)
+    return reach
 
 
 def _key(tokens: Sequence[int], vocab_size: int) -> int:
@@ -281,7 +352,7 @@ class NgramProposer(Proposer):
 
     def propose(self, context: list[int], max_tokens: int) -> Draft:
         # Only the last order - 1 tokens matter, so long contexts are not copied per token.
-        tail = list(context[len(context) - (self.model.order - 1) :])
+        tail = list(context[max(0, len(context) - (self.model.order - 1)) :])
         tokens: list[int] = []
         for _ in range(min(max_tokens, self.num_draft_tokens)):
             best = self.model.top_k(tail + tokens, 1)
@@ -294,7 +365,7 @@ class NgramProposer(Proposer):
         return Draft.chain(tokens)
 
     def candidates(self, context: list[int], k: int) -> list[tuple[int, float]]:
-        return self.model.top_k(context[len(context) - (self.model.order - 1) :], k)
+        return self.model.top_k(context[max(0, len(context) - (self.model.order - 1)) :], k)
 
 
 def _ngram_method(config, artifacts) -> Drafting:
