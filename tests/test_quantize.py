@@ -129,6 +129,28 @@ def test_quantized_model_keeps_its_pieces_working(name, tied):
     assert model.weight_bytes < dense.weight_bytes / 3
 
 
+def test_embedding_rows_of_recent_tokens_are_kept_within_their_budget(monkeypatch):
+    """The kept rows are the dequantized ones exactly, whatever the call's mix of kept and new ids
+    (repeats too); a pass cannot change them (the result is a copy); when the budget is reached the
+    rows are dropped and read again; a prompt's many ids skip the cache."""
+    from specee.model import quantize
+
+    hf = tiny_hf_model(seed=1, intermediate_size=128, vocab_size=112, tie_word_embeddings=True)
+    model = quantize_model(specee_from_hf(hf, pack=False), "int4")
+    embedding = model.embed_tokens
+    exact = lambda ids: embedding.dequantize(torch.tensor(ids)).to(embedding.dtype)  # noqa: E731
+    monkeypatch.setattr(quantize, "EMBEDDING_CACHE_BYTES", 4 * 64 * 4)  # four rows of 64 fp32
+    for ids in ([5], [5, 9, 5], [9, 2, 77], [100, 5]):
+        out = model.embed(torch.tensor(ids))
+        assert torch.equal(out, exact(ids))
+        out.add_(1.0)  # what a caller does with it stays out of the kept rows
+        assert len(embedding.recent) <= 4
+    assert sorted(embedding.recent) == [100]  # a fifth row emptied the cache (5 was read from it first)
+    assert torch.equal(model.embed(torch.tensor([[5], [100]])), exact([5, 100]).view(2, 1, -1))
+    many = list(range(quantize.EMBEDDING_CACHED_IDS + 1))
+    assert torch.equal(model.embed(torch.tensor(many)), exact(many)) and sorted(embedding.recent) == [5, 100]
+
+
 def test_a_quantized_model_keeps_the_fingerprint_of_its_weights():
     from specee.model.fingerprint import weights_fingerprint
 

@@ -56,6 +56,9 @@ DEFAULT_INT4_GROUP_SIZE = 32
 KERNEL_DTYPE = torch.bfloat16
 INT4_ROW_BLOCK = 16  # the int4 packing wants output rows in multiples of this
 QUANTIZE_ROWS_PER_BLOCK = 4096
+# Embedding rows of recent tokens kept (QuantizedEmbedding), and the most ids a call takes from them.
+EMBEDDING_CACHE_BYTES = 16 << 20
+EMBEDDING_CACHED_IDS = 64
 
 
 @dataclass
@@ -344,7 +347,11 @@ class Int4Linear(nn.Module):
 class QuantizedEmbedding(nn.Module):
     """Embedding rows dequantized from a quantized matrix: a quantized weight, or a linear (anything
     with `dequantize(rows)`). A linear it `owned` is its submodule `matrix` (an untied embedding's own);
-    one it does not own (the tied output head) is not registered, so its tensors are the head's alone."""
+    one it does not own (the tied output head) is not registered, so its tensors are the head's alone.
+
+    A decoding pass embeds a few tokens, and dequantizing them takes a dozen torch calls on caches
+    the pass has just emptied (about 5% of a dense step at 135M), so the rows of recent tokens are
+    kept, up to EMBEDDING_CACHE_BYTES (emptied when full); a prompt's many rows are dequantized at once."""
 
     def __init__(self, source, dtype: torch.dtype, owned: bool = False) -> None:
         super().__init__()
@@ -352,9 +359,21 @@ class QuantizedEmbedding(nn.Module):
             self.matrix = source
         self.dequantize = source.dequantize
         self.dtype = dtype
+        self.recent: dict[int, torch.Tensor] = {}  # token id -> its row [hidden]
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.dequantize(ids.flatten()).to(self.dtype).view(*ids.shape, -1)  # [T, hidden]
+        if ids.numel() > EMBEDDING_CACHED_IDS:
+            return self.dequantize(ids.flatten()).to(self.dtype).view(*ids.shape, -1)  # [T, hidden]
+        tokens = ids.flatten().tolist()
+        found = {token: self.recent.get(token) for token in tokens}
+        missing = [token for token, row in found.items() if row is None]
+        if missing:
+            rows = self.dequantize(torch.tensor(missing)).to(self.dtype)
+            if (len(self.recent) + len(missing)) * rows[0].nbytes > EMBEDDING_CACHE_BYTES:
+                self.recent.clear()
+            for token, row in zip(missing, rows):
+                found[token] = self.recent[token] = row
+        return torch.stack([found[token] for token in tokens]).view(*ids.shape, -1)
 
 
 def quantized_linear(weight: QuantizedWeight, bias: torch.Tensor | None = None, keep_rows: bool = False,
