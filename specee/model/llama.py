@@ -21,7 +21,7 @@ from .attention_bias import AttentionBias
 from .cache import KVCache, SpareBuffers
 from .config import LlamaConfig
 from .passes import LayerRows, PassRows, Segment, fusable, run_fused
-from .rope import RopeAngles, angles_rows, apply_rope, inverse_frequencies, rope_angles
+from .rope import AngleTable, RopeAngles, angles_rows, apply_rope, inverse_frequencies, rope_angles
 
 
 class RMSNorm(nn.Module):
@@ -247,6 +247,7 @@ class Transformer(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.register_buffer("inv_freq", inverse_frequencies(config), persistent=False)
+        self.angle_table: AngleTable | None = None  # angles() builds it
 
     @property
     def kernels(self):
@@ -289,8 +290,14 @@ class Transformer(nn.Module):
         return rows if multiplier == 1.0 else rows * torch.tensor(multiplier, dtype=rows.dtype)
 
     def angles(self, positions: torch.Tensor) -> RopeAngles:
-        """RoPE angles for one pass; `positions` [T] are absolute token positions."""
-        return rope_angles(self.inv_freq, positions, self.dtype)
+        """RoPE angles for one pass; `positions` [T] are absolute token positions. On the CPU they
+        are read from a table of the positions so far (rebuilt if the frequencies or dtype change)."""
+        if positions.device.type != "cpu":
+            return rope_angles(self.inv_freq, positions, self.dtype)
+        table = self.angle_table
+        if table is None or table.inv_freq is not self.inv_freq or table.dtype != self.dtype:
+            table = self.angle_table = AngleTable(self.inv_freq, self.dtype)
+        return table.angles(positions)
 
     def logits(self, h: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
         """h: [T, hidden] (already normed). `rows` picks vocabulary entries: [T, len(rows)]."""

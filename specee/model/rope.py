@@ -10,6 +10,9 @@ import torch
 from .config import LlamaConfig
 
 
+ANGLE_TABLE_START = 512  # positions in a new AngleTable
+
+
 class RopeAngles(NamedTuple):
     """cos and sign-folded sin for one pass, computed once and shared by every layer: one set of
     frequencies per `LlamaConfig.rope_bases` (R), a layer taking its own (`for_layer`)."""
@@ -74,6 +77,25 @@ def rope_angles(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dt
     cos = torch.cat((cos, cos), dim=-1)
     sin = torch.cat((-sin, sin), dim=-1)
     return RopeAngles(cos.to(dtype), sin.to(dtype))
+
+
+class AngleTable:
+    """The angles of positions 0..length-1, grown (doubling) as later positions come: a pass on the
+    CPU reads its rows, two index calls instead of the eight that compute them (each on caches the
+    pass before has emptied). A position's angles are the same computed alone or in a block
+    (tests/test_rope.py), so the table changes no bits."""
+
+    def __init__(self, inv_freq: torch.Tensor, dtype: torch.dtype) -> None:
+        self.inv_freq, self.dtype = inv_freq, dtype
+        self.length = 0
+        self.cos = self.sin = torch.empty(0)
+
+    def angles(self, positions: torch.Tensor) -> RopeAngles:
+        end = int(positions.max()) + 1 if len(positions) else 0
+        if end > self.length:
+            self.length = max(ANGLE_TABLE_START, 2 * self.length, end)
+            self.cos, self.sin = rope_angles(self.inv_freq, torch.arange(self.length), self.dtype)
+        return RopeAngles(self.cos[positions], self.sin[positions])
 
 
 def apply_rope(x: torch.Tensor, angles: RopeAngles) -> torch.Tensor:
