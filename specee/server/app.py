@@ -24,6 +24,7 @@ from ..options import LoadOptions, flag
 from .bodies import MAX_BODY_BYTES, ClientGone, read_json  # noqa: F401 (the cluster ingress imports MAX_BODY_BYTES here)
 from .completions import Defaults, Planner, Shaper, check_token_ids, prompts_of
 from .metrics import Metrics
+from .inbox import Inbox
 from .scheduler import Ended, Job, QueueFull, Scheduler
 from .schemas import (
     BadRequest,
@@ -85,32 +86,6 @@ def key_matches(request: Request, api_key: str | None) -> bool:
         return True
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     return scheme.lower() == "bearer" and hmac.compare_digest(token.encode(), api_key.encode())
-
-
-class Inbox:
-    """Where the worker thread delivers the events of a request's jobs (one per choice), for the
-    handler's event loop."""
-
-    def __init__(self, choices: int = 1) -> None:
-        self.loop = asyncio.get_running_loop()
-        self.queue: asyncio.Queue[tuple[int, Event | Ended]] = asyncio.Queue()
-        self.choices = choices
-
-    def deliverer(self, index: int) -> Callable[[Event | Ended], None]:
-        def deliver(item: Event | Ended) -> None:
-            try:
-                self.loop.call_soon_threadsafe(self.queue.put_nowait, (index, item))
-            except RuntimeError:  # the loop has closed: nobody is listening any more
-                pass
-        return deliver
-
-    async def events(self) -> AsyncIterator[tuple[int, Event | Ended]]:
-        """(choice, event or end) until every choice has ended."""
-        ended = 0
-        while ended < self.choices:
-            index, item = await self.queue.get()
-            ended += isinstance(item, Ended)
-            yield index, item
 
 
 def failure(ended: Ended) -> BadRequest:
@@ -243,7 +218,7 @@ def add_generation_routes(app: FastAPI, engine: Engine, scheduler: Scheduler, co
         for prompt in prompts:  # each prompt's n choices share its prefill
             generation = planner.generation(body, prompt)
             generations += [generation] + (generation.followers(body.n - 1) if body.n > 1 else [])
-        inbox = Inbox(len(generations))
+        inbox = Inbox(len(generations), streamed=body.stream)
         deadline = time.monotonic() + config.request_timeout
         jobs = [Job(g, deadline, inbox.deliverer(i)) for i, g in enumerate(generations)]
         try:
@@ -327,15 +302,22 @@ async def stream(jobs: list[Job], inbox: Inbox, shaper: Shaper, include_usage: b
     # A client that disconnects closes this generator (Starlette cancels it): the finally
     # cancels the jobs, and the worker stops them before their next step.
     results: list[Result | None] = [None] * len(jobs)
+    gathered: list[str] = []  # events read while more were ready: one write for them all
     try:
         async for index, item in inbox.events():
             if isinstance(item, Event):
-                yield sse(shaper.chunk(item, index))
-            elif item.outcome != "finished":
+                gathered.append(sse(shaper.chunk(item, index)))
+                if not inbox.ready():
+                    yield "".join(gathered)
+                    gathered.clear()
+                continue
+            if gathered:
+                yield "".join(gathered)
+                gathered.clear()
+            if item.outcome != "finished":
                 yield sse(failure(item).body())
                 break
-            else:
-                results[index] = item.result
+            results[index] = item.result
         else:
             if include_usage:
                 yield sse(shaper.usage_chunk(results))
