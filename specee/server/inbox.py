@@ -1,9 +1,9 @@
 """Where the worker thread delivers the events of a request's jobs, for the handler's event loop.
 
-Each delivery wakes the loop, and the loop's work (a chunk shaped, sent, read by a client on the
-same machine) then runs beside the next pass, on the pass's cores: about a millisecond a token on
-two cores. So a request that is not streamed takes only its jobs' ends, and a streamed one gets
-its first event at once and the later ones gathered, at most every STREAM_INTERVAL_S (plus a pass).
+Each delivery wakes the loop, and the loop's work (a chunk shaped and sent, then read by a client
+that is often on the same machine) runs beside the next pass, on the pass's cores. So a request
+that is not streamed takes only its jobs' ends, and a streamed one gets its first event at once
+and the later ones gathered, at most every STREAM_INTERVAL_S (plus a pass).
 """
 from __future__ import annotations
 
