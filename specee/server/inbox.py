@@ -29,7 +29,7 @@ class Inbox:
     def deliverer(self, index: int) -> Callable[[Event | Ended], None]:
         """The thread-safe callback through which choice `index`'s job delivers."""
         held: list[Event | Ended] = []
-        sent_at = [-STREAM_INTERVAL_S]  # the latest delivery's time.monotonic(): none yet, so the first goes at once
+        sent_at = [float("-inf")]  # the latest delivery's time.monotonic(): none yet, so the first goes at once
         lock = threading.Lock()
 
         def deliver(item: Event | Ended) -> None:
