@@ -97,6 +97,22 @@ def test_a_rollback_forgets_the_deferred_rows_past_it():
     assert cache.deferred.positions == [] and cache.deferred.states is None
 
 
+def test_extending_a_range_of_layers_is_extending_each():
+    """What the fused kernels' pass asks of the cache: room for n positions in consecutive layers
+    at one length, the rest untouched, the storage grown as one layer's `extend` grows it."""
+    one, whole = (KVCache(num_layers=4, num_kv_heads=1, head_dim=2, max_len=64) for _ in range(2))
+    for cache in (one, whole):
+        cache.append(3, torch.ones(2, 1, 2), torch.ones(2, 1, 2))
+    for n in (5, 1, 17):
+        for i in range(3):
+            one.extend(i, n)
+        whole.extend_layers(range(3), n)
+        assert whole.lengths == one.lengths and whole.capacity == one.capacity
+    assert whole.lengths == [23, 23, 23, 2]
+    with pytest.raises(ValueError, match="full"):
+        whole.extend_layers(range(3), 42)
+
+
 def test_appending_past_the_end_is_an_error():
     cache = KVCache(1, 1, 2, max_len=4)
     with pytest.raises(ValueError, match="full"):

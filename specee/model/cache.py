@@ -163,6 +163,13 @@ class KVCache:
         self.lengths[layer] = start + n
         return start, self.keys[layer], self.values[layer]
 
+    def extend_layers(self, layers: range, n: int) -> None:
+        """`extend` for each of `layers` (all at one length), without the views a caller that
+        passes the whole cache to the kernels does not need."""
+        end = self.lengths[layers.start] + n
+        self._reserve(end)
+        self.lengths[layers.start : layers.stop] = [end] * len(layers)
+
     def truncate(self, length: int) -> None:
         """Forget every position at or after `length`, in every layer and among the deferred rows."""
         self.lengths = [min(n, length) for n in self.lengths]

@@ -61,8 +61,7 @@ def run_fused(kernels, stack, layers: range, h: torch.Tensor, angles: RopeAngles
     them one by one gives, bit for bit."""
     starts = [segment.cache.lengths[layers.start] for segment in segments]
     for segment in segments:
-        for i in layers:
-            segment.cache.extend(i, segment.rows)
+        segment.cache.extend_layers(layers, segment.rows)
     seen = zip(*(segment.bias.for_kernel(start + segment.rows) for segment, start in zip(segments, starts)))
     return kernels.decoder_layers(stack, layers.start, layers.stop, h.contiguous(), *angles_rows(angles, len(h)),
                                   [segment.cache.keys for segment in segments],
