@@ -87,15 +87,22 @@ class AngleTable:
 
     def __init__(self, inv_freq: torch.Tensor, dtype: torch.dtype) -> None:
         self.inv_freq, self.dtype = inv_freq, dtype
-        self.length = 0
-        self.cos = self.sin = torch.empty(0)
+        # (length, cos, sin), replaced whole when it grows: a generation in another thread reads
+        # either table, never a length with the other's rows.
+        self.rows = (0, torch.empty(0), torch.empty(0))
+
+    @property
+    def length(self) -> int:
+        return self.rows[0]
 
     def angles(self, positions: torch.Tensor) -> RopeAngles:
+        length, cos, sin = self.rows
         end = int(positions.max()) + 1 if len(positions) else 0
-        if end > self.length:
-            self.length = max(ANGLE_TABLE_START, 2 * self.length, end)
-            self.cos, self.sin = rope_angles(self.inv_freq, torch.arange(self.length), self.dtype)
-        return RopeAngles(self.cos[positions], self.sin[positions])
+        if end > length:
+            length = max(ANGLE_TABLE_START, 2 * length, end)
+            cos, sin = rope_angles(self.inv_freq, torch.arange(length), self.dtype)
+            self.rows = (length, cos, sin)
+        return RopeAngles(cos[positions], sin[positions])
 
 
 def apply_rope(x: torch.Tensor, angles: RopeAngles) -> torch.Tensor:
