@@ -8,7 +8,6 @@ and the later ones gathered, at most every STREAM_INTERVAL_S (plus a pass).
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from typing import AsyncIterator, Callable
 
@@ -27,21 +26,20 @@ class Inbox:
         self.streamed = streamed
 
     def deliverer(self, index: int) -> Callable[[Event | Ended], None]:
-        """The thread-safe callback through which choice `index`'s job delivers."""
+        """The callback through which choice `index`'s job delivers, from the worker thread (the
+        only caller: what it holds needs no lock)."""
         held: list[Event | Ended] = []
         sent_at = [float("-inf")]  # the latest delivery's time.monotonic(): none yet, so the first goes at once
-        lock = threading.Lock()
 
         def deliver(item: Event | Ended) -> None:
             if not self.streamed and not isinstance(item, Ended):
                 return
-            with lock:
-                held.append(item)
-                now = time.monotonic()
-                if not isinstance(item, Ended) and now - sent_at[0] < STREAM_INTERVAL_S:
-                    return
-                items, sent_at[0] = held[:], now
-                held.clear()
+            held.append(item)
+            now = time.monotonic()
+            if not isinstance(item, Ended) and now - sent_at[0] < STREAM_INTERVAL_S:
+                return
+            items, sent_at[0] = held[:], now
+            held.clear()
             try:
                 self.loop.call_soon_threadsafe(self._put, index, items)
             except RuntimeError:  # the loop has closed: nobody is listening any more
