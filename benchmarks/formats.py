@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 from specee.eval.bench import before_divergence, judge, peak_rss_mb, read_bandwidth_gb_s
-from specee.eval.datasets import load_dataset
+from specee.eval.datasets import DatasetMissing, load_dataset
 
 PREFILL_TOKENS = 1000
 DECODE_PROMPT = "Write a python function that returns the n-th Fibonacci number, with a docstring."
@@ -51,16 +51,16 @@ MMLU_QUESTIONS = 40
 MMLU_TOKENS = 24
 
 
-def held_out_texts(tokenizer) -> list[list[int]]:
+def held_out_texts(tokenizer, spec_bench: str) -> list[list[int]]:
     """One Spec-Bench prompt per category, as plain text (no chat template), cut to TEXT_TOKENS."""
-    prompts = load_dataset("spec-bench", num_prompts=1, categories=TEXT_CATEGORIES)
+    prompts = load_dataset(spec_bench, num_prompts=1, categories=TEXT_CATEGORIES)
     return [tokenizer.encode(p.turns[0])[:TEXT_TOKENS] for p in prompts]
 
 
-def prefill_ids(tokenizer) -> list[int]:
+def prefill_ids(tokenizer, spec_bench: str) -> list[int]:
     """~PREFILL_TOKENS tokens of real text: summarization prompts joined until long enough."""
     ids: list[int] = []
-    for prompt in load_dataset("spec-bench", categories=["summarization"]):
+    for prompt in load_dataset(spec_bench, categories=["summarization"]):
         ids += tokenizer.encode(prompt.turns[0])
         if len(ids) >= PREFILL_TOKENS:
             return ids[:PREFILL_TOKENS]
@@ -108,21 +108,21 @@ def measure_ours(system: str, inputs: dict, with_quality: bool, model: str | Non
               "spec_method": "none", "method_passes": method_passes,
               "drafted": sum(stats.draft_tokens_proposed for stats in runs)}
     if with_quality:
-        result["quality"] = quality_of(engine)
+        result["quality"] = quality_of(engine, inputs["spec_bench"])
     return result
 
 
-def quality_of(engine) -> dict:
+def quality_of(engine, spec_bench: str) -> dict:
     """What `measure_ours` reports about the outputs: per-text scores, greedy outputs, MMLU answers."""
     model, tokenizer = engine.model, engine.tokenizer
     nll, argmax = [], []
     with torch.inference_mode():
-        for ids in held_out_texts(tokenizer):
+        for ids in held_out_texts(tokenizer, spec_bench):
             logits = model(torch.tensor(ids), torch.arange(len(ids)), model.new_cache(len(ids)))[:-1].float()
             nll.append(torch.nn.functional.cross_entropy(logits, torch.tensor(ids[1:]), reduction="sum").item())
             argmax.append(logits.argmax(-1).tolist())
     greedy = [engine.generate(p.turns[0], max_tokens=GREEDY_TOKENS, spec_method="none").token_ids
-              for p in load_dataset("spec-bench", num_prompts=1)[:GREEDY_PROMPTS]]
+              for p in load_dataset(spec_bench, num_prompts=1)[:GREEDY_PROMPTS]]
     mmlu = [bool(judge(p, engine.generate(p.turns[0], max_tokens=MMLU_TOKENS, spec_method="none").text))
             for p in load_dataset("mmlu", num_prompts=MMLU_QUESTIONS)[:MMLU_QUESTIONS]]
     return {"nll": nll, "argmax": argmax, "greedy": greedy, "mmlu_correct": sum(mmlu), "mmlu_total": len(mmlu)}
@@ -167,16 +167,17 @@ def child(system: str, inputs_file: str, with_quality: bool, model: str | None) 
     print(json.dumps(result))
 
 
-def write_inputs(path: Path, model: str | None) -> None:
-    """The token ids every system runs on, tokenized once here (the children load only a model)."""
+def write_inputs(path: Path, model: str | None, spec_bench: str) -> None:
+    """The token ids every system runs on, tokenized once here (the children load only a model), and
+    where the children's quality runs read Spec-Bench."""
     from specee.model.config import LlamaConfig
     from specee.model.loading import default_model_path, resolve_model_dir
     from specee.tokenizer import Tokenizer
 
     directory = resolve_model_dir(Path(model) if model else default_model_path())
     tokenizer = Tokenizer(directory, LlamaConfig.from_file(directory / "config.json").eos_token_ids)
-    path.write_text(json.dumps({"long_prompt": prefill_ids(tokenizer),
-                                "decode_prompt": tokenizer.encode_prompt(DECODE_PROMPT)}))
+    path.write_text(json.dumps({"long_prompt": prefill_ids(tokenizer, spec_bench),
+                                "decode_prompt": tokenizer.encode_prompt(DECODE_PROMPT), "spec_bench": spec_bench}))
 
 
 def run_child(system: str, inputs: Path, with_quality: bool, model: str | None) -> dict:
@@ -241,11 +242,18 @@ def main() -> None:
     parser.add_argument("--inputs", help=argparse.SUPPRESS)
     parser.add_argument("--quality", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model", help="a GGUF file to run every system on (default: the default model)")
+    parser.add_argument("--spec-bench", default="spec-bench",
+                        help="Spec-Bench's question.jsonl (default: the copy beside the checkout)")
     args = parser.parse_args()
     if args.child:
         return child(args.child, args.inputs, args.quality, args.model)
     inputs = Path(tempfile.mkdtemp()) / "inputs.json"
-    write_inputs(inputs, args.model)
+    try:  # the data every run needs, before any child starts
+        write_inputs(inputs, args.model, args.spec_bench)
+        if not args.no_quality:
+            load_dataset("mmlu", num_prompts=1)
+    except (DatasetMissing, ValueError) as missing:
+        parser.error(f"{missing} (--spec-bench names Spec-Bench's file; --no-quality skips MMLU)")
     systems = args.formats.split(",") + ([] if args.no_llama_cpp else ["llama.cpp"])
     if args.model:
         for system in systems[:-1] if not args.no_llama_cpp else systems:  # first loads write the caches

@@ -174,6 +174,16 @@ def test_formats_times_dense_decoding(tiny):
 
 
 @pytest.mark.slow
+def test_formats_names_the_data_it_lacks_before_any_run(tiny, tmp_path):
+    directory, model = tiny
+    missing = tmp_path / "question.jsonl"
+    code, _, stderr = run("formats.py", "--model", model, "--formats", "gguf", "--no-quality", "--no-llama-cpp",
+                          "--spec-bench", str(missing), directory=directory, ok=False)
+    assert code == 2 and str(missing) in stderr and "--spec-bench" in stderr, stderr
+    assert "Traceback" not in stderr and "round 1" not in stderr  # said at once, no child started
+
+
+@pytest.mark.slow
 def test_paired_decode_says_it_needs_llama_cpp_where_missing(tiny):
     directory, model = tiny
     if LLAMA_CPP:  # installed here: it must run instead (the test below), so check the run's JSON
