@@ -164,9 +164,10 @@ def test_sigterm_finishes_or_ends_every_stream_and_exits_cleanly(server):
                           headers=AUTH, timeout=60) as response:
             streams[name].extend(line for line in response.iter_lines() if line)
 
-    # ~1 s of decoding: long enough that the second request is sure to arrive while it runs,
-    # short enough to finish well within the grace period.
-    readers = [threading.Thread(target=stream, args=("short", 96))]
+    # About a second of decoding here, a few on a slow machine: long enough that the second
+    # request is sure to arrive while it runs, even when speculation accepts most drafts on a
+    # busy machine (96 tokens once did not), short enough to end well within the grace period.
+    readers = [threading.Thread(target=stream, args=("short", 256))]
     readers[0].start()
     assert wait_for(lambda: health(server)["running"] == 1)
     readers.append(threading.Thread(target=stream, args=("long", 4000)))
