@@ -181,18 +181,22 @@ class AutoDrafter(Proposer):
         suffix_limit = limit if suffix_limit is None else suffix_limit
         n, follows = self.lookup.match(context)
         if n:
-            copy_limit = max(limit, self.suffix_max_tokens) if self.copy_streak else limit
-            copied = self.lookup.chain(context, follows, copy_limit).tokens
             length = self.lookup.match_length(context, follows, n)
-            rates = [self.lookup.reliability.rate(min(length + i, MAX_MATCH)) for i in range(len(copied))]
-            offers.append(self.chain_offer("prompt-lookup", copied, rates, floor))
+            rate = self.lookup.reliability.rate
+            # Reaches only fall: a first node below the floor leaves nothing worth copying.
+            if min(1.0, rate(length) * self.calibrations["prompt-lookup"].factor) >= floor:
+                copy_limit = max(limit, self.suffix_max_tokens) if self.copy_streak else limit
+                copied = self.lookup.chain(context, follows, copy_limit).tokens
+                rates = [rate(min(length + i, MAX_MATCH)) for i in range(len(copied))]
+                offers.append(self.chain_offer("prompt-lookup", copied, rates, floor))
         # A seeded sample's answer depends on its drafts, so it must not depend on other requests.
         match = None if self.history is None or self.reproducible else self.history.lookup(context, suffix_limit)
         if match is not None:
             rates = [hit_rate(match.length + i) for i in range(len(match.continuation))]
             offers.append(self.chain_offer("suffix", match.continuation, rates, floor))
-        if self.table is not None:
-            factor, tail = self.calibrations["ngram"].factor, list(context[max(0, len(context) - (self.table.order - 1)):])
+        factor = self.calibrations["ngram"].factor
+        if self.table is not None and min(1.0, factor) >= floor:  # no node of the table's reaches above its factor
+            tail = list(context[max(0, len(context) - (self.table.order - 1)):])
             tokens, probs, reach = [], [], [1.0]
             while len(tokens) < limit:
                 token, prob = self.table.best(tail + tokens)
@@ -209,7 +213,7 @@ class AutoDrafter(Proposer):
         """A chain whose node i is right with chance rates[i] as its drafter estimates it, cut where
         its calibrated reach falls below `floor`."""
         reach = reaching(rates, self.calibrations[source].factor, floor)
-        return Offer(source, tokens[:len(reach)], reach, reaching(rates, 1.0)[:len(reach)])
+        return Offer(source, tokens[:len(reach)], reach, reaching(rates[:len(reach)], 1.0))
 
     def choose(self, context: list[int], limit: int, suffix_limit: int | None = None) -> Choice:
         """The offer and length with the most tokens per unit of pass cost, or none."""

@@ -126,6 +126,8 @@ class PromptLookup(Proposer):
 
 def ranked_continuations(context: list[int], follows: list[int], k: int) -> list[tuple[int, float]]:
     """The k most frequent tokens at positions `follows` (ties: latest first), with frequencies."""
+    if len(follows) == 1:  # one occurrence: most matches in a text of a few hundred tokens
+        return [(context[follows[0]], 1.0)][:k]
     counts: dict[int, int] = {}
     for position in reversed(follows):
         counts[context[position]] = counts.get(context[position], 0) + 1

@@ -35,10 +35,11 @@ class SuffixIndex:
 
     def append(self, token: int) -> None:
         """Index one more token of the text."""
-        self.tokens.append(token)
-        end = len(self.tokens) - 1
-        for n in range(1, min(self.max_n, end + 1) + 1):
-            self._follows.setdefault(tuple(self.tokens[end - n + 1 : end + 1]), []).append(end + 1)
+        tokens, follows = self.tokens, self._follows
+        tokens.append(token)
+        end = len(tokens)
+        for n in range(1, min(self.max_n, end) + 1):
+            follows.setdefault(tuple(tokens[end - n :]), []).append(end)
 
     def covered(self, context: list[int]) -> int:
         """How many leading tokens of `context` are indexed: all indexed ones, or 0 if it differs."""
