@@ -4,7 +4,8 @@ Speculation verifies 2-17 tokens per pass; it pays only if such a pass costs lit
 one-token pass. For each format, on specee's compiled CPU kernels (in each CPU tier of `--paths`
 this machine runs: `avx512`, `avx2`, `portable`, ...; `compiled` is the best) and on PyTorch's own
 (`eager`), this times passes over T new tokens (causal, after a prompt already in the cache, the cache
-rewound after each pass) and prints ms per pass and the ratio to T = 1, then one JSON line.
+rewound after each pass; a format's paths and token counts interleaved pass by pass) and prints
+the median ms per pass and the ratio to T = 1, then one JSON line.
 
     python benchmarks/multirow_cost.py --formats none,int8,int4,gguf --paths compiled,eager
     python benchmarks/multirow_cost.py --formats int4,int8 --paths avx2,portable
@@ -22,20 +23,29 @@ import torch
 from specee.loader import load_parts
 
 
-def pass_ms(model, context: int, tokens: int, repeats: int) -> float:
-    """Median ms of a pass over `tokens` new tokens after `context` cached ones."""
-    cache = model.new_cache(context + tokens)
-    ids = torch.randint(0, model.config.vocab_size, (context + tokens,), generator=torch.Generator().manual_seed(0))
-    times = []
+def interleaved_ms(models: dict, context: int, counts: list[int], repeats: int) -> dict[str, dict[int, float]]:
+    """Median ms of a pass over each count of new tokens after `context` cached ones, per model.
+    Every (model, count) pair runs once a round, in an order that rotates: a machine whose speed
+    drifts (a shared VM's moves up to 30% in a minute) moves every ratio alike."""
+    ids = torch.randint(0, next(iter(models.values())).config.vocab_size, (context + max(counts),),
+                        generator=torch.Generator().manual_seed(0))
+    caches = {path: model.new_cache(context + max(counts)) for path, model in models.items()}
+    pairs = [(path, t) for path in models for t in counts]
+    times: dict[tuple[str, int], list[float]] = {pair: [] for pair in pairs}
     with torch.inference_mode():
-        model.hidden(ids[:context], torch.arange(context), cache)
-        for _ in range(repeats + 2):  # two warm-up passes
-            start = time.perf_counter()
-            h = model.hidden(ids[context:], torch.arange(context, context + tokens), cache)
-            model.logits(model.norm(h))
-            times.append(time.perf_counter() - start)
-            cache.truncate(context)
-    return statistics.median(times[2:]) * 1e3
+        for path, model in models.items():
+            model.hidden(ids[:context], torch.arange(context), caches[path])
+        for round_ in range(repeats + 2):  # two warm-up rounds
+            shift = round_ % len(pairs)
+            for path, tokens in pairs[shift:] + pairs[:shift]:
+                model, cache = models[path], caches[path]
+                start = time.perf_counter()
+                h = model.hidden(ids[context : context + tokens], torch.arange(context, context + tokens), cache)
+                model.logits(model.norm(h))
+                if round_ >= 2:
+                    times[(path, tokens)].append(time.perf_counter() - start)
+                cache.truncate(context)
+    return {path: {t: statistics.median(times[(path, t)]) * 1e3 for t in counts} for path in models}
 
 
 def main() -> None:
@@ -50,17 +60,16 @@ def main() -> None:
     args = parser.parse_args()
     counts = [int(t) for t in args.tokens.split(",")]
     results = {}
-    for name in args.formats.split(","):
-        for path in args.paths.split(","):
-            tier = None if path in ("compiled", "eager") else path
-            model = load_parts(args.model, quantization=name, compile=path != "eager", cpu_tier=tier).model
-            ms = {t: pass_ms(model, args.context, t, args.repeats) for t in counts}
-            label = f"{name} ({path})"
-            results[label] = {"ms": ms, "relative": {t: ms[t] / ms[counts[0]] for t in counts},
-                              "weight_mb": model.weight_bytes / 1e6}
-            print(f"{label:20s} weights {model.weight_bytes / 1e6:6.1f} MB  "
+    for name in args.formats.split(","):  # one format's models at a time (a 1B file in fp32 is 4 GB)
+        models = {path: load_parts(args.model, quantization=name, compile=path != "eager",
+                                   cpu_tier=None if path in ("compiled", "eager") else path).model
+                  for path in args.paths.split(",")}
+        for path, ms in interleaved_ms(models, args.context, counts, args.repeats).items():
+            label, weight_mb = f"{name} ({path})", models[path].weight_bytes / 1e6
+            results[label] = {"ms": ms, "relative": {t: ms[t] / ms[counts[0]] for t in counts}, "weight_mb": weight_mb}
+            print(f"{label:20s} weights {weight_mb:6.1f} MB  "
                   + "  ".join(f"T={t}: {ms[t]:6.2f} ms ({ms[t] / ms[counts[0]]:.2f}x)" for t in counts), flush=True)
-            del model
+        del models
     print(json.dumps({"context": args.context, "threads": torch.get_num_threads(), "results": results}))
 
 
