@@ -130,6 +130,23 @@ def test_a_copy_is_drafted_alone_but_not_when_the_pass_is_full():
     assert drafter(row_cost=1.0)[0].choose(context, 8).source == "none"
 
 
+def test_a_drafter_whose_first_node_could_not_pay_for_its_row_is_not_asked(tiny_tokenizer, table_path):
+    """The table's calibrated chance is at most its calibration factor: where that is below what
+    a row costs in the pass, `auto` does not walk the table (its Python is a share of a crowded
+    pass); alone, it does."""
+    table = NgramModel.load(table_path, tiny_tokenizer.fingerprint)
+    asked = []
+    best = table.best
+    table.best = lambda context: asked.append(tuple(context)) or best(context)
+    context = tiny_tokenizer.encode("the red fox ran. the cat sat on the")
+    crowded, _ = drafter(table=table, passes=Sharing(7, 7))
+    assert crowded.calibrations["ngram"].factor < crowded.price.cost * 8 / crowded.price.share(7)
+    assert crowded.choose(context, 8).source == "none" and asked == []
+    alone, _ = drafter(table=table)
+    alone.choose(context, 8)
+    assert asked and asked[0][-1] == context[-1]
+
+
 def test_the_suffix_caches_chains_run_longer_than_the_others_where_rows_are_dear():
     """Where rows cost enough that copies are cut at COSTLY_DRAFT_LIMIT, an earlier answer held in
     the suffix cache is still drafted up to SUFFIX_DRAFT_LIMIT tokens: an agent's repeated call."""
