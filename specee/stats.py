@@ -39,9 +39,10 @@ class GenerationStats:
     # with the measured acceptance and cost behind it (Switch.to_dict).
     switches: int = 0
     switch_log: list[dict] = field(default_factory=list)
-    # `auto`: per drafter it chose ("none": a dense step), {"passes", "drafted", "accepted"}: its
-    # passes, the draft tokens it sent to verification and those verification accepted (the last
-    # pass's may run past the answer's end, where draft_tokens_accepted stops).
+    # `auto`: per drafter it chose ("none": a dense step), {"passes", "drafted", "accepted",
+    # "branches"}: the passes it drafted the chain of, the draft tokens it sent to verification and
+    # those verification accepted (the last pass's may run past the answer's end, where
+    # draft_tokens_accepted stops), and the passes it drafted a second branch in (its tokens counted too).
     drafters: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
@@ -108,9 +109,9 @@ class GenerationStats:
     def record_method(self, method: str) -> None:
         self.method_passes[method] = self.method_passes.get(method, 0) + 1
 
-    def record_drafter(self, drafter: str, drafted: int, accepted: int) -> None:
-        counts = self.drafters.setdefault(drafter, {"passes": 0, "drafted": 0, "accepted": 0})
-        counts["passes"] += 1
+    def record_drafter(self, drafter: str, drafted: int, accepted: int, branch: bool = False) -> None:
+        counts = self.drafters.setdefault(drafter, {"passes": 0, "drafted": 0, "accepted": 0, "branches": 0})
+        counts["branches" if branch else "passes"] += 1
         counts["drafted"] += drafted
         counts["accepted"] += accepted
 

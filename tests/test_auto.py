@@ -64,7 +64,7 @@ PATTERN = [5, 6, 7, 8, 9, 10, 11, 12] * 3  # copies after it: 5, 6, 7, ...
 
 
 def test_without_options_generations_run_auto_and_equal_dense_through_every_switch(engine, table_path):
-    methods, switches = {}, 0
+    methods, switches, trees = {}, 0, 0
     for prompt in PROMPTS:
         dense = engine.generate(prompt, max_tokens=40, ignore_eos=True, spec_method="none")
         for options in ({}, {"spec_method": "auto", "ngram_model": table_path}):
@@ -75,8 +75,9 @@ def test_without_options_generations_run_auto_and_equal_dense_through_every_swit
             assert sum(result.stats.method_passes.values()) == result.stats.target_passes
             # Each drafter's own counts add up to the request's.
             drafters = result.stats.drafters
-            assert {m: c["passes"] for m, c in drafters.items()} == result.stats.method_passes
-            assert sum(c["drafted"] for c in drafters.values()) == result.stats.draft_tokens_proposed
+            assert {m: c["passes"] for m, c in drafters.items() if c["passes"]} == result.stats.method_passes
+            assert sum(c["drafted"] for c in drafters.values()) == result.stats.draft_nodes  # trees' branches too
+            trees += sum(c["branches"] for c in drafters.values())
             # ... but the last pass's accepted drafts past max_tokens, which the answer cuts.
             assert 0 <= sum(c["accepted"] for c in drafters.values()) - result.stats.draft_tokens_accepted < 8
             assert drafters.get("none", {}).get("drafted", 0) == 0
@@ -87,6 +88,7 @@ def test_without_options_generations_run_auto_and_equal_dense_through_every_swit
     # Every kind of pass was chosen somewhere, and the choice changed within requests.
     assert {"prompt-lookup", "ngram", "none"} <= methods.keys()
     assert switches > 4
+    assert trees > 0  # rows are cheap here: the copy and the table's chain went out as one tree too
     assert engine.default_strategy.name == "auto"
 
 
@@ -145,6 +147,42 @@ def test_a_drafter_whose_first_node_could_not_pay_for_its_row_is_not_asked(tiny_
     alone, _ = drafter(table=table)
     alone.choose(context, 8)
     assert asked and asked[0][-1] == context[-1]
+
+
+class OneGuessTable:
+    """An n-gram table that always guesses `token` with probability `prob`."""
+
+    order = 3
+
+    def __init__(self, token: int, prob: float) -> None:
+        self.token, self.prob = token, prob
+
+    def best(self, context) -> tuple[int, float]:
+        return self.token, self.prob
+
+
+def test_where_rows_are_cheap_a_second_drafters_guess_goes_beside_the_chain_as_a_tree():
+    context = PATTERN + [5, 6, 7]  # the copy continues 8, 9, ...; the table guesses 99
+    cheap, stats = drafter(row_cost=0.02, table=OneGuessTable(99, 0.9))
+    choice = cheap.choose(context, 4)
+    assert choice.source == "prompt-lookup" and choice.tokens == [8, 9, 10, 11]
+    assert choice.branch is not None and choice.branch.source == "ngram" and choice.branch.tokens[0] == 99
+    assert choice.gain > drafter(row_cost=0.02)[0].choose(context, 4).gain  # the copy alone
+    branch = len(choice.branch.tokens)
+    assert choice.draft.tokens == [8, 9, 10, 11] + choice.branch.tokens
+    assert choice.draft.parents == [-1, 0, 1, 2, -1] + list(range(4, 4 + branch - 1))  # two chains from the root
+    # The target took the branch's first token: the table is credited, the copy is not.
+    cheap.propose(context, 4)
+    cheap.update(context + [99, 3], 1)
+    assert cheap.calibrations["ngram"].accepted == 1 and cheap.calibrations["prompt-lookup"].accepted == 0
+    assert stats.drafters["ngram"]["branches"] == 1 and stats.drafters["prompt-lookup"]["passes"] == 1
+    assert stats.drafters["ngram"]["drafted"] == branch
+    # Where rows are dear, the same guess does not pay for its rows.
+    dear, _ = drafter(row_cost=0.3, table=OneGuessTable(99, 0.9))
+    assert dear.choose(context, 4).branch is None
+    # Nor does a guess the copy already makes.
+    agreeing, _ = drafter(row_cost=0.02, table=OneGuessTable(8, 0.9))
+    assert agreeing.choose(context, 4).branch is None
 
 
 def test_the_suffix_caches_chains_run_longer_than_the_others_where_rows_are_dear():

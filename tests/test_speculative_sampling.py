@@ -120,6 +120,14 @@ def auto_copy_table_and_draft_model(model):
                        3, adaptive=False)
 
 
+def auto_copy_and_table_as_trees(model):
+    """`auto` where rows cost almost nothing: where the copy and the table guess different tokens,
+    both go out as one tree of two chains (every sample's first pass here): the table learnt
+    another text, so it guesses 9 where the prompt's copy guesses 5."""
+    table = NgramModel.train([[7, 8, 9, 10, 11] * 8], VOCAB, progress=False)
+    return Speculative(lambda: AutoDrafter(PromptLookup(), table, row_cost=0.01, max_tokens=3), 3, adaptive=False)
+
+
 def eagle_tree(model):
     """An untrained feature head over a reduced vocabulary (tokens 0-7 of 12): deterministic top-k
     tree drafts that are often wrong, and never tokens 8-11."""
@@ -167,6 +175,7 @@ CASES = {
     "static tree, penalties and bias": (static_tree_from_the_whole_target, PENALIZED),
     "prompt lookup, top-k and top-p": (prompt_lookup_chain, SamplingParams(temperature=1.1, top_k=6, top_p=0.9)),
     "auto, temperature": (auto_copy_table_and_draft_model, SamplingParams(temperature=0.9)),
+    "auto with trees, top-p": (auto_copy_and_table_as_trees, SamplingParams(temperature=1.0, top_p=0.9)),
     "eagle tree, reduced vocabulary, temperature": (eagle_tree, SamplingParams(temperature=0.9)),
     "eagle tree mixed with the copy, temperature": (eagle_copy(1.0), SamplingParams(temperature=0.9)),
     "copy alone in eagle-copy, top-p": (eagle_copy(0.0), SamplingParams(temperature=1.0, top_p=0.9)),

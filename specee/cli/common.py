@@ -25,7 +25,8 @@ def choices(stats) -> str:
     passes = ", ".join(f"{method} {count}" for method, count in sorted(stats.method_passes.items(), key=lambda m: -m[1]))
     lines = [f"[passes by drafting method: {passes or 'none'}; {stats.switches} switches]"]
     if stats.drafters:  # auto's own counts, per drafter it chose
-        counts = "; ".join(f"{name}: {c['passes']} passes, {c['drafted']} drafted, {c['accepted']} accepted"
+        counts = "; ".join(f"{name}: {c['passes']} passes" + (f" (+{c['branches']} as a second branch)" if c["branches"] else "")
+                           + f", {c['drafted']} drafted, {c['accepted']} accepted"
                            for name, c in sorted(stats.drafters.items(), key=lambda d: -d[1]["passes"]))
         lines.append(f"[auto's drafters: {counts}]")
     for s in stats.switch_log:

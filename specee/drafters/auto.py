@@ -3,7 +3,9 @@
 Each pass it weighs what the cheap drafters offer (prompt lookup's copy, the n-gram table's chain,
 the engine's suffix cache of earlier requests' text) against what rows cost now, and drafts the
 offer and length that give the most tokens per unit of pass cost, or nothing (a dense step) when
-no draft beats one token for one row. A node's chance of acceptance is the drafter's own estimate
+no draft beats one token for one row. Where rows are cheap enough, another drafter's chain whose
+first token differs goes beside it as a second branch from the root (a tree of two chains, one
+pass verifying both), if its nodes add more tokens than their rows cost. A node's chance of acceptance is the drafter's own estimate
 (the copy's measured reliability for its match length, the table's probability, the suffix
 cache's rate for its match length) times this request's calibration: accepted over expected draft
 tokens of that drafter so far. So a request whose copies keep failing stops drafting, and one
@@ -103,6 +105,15 @@ class Calibration:
 
 
 @dataclass
+class Branch:
+    """A second chain from the root beside the chosen one: another drafter's, whose first token differs."""
+
+    source: str
+    tokens: list[int]
+    estimated: float  # draft tokens the drafter expects to be accepted
+
+
+@dataclass
 class Choice:
     source: str  # the drafter whose chain is drafted, or "none"
     tokens: list[int]
@@ -112,6 +123,15 @@ class Choice:
     # The best offer, taken or not: (source, nodes, expected, gain).
     best: tuple[str, int, float, float] | None = None
     resting: bool = False  # nothing drafted because the guard rests drafting
+    branch: Branch | None = None  # drafted beside the chain, the two verified as one tree
+
+    @property
+    def draft(self) -> Draft:
+        if self.branch is None:
+            return Draft.chain(self.tokens, source=self.source)
+        k, j = len(self.tokens), len(self.branch.tokens)
+        parents = list(range(-1, k - 1)) + [-1] + list(range(k, k + j - 1))
+        return Draft(self.tokens + self.branch.tokens, parents, source=self.source)
 
 
 class AutoDrafter(Proposer):
@@ -237,7 +257,8 @@ class AutoDrafter(Proposer):
 
         # A node adds to the tokens per cost only if its reach is above a row's price times the
         # value so far, which a draft worth taking has above the dense step's.
-        for offer in self.offers(context, limit, price.cost * dense, suffix_limit):
+        offers = self.offers(context, limit, price.cost * dense, suffix_limit)
+        for offer in offers:
             weigh(offer)
         self.consulted = None
         if self.model is not None and limit and (best is None or best[3] <= 1 + self.margin):
@@ -250,7 +271,10 @@ class AutoDrafter(Proposer):
         summary = (offer.source, k, expected, gain)
         if gain <= 1 + self.margin:
             return Choice("none", [], 0.0, 0.0, 1.0, summary)
-        return Choice(offer.source, offer.tokens[:k], expected, sum(offer.estimated[:k]), gain, summary)
+        branch = None
+        if not offer.node_cost:
+            branch, gain = second_branch(offers, offer, k, expected, gain, lambda rows, tokens: value(rows, tokens) / dense)
+        return Choice(offer.source, offer.tokens[:k], expected, sum(offer.estimated[:k]), gain, summary, branch=branch)
 
     def model_offer(self, context: list[int], limit: int, dense: float) -> Offer | None:
         """The draft model's chain, each node paying for its row and its draft pass; None while
@@ -273,7 +297,7 @@ class AutoDrafter(Proposer):
         if self.last is not None and choice.source != self.last.source and self.stats is not None:
             self.stats.record_switch(lambda: self.explain(context, choice))
         self.last = self.pending = choice
-        return Draft.chain(choice.tokens, source=choice.source)
+        return choice.draft
 
     def explain(self, context: list[int], choice: Choice) -> dict:
         """A switch, with what this request measured that made it: the best offer (taken, or not
@@ -292,11 +316,16 @@ class AutoDrafter(Proposer):
         self.lookup.update(context, num_accepted)
         choice, self.pending = self.pending, None  # None: a pass auto did not draft (a grammar's)
         drafted = 0 if choice is None else len(choice.tokens)
+        branch = None if choice is None else choice.branch
+        rows = drafted + (len(branch.tokens) if branch is not None else 0)
+        # The accepted path went down the branch if it starts with the branch's first token.
+        on_branch = branch is not None and num_accepted > 0 and context[-num_accepted - 1] == branch.tokens[0]
+        chain_accepted = 0 if on_branch else num_accepted
         sharing = self.sharing()
         if drafted and choice.source == "prompt-lookup":
-            self.copy_streak = num_accepted == drafted and drafted >= self.max_tokens
+            self.copy_streak = chain_accepted == drafted and drafted >= self.max_tokens
         if drafted and choice.source == "suffix":
-            self.suffix_streak = num_accepted == drafted and drafted >= self.suffix_max_tokens
+            self.suffix_streak = chain_accepted == drafted and drafted >= self.suffix_max_tokens
         drafting = 0.0  # what consulting the draft model cost, in one-row passes
         if self.consulted is not None:
             passes, node_cost = self.consulted
@@ -304,9 +333,11 @@ class AutoDrafter(Proposer):
             if not (drafted and choice.source == "draft"):  # consulted for nothing: a dense step's token, dearer
                 self.model.judge(0, 1 + drafting)
         if drafted:
-            self.calibrations[choice.source].record(choice.estimated, drafted, num_accepted)
+            self.calibrations[choice.source].record(choice.estimated, drafted, chain_accepted)
+            if branch is not None:
+                self.calibrations[branch.source].record(branch.estimated, len(branch.tokens), num_accepted - chain_accepted)
             other_rows = sharing[1]  # the pass against the dense step it replaced
-            cost = (self.price.share(other_rows + drafted) + drafting) / self.price.share(other_rows)
+            cost = (self.price.share(other_rows + rows) + drafting) / self.price.share(other_rows)
             # The draft model answers to its own guard: its losses must not rest the free drafters.
             if choice.source == "draft":
                 self.model.judge(num_accepted, cost)
@@ -314,14 +345,36 @@ class AutoDrafter(Proposer):
                 self.guard.record(num_accepted, cost, shared=sharing != (0, 0))
         if self.stats is not None:
             if choice is not None:
-                self.stats.record_drafter(choice.source, drafted, num_accepted)
+                self.stats.record_drafter(choice.source, drafted, chain_accepted)
+            if branch is not None:
+                self.stats.record_drafter(branch.source, len(branch.tokens), num_accepted - chain_accepted, branch=True)
             seconds, self.timed = self.stats.verify_s - self.timed, self.stats.verify_s
             alone = sharing == (0, 0)  # a pass of its own: its time is its rows'
             if choice is not None and alone and not self.reproducible:
-                self.price.record(drafted, seconds)
+                self.price.record(rows, seconds)
 
     def take_bytes_read(self) -> int:
         return super().take_bytes_read() + (self.model.take_bytes_read() if self.model is not None else 0)
+
+
+def second_branch(offers: list[Offer], chosen: Offer, k: int, expected: float, gain: float, gain_of) -> tuple[Branch | None, float]:
+    """The other free drafter's chain worth drafting beside the first k nodes of `chosen`, as a
+    second branch from the root, and the gain of the two; (None, gain) where none adds to it.
+    `gain_of(rows, tokens)`: a pass's gain over a dense step. The branches' first tokens differ, so
+    at most one is accepted and their expected tokens add; the branch's first node is taken to be
+    right at most as often as the chain's is wrong (drafters' guesses may together claim more)."""
+    best = None
+    for offer in offers:
+        if offer is chosen or offer.node_cost or not offer.tokens or offer.tokens[0] == chosen.tokens[0]:
+            continue
+        scale = min(1.0, (1.0 - chosen.reach[0]) / offer.reach[0]) if offer.reach[0] > 0 else 0.0
+        added = 0.0
+        for j, reach in enumerate(offer.reach, start=1):
+            added += reach * scale
+            option = gain_of(k + j, expected + added)
+            if option > gain:
+                gain, best = option, Branch(offer.source, offer.tokens[:j], sum(offer.estimated[:j]))
+    return best, gain
 
 
 def reaching(rates: list[float], factor: float, floor: float = 0.0) -> list[float]:
