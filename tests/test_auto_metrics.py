@@ -1,4 +1,4 @@
-"""`/metrics` counts auto's choices per drafter (passes, draft tokens sent, draft tokens accepted)
+"""`/metrics` counts auto's choices per drafter (passes, second branches, draft tokens sent, draft tokens accepted)
 and the suffix cache's state, in process over a tiny random model: a request repeated through the
 server drafts from the first one's answer, and one naming a draft model drafts from it."""
 import pytest
@@ -7,6 +7,7 @@ from helpers import tiny_model
 from prometheus_client.parser import text_string_to_metric_families
 
 from specee.drafters.model_offer import ModelOffer
+from specee.drafters.ngram import NgramModel
 from specee.drafters.row_price import RowPrice
 from specee.engine import Engine
 from specee.server.app import ServerConfig, create_app
@@ -48,6 +49,27 @@ def test_a_repeated_request_drafts_from_the_suffix_cache_and_the_metrics_count_e
     assert all(accepted[d] <= drafted[d] for d in drafted) and drafted.get("none", 0) == 0
     assert metrics["specee_suffix_cache_documents_total", ()] == 2
     assert metrics["specee_suffix_cache_tokens", ()] > 2 * 32
+
+
+def test_second_branches_are_counted_per_drafter(tiny_tokenizer, tmp_path):
+    """Where rows are cheap (the tiny fp32 model's) and the server's table, trained on another
+    text, guesses other tokens than the copy, the table's chains go out beside the copies:
+    /metrics counts those passes per drafter, apart from the passes whose chain it drafted."""
+    table = tmp_path / "table.pt"
+    text = "the red fox ran. the cat sat on the mat. one two three four five six seven eight nine ten. " * 8
+    NgramModel.train([tiny_tokenizer.encode(text)], tiny_tokenizer.vocab_size, progress=False).save(
+        table, tiny_tokenizer.fingerprint)
+    engine = Engine(tiny_model(seed=5, vocab_size=tiny_tokenizer.vocab_size, num_hidden_layers=2), tiny_tokenizer,
+                    suffix_cache_tokens=0)
+    with TestClient(create_app(engine, ServerConfig("tiny", Defaults({"ngram_model": str(table)})))) as client:
+        for prompt in ("Repeat exactly: the red fox, the red fox, the red fox.", "the cat sat on the mat and looked."):
+            request = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 40, "ignore_eos": True}
+            assert client.post("/v1/chat/completions", json=request).status_code == 200
+        metrics = samples(client)
+    branches, passes, drafted = (per_drafter(metrics, name) for name in ("branches", "passes", "drafted_tokens"))
+    assert branches.get("ngram", 0) > 0 and set(branches) <= {"ngram", "prompt-lookup"}
+    assert drafted["ngram"] >= branches["ngram"] + passes.get("ngram", 0)  # each pass drafted one token or more
+    assert all(n > 0 for n in passes.values())  # a drafter seen only in branches has no passes sample
 
 
 def test_a_request_naming_a_draft_model_drafts_from_it_and_the_metrics_say_so(client, monkeypatch):

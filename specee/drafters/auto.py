@@ -273,7 +273,8 @@ class AutoDrafter(Proposer):
             return Choice("none", [], 0.0, 0.0, 1.0, summary)
         branch = None
         if not offer.node_cost:
-            branch, gain = second_branch(offers, offer, k, expected, gain, lambda rows, tokens: value(rows, tokens) / dense)
+            branch, gain = second_branch(offers, offer, k, expected, gain,
+                                         lambda rows, tokens: value(rows, tokens) / dense)
         return Choice(offer.source, offer.tokens[:k], expected, sum(offer.estimated[:k]), gain, summary, branch=branch)
 
     def model_offer(self, context: list[int], limit: int, dense: float) -> Offer | None:
@@ -335,7 +336,8 @@ class AutoDrafter(Proposer):
         if drafted:
             self.calibrations[choice.source].record(choice.estimated, drafted, chain_accepted)
             if branch is not None:
-                self.calibrations[branch.source].record(branch.estimated, len(branch.tokens), num_accepted - chain_accepted)
+                self.calibrations[branch.source].record(branch.estimated, len(branch.tokens),
+                                                        num_accepted - chain_accepted)
             other_rows = sharing[1]  # the pass against the dense step it replaced
             cost = (self.price.share(other_rows + rows) + drafting) / self.price.share(other_rows)
             # The draft model answers to its own guard: its losses must not rest the free drafters.
@@ -357,7 +359,8 @@ class AutoDrafter(Proposer):
         return super().take_bytes_read() + (self.model.take_bytes_read() if self.model is not None else 0)
 
 
-def second_branch(offers: list[Offer], chosen: Offer, k: int, expected: float, gain: float, gain_of) -> tuple[Branch | None, float]:
+def second_branch(offers: list[Offer], chosen: Offer, k: int, expected: float, gain: float,
+                  gain_of) -> tuple[Branch | None, float]:
     """The other free drafter's chain worth drafting beside the first k nodes of `chosen`, as a
     second branch from the root, and the gain of the two; (None, gain) where none adds to it.
     `gain_of(rows, tokens)`: a pass's gain over a dense step. The branches' first tokens differ, so

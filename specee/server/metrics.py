@@ -58,8 +58,10 @@ class Metrics:
         # `auto`'s choices, per drafter (prompt-lookup, ngram, suffix, draft; none: a dense step).
         self.drafter_passes = Counter("specee_auto_drafter_passes", "auto's passes by the drafter it chose "
                                       "(none: nothing drafted)", ["drafter"], registry=r)
+        self.drafter_branches = Counter("specee_auto_drafter_branches", "auto's passes where the drafter's chain "
+                                        "went beside the chosen one as a second branch", ["drafter"], registry=r)
         self.drafter_drafted = Counter("specee_auto_drafter_drafted_tokens", "Draft tokens auto sent to verification, "
-                                       "by drafter", ["drafter"], registry=r)
+                                       "by drafter (second branches too)", ["drafter"], registry=r)
         self.drafter_accepted = Counter("specee_auto_drafter_accepted_tokens", "Draft tokens verification accepted, "
                                         "by drafter", ["drafter"], registry=r)
         self.exit_layers = Counter("specee_exit_layer_tokens", "Tokens by the layer their pass exited at "
@@ -107,7 +109,10 @@ class Metrics:
         if stats.switches:
             self.switches.labels(mode).inc(stats.switches)
         for drafter, counts in stats.drafters.items():
-            self.drafter_passes.labels(drafter).inc(counts["passes"])
+            if counts["passes"]:
+                self.drafter_passes.labels(drafter).inc(counts["passes"])
+            if counts["branches"]:
+                self.drafter_branches.labels(drafter).inc(counts["branches"])
             self.drafter_drafted.labels(drafter).inc(counts["drafted"])
             self.drafter_accepted.labels(drafter).inc(counts["accepted"])
         for layer in stats.exit_layers:
