@@ -5,15 +5,16 @@ the engine's suffix cache of earlier requests' text) against what rows cost now,
 offer and length that give the most tokens per unit of pass cost, or nothing (a dense step) when
 no draft beats one token for one row. Where rows are cheap enough, another drafter's chain whose
 first token differs goes beside it as a second branch from the root (a tree of two chains, one
-pass verifying both), if its nodes add more tokens than their rows cost. A node's chance of acceptance is the drafter's own estimate
-(the copy's measured reliability for its match length, the table's probability, the suffix
-cache's rate for its match length) times this request's calibration: accepted over expected draft
-tokens of that drafter so far. So a request whose copies keep failing stops drafting, and one
-whose text becomes copyable (a match appears) starts again; a guard (dense_guard.py) rests drafting
-when the latest drafted passes gave fewer tokens per unit of cost than dense steps. Given a draft
-model (`--draft-model`), it consults that model where the free drafters offer nothing worth a row,
-each node paying for its row and its draft pass (model_offer.py). Every draft is verified by the
-target, so the output is dense decoding's, whatever it chooses.
+pass verifying both), if its nodes add more tokens than their rows cost. A node's chance of
+acceptance is the drafter's own estimate (the copy's measured reliability for its match length,
+the table's probability, the suffix cache's rate for its match length) times this request's
+calibration: accepted over expected draft tokens of that drafter so far. So a request whose
+copies keep failing stops drafting, and one whose text becomes copyable (a match appears) starts
+again; a guard (dense_guard.py) rests drafting when the latest drafted passes gave fewer tokens per
+unit of cost than dense steps. Given a draft model (`--draft-model`), it consults that model where
+the free drafters offer nothing worth a row, each node paying for its row and its draft pass
+(model_offer.py). Every draft is verified by the target, so the output is dense decoding's,
+whatever it chooses.
 
 A row's price, as a share of a one-row pass, starts at the model's `extra_row_cost` and follows
 this request's own passes (row_price.py: a median line through their verification times against
@@ -349,7 +350,8 @@ class AutoDrafter(Proposer):
             if choice is not None:
                 self.stats.record_drafter(choice.source, drafted, chain_accepted)
             if branch is not None:
-                self.stats.record_drafter(branch.source, len(branch.tokens), num_accepted - chain_accepted, branch=True)
+                self.stats.record_drafter(branch.source, len(branch.tokens), num_accepted - chain_accepted,
+                                          branch=True)
             seconds, self.timed = self.stats.verify_s - self.timed, self.stats.verify_s
             alone = sharing == (0, 0)  # a pass of its own: its time is its rows'
             if choice is not None and alone and not self.reproducible:
