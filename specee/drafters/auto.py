@@ -215,20 +215,27 @@ class AutoDrafter(Proposer):
         if match is not None:
             rates = [hit_rate(match.length + i) for i in range(len(match.continuation))]
             offers.append(self.chain_offer("suffix", match.continuation, rates, floor))
-        factor = self.calibrations["ngram"].factor
-        if self.table is not None and min(1.0, factor) >= floor:  # no node of the table's reaches above its factor
-            tail = list(context[max(0, len(context) - (self.table.order - 1)):])
-            tokens, probs, reach = [], [], [1.0]
-            while len(tokens) < limit:
-                token, prob = self.table.best(tail + tokens)
-                if reach[-1] * min(1.0, prob * factor) < floor:
-                    break
-                tokens.append(token)
-                probs.append(prob)
-                reach.append(reach[-1] * min(1.0, prob * factor))
-            if tokens:
-                offers.append(Offer("ngram", tokens, reach[1:], reaching(probs, 1.0)))
+        if self.table is not None and (offer := self.table_offer(context, limit, floor)) is not None:
+            offers.append(offer)
         return offers
+
+    def table_offer(self, context: list[int], limit: int, floor: float) -> Offer | None:
+        """The n-gram table's chain, cut where its calibrated reach falls below `floor`; None where
+        nothing is left, and without asking the table where even a certain first node could not
+        pay (a node's calibrated chance never exceeds the table's factor)."""
+        factor = self.calibrations["ngram"].factor
+        if min(1.0, factor) < floor:
+            return None
+        tail = list(context[max(0, len(context) - (self.table.order - 1)):])
+        tokens, probs, reach = [], [], [1.0]
+        while len(tokens) < limit:
+            token, prob = self.table.best(tail + tokens)
+            if reach[-1] * min(1.0, prob * factor) < floor:
+                break
+            tokens.append(token)
+            probs.append(prob)
+            reach.append(reach[-1] * min(1.0, prob * factor))
+        return Offer("ngram", tokens, reach[1:], reaching(probs, 1.0)) if tokens else None
 
     def chain_offer(self, source: str, tokens: list[int], rates: list[float], floor: float) -> Offer:
         """A chain whose node i is right with chance rates[i] as its drafter estimates it, cut where
