@@ -1,8 +1,10 @@
 // The kernels, written once on a 16-lane vector (`specee::simd`, one header per tier) and compiled
 // once per tier by tier.cpp. Integer block sums are exact in every tier; everything after them is
 // the same sequence of lane-wise IEEE fp32 operations, with reductions in one fixed tree and one exp
-// of our own, never fused (built with -ffp-contract=off). So a row's result has the same bits on
-// every CPU, and never depends on the other rows of the call.
+// of our own, fused only where written (`fmadd`: one rounding, which every tier's fused instruction
+// and the portable tier's std::fma give alike; built with -ffp-contract=off, so the compiler fuses
+// nothing else). So a row's result has the same bits on every CPU, and never depends on the other
+// rows of the call.
 //
 // 1. Integer matmuls (llama.cpp's Q4 x Q8 scheme): each activation row is quantized to int8 in
 //    blocks of 32 with its own scale; weights are unsigned 4- or 8-bit codes with a scale and an
@@ -39,7 +41,7 @@ constexpr int64_t superblock_bytes(int64_t groups, bool centered) {
 }
 constexpr int64_t PREFETCH_BYTES = 8192;
 
-// a * b + c, rounded twice: every tier has it, the portable one without fused hardware.
+// a * b + c, rounded twice (exp's polynomial; the hot loops take fmadd, rounded once).
 inline F16 madd(F16 a, F16 b, F16 c) { return a * b + c; }
 
 // Round to the nearest integer, ties to even, for |x| < 2^22.
@@ -186,6 +188,7 @@ inline Part part_splat(float x) { return splat(x); }
 inline Part part_load(const float* p) { return load(p); }
 inline Part part_load_bf16(const uint16_t* p) { return load_bf16(p); }
 inline Part part_load_i8(const int8_t* p) { return load_i8(p); }
+inline Part part_fmadd(Part a, Part b, Part c) { return fmadd(a, b, c); }
 inline void part_store_head(float* p, Part a, int64_t n) { store_head(p, a, n); }
 
 // The dot products of R rows, in chunks of the rows the tier's `dot` keeps in registers at once.
@@ -197,9 +200,6 @@ inline void part_dot(const uint8_t* block, int64_t part, const int8_t* q, int64_
   if constexpr (R > N) part_dot<R - N, INT4, STEPS>(block, part, q + N * K, K, out + N);
 }
 #endif
-
-template <class V>
-inline V part_madd(V a, V b, V c) { return a * b + c; }
 
 // A tier with state of its own (AMX: the process's permission for the tile state, each thread's
 // tile configuration) defines SPECEE_TIER_SETUP and these; the others need none of them.
@@ -301,8 +301,8 @@ void tile_rows(const uint8_t* w, const uint8_t* scales_zeros, int64_t first_part
           Part s, m;
           grouped_scale_offset<FORMAT>(scales_zeros, 2 * b + h, lane0 + p * PART_LANES, s, m);
           for (int r = 0; r < R; ++r) {
-            acc[p][r] = part_madd(part_splat(scales[r * B + b]) * s, to_float(dots[r]), acc[p][r]);
-            acc[p][r] = part_madd(m, part_splat(row_sums[r * 2 * B + 2 * b + h]), acc[p][r]);
+            acc[p][r] = part_fmadd(part_splat(scales[r * B + b]) * s, to_float(dots[r]), acc[p][r]);
+            acc[p][r] = part_fmadd(m, part_splat(row_sums[r * 2 * B + 2 * b + h]), acc[p][r]);
           }
         }
       }
@@ -333,12 +333,12 @@ void tile_rows(const uint8_t* w, const uint8_t* scales_zeros, int64_t first_part
         const Part products = to_float(dots[r]);
         const float row_scale = scales[r * B + b], row_sum = row_sums[r * B + b];
         if constexpr (FORMAT == Format::INT8_ROW) {
-          acc[p][r] = part_madd(part_splat(row_scale), products, acc[p][r]);
+          acc[p][r] = part_fmadd(part_splat(row_scale), products, acc[p][r]);
           if (p == 0) acc_sums[r] = acc_sums[r] + row_sum;
         } else {
           // acc += (a * s) * dot + m * (a * sum of codes): the block's exact dot product, scaled.
-          acc[p][r] = part_madd(part_splat(row_scale) * group_s[p], products, acc[p][r]);
-          acc[p][r] = part_madd(group_m[p], part_splat(row_sum), acc[p][r]);
+          acc[p][r] = part_fmadd(part_splat(row_scale) * group_s[p], products, acc[p][r]);
+          acc[p][r] = part_fmadd(group_m[p], part_splat(row_sum), acc[p][r]);
         }
       }
     }
@@ -349,7 +349,7 @@ void tile_rows(const uint8_t* w, const uint8_t* scales_zeros, int64_t first_part
       const int64_t lane = lane0 + p * PART_LANES;
       if constexpr (FORMAT == Format::INT8_ROW) {
         const float* sm = reinterpret_cast<const float*>(scales_zeros) + lane;
-        result = part_madd(part_load(sm), result, part_load(sm + LANES) * part_splat(acc_sums[r]));
+        result = part_fmadd(part_load(sm), result, part_load(sm + LANES) * part_splat(acc_sums[r]));
       }
       if (lane < valid) part_store_head(out + r * ldo + lane, result, valid - lane);
     }
@@ -494,7 +494,7 @@ struct Query {
 // q . key before its scale, a chunk of 16 features at a time (each key's own sum, as a one-key call makes it).
 inline F16 key_products(const F16* qv, const float* key, int64_t chunks) {
   F16 a = splat(0.0f);
-  for (int64_t c = 0; c < chunks; ++c) a = madd(qv[c], load(key + c * LANES), a);
+  for (int64_t c = 0; c < chunks; ++c) a = fmadd(qv[c], load(key + c * LANES), a);
   return a;
 }
 
@@ -514,7 +514,7 @@ void sum_values(const Query* qs, int64_t hd, const float* inverse) {
     for (int j = 0; j < M; ++j) weights[j] = splat(qs[j].scores[i]);
     for (int64_t c = 0; c < chunks; ++c) {
       const F16 v = load(value + c * LANES);
-      for (int j = 0; j < M; ++j) acc[j][c] = madd(weights[j], v, acc[j][c]);
+      for (int j = 0; j < M; ++j) acc[j][c] = fmadd(weights[j], v, acc[j][c]);
     }
   }
   for (int j = 0; j < M; ++j) {
@@ -522,7 +522,7 @@ void sum_values(const Query* qs, int64_t hd, const float* inverse) {
     for (int64_t i = common; i < query.count; ++i) {
       const float* value = query.value(i, hd);
       const F16 weight = splat(query.scores[i]);
-      for (int64_t c = 0; c < chunks; ++c) acc[j][c] = madd(weight, load(value + c * LANES), acc[j][c]);
+      for (int64_t c = 0; c < chunks; ++c) acc[j][c] = fmadd(weight, load(value + c * LANES), acc[j][c]);
     }
     const F16 factor = splat(inverse[j]);
     for (int64_t c = 0; c < chunks; ++c) store(query.out + c * LANES, acc[j][c] * factor);

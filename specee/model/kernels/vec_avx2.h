@@ -25,6 +25,7 @@ inline F16 operator+(F16 a, F16 b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_a
 inline F16 operator-(F16 a, F16 b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
 inline F16 operator*(F16 a, F16 b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
 inline F16 operator/(F16 a, F16 b) { return {_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)}; }
+inline F16 fmadd(F16 a, F16 b, F16 c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
 // minps/maxps are a < b ? a : b and a > b ? a : b, as the portable tier writes them.
 inline F16 min(F16 a, F16 b) { return {_mm256_min_ps(a.lo, b.lo), _mm256_min_ps(a.hi, b.hi)}; }
 inline F16 max(F16 a, F16 b) { return {_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)}; }
@@ -99,6 +100,7 @@ inline void part_store_head(float* p, Part a, int64_t n) {
 inline Part operator+(Part a, Part b) { return {_mm256_add_ps(a.v, b.v)}; }
 inline Part operator-(Part a, Part b) { return {_mm256_sub_ps(a.v, b.v)}; }
 inline Part operator*(Part a, Part b) { return {_mm256_mul_ps(a.v, b.v)}; }
+inline Part part_fmadd(Part a, Part b, Part c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
 inline Part to_float(PartI a) { return {_mm256_cvtepi32_ps(a.v)}; }
 
 inline __m256i broadcast4(const int8_t* q) {

@@ -23,6 +23,7 @@ inline F16 operator+(F16 a, F16 b) { return {_mm512_add_ps(a.v, b.v)}; }
 inline F16 operator-(F16 a, F16 b) { return {_mm512_sub_ps(a.v, b.v)}; }
 inline F16 operator*(F16 a, F16 b) { return {_mm512_mul_ps(a.v, b.v)}; }
 inline F16 operator/(F16 a, F16 b) { return {_mm512_div_ps(a.v, b.v)}; }
+inline F16 fmadd(F16 a, F16 b, F16 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
 // vminps/vmaxps are a < b ? a : b and a > b ? a : b, as the portable tier writes them.
 inline F16 min(F16 a, F16 b) { return {_mm512_min_ps(a.v, b.v)}; }
 inline F16 max(F16 a, F16 b) { return {_mm512_max_ps(a.v, b.v)}; }

@@ -31,6 +31,7 @@ inline F16 operator+(F16 a, F16 b) { SPECEE_QUADS(vaddq_f32(a.v[i], b.v[i])); }
 inline F16 operator-(F16 a, F16 b) { SPECEE_QUADS(vsubq_f32(a.v[i], b.v[i])); }
 inline F16 operator*(F16 a, F16 b) { SPECEE_QUADS(vmulq_f32(a.v[i], b.v[i])); }
 inline F16 operator/(F16 a, F16 b) { SPECEE_QUADS(vdivq_f32(a.v[i], b.v[i])); }
+inline F16 fmadd(F16 a, F16 b, F16 c) { SPECEE_QUADS(vfmaq_f32(c.v[i], a.v[i], b.v[i])); }
 // fmin/fmax order signed zeros and NaNs their own way: select as the portable tier writes it.
 inline F16 min(F16 a, F16 b) { SPECEE_QUADS(vbslq_f32(vcltq_f32(a.v[i], b.v[i]), a.v[i], b.v[i])); }
 inline F16 max(F16 a, F16 b) { SPECEE_QUADS(vbslq_f32(vcgtq_f32(a.v[i], b.v[i]), a.v[i], b.v[i])); }

@@ -3,6 +3,7 @@
 // every other tier reproduces bit for bit.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -27,6 +28,9 @@ inline F16 operator+(F16 a, F16 b) { SPECEE_LANEWISE(a.v[i] + b.v[i]); }
 inline F16 operator-(F16 a, F16 b) { SPECEE_LANEWISE(a.v[i] - b.v[i]); }
 inline F16 operator*(F16 a, F16 b) { SPECEE_LANEWISE(a.v[i] * b.v[i]); }
 inline F16 operator/(F16 a, F16 b) { SPECEE_LANEWISE(a.v[i] / b.v[i]); }
+// a * b + c rounded once, as every tier's fused instruction (std::fma: a libm call where the
+// target has no such instruction, exact either way).
+inline F16 fmadd(F16 a, F16 b, F16 c) { SPECEE_LANEWISE(std::fma(a.v[i], b.v[i], c.v[i])); }
 inline F16 min(F16 a, F16 b) { SPECEE_LANEWISE(a.v[i] < b.v[i] ? a.v[i] : b.v[i]); }
 inline F16 max(F16 a, F16 b) { SPECEE_LANEWISE(a.v[i] > b.v[i] ? a.v[i] : b.v[i]); }
 inline F16 abs(F16 a) {
