@@ -7,7 +7,7 @@
 
 namespace specee {
 
-constexpr int KERNEL_API_VERSION = 8;
+constexpr int KERNEL_API_VERSION = 9;
 
 // MatmulArgs::superblock_scales: how the scales are stored (see below): as pairs per group, as
 // superblock records with offsets or centered ones, or (6-bit codes) as one scale per group, centered.
@@ -74,7 +74,8 @@ struct KernelTable {
   void (*quantize_rows)(const float* x, int64_t T, int64_t K, int8_t* codes, float* scales, int32_t* sums);
   // Output tiles begin .. end - 1 of one matmul.
   void (*matmul_tiles)(const MatmulArgs& args, int64_t begin, int64_t end);
-  // (row, head) items begin .. end - 1 of one attention call.
+  // Items begin .. end - 1 of one attention call, kv group first: item (g rows + t) (heads / kv_heads) + j
+  // is row t's query head g (heads / kv_heads) + j.
   void (*attend)(const AttentionArgs& args, int64_t begin, int64_t end);
   // Rotates the queries and keys of T rows of qkv [T, (heads + 2 kv_heads) hd], writes the queries
   // to q [T, heads, hd] and the keys and values into one layer of a cache at start .. start + T - 1.

@@ -407,13 +407,15 @@ class Kernels {
           }
         });
 #pragma omp barrier
-        if (T < n) {  // fewer rows than threads: heads split as evenly as the items
+        if (T < n) {  // fewer rows than threads: the items split evenly
           share(T * heads, [&](int64_t b, int64_t e) { table_->attend(attention, b, e); });
-        } else {  // runs of rows that see about as many keys (row t of a prefill sees t more than row 0)
-          auto item_at = [&](int64_t part) {  // the first item whose row begins at or after part / n of the keys
-            const int64_t target = keys_before[T] * part / n;
-            const int64_t t = std::lower_bound(keys_before.begin(), keys_before.end(), target) - keys_before.begin();
-            return std::min(t, T) * heads;
+        } else {  // the items (kv group first) in runs that see about as many keys (a prefill's row t sees t more than row 0)
+          const int64_t group = heads / kv_heads;
+          auto item_at = [&](int64_t part) {  // the first item at or after part / n of the keys
+            const int64_t target = kv_heads * keys_before[T] * part / n, g = target / keys_before[T];
+            const int64_t t = std::lower_bound(keys_before.begin(), keys_before.end(), target % keys_before[T]) -
+                              keys_before.begin();
+            return std::min(g * T + t, kv_heads * T) * group;
           };
           const int64_t b = id == 0 ? 0 : item_at(id), e = id + 1 == n ? T * heads : item_at(id + 1);
           if (b < e) table_->attend(attention, b, e);

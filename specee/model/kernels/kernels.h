@@ -594,19 +594,25 @@ inline void attend_queries(Query* qs, int64_t n, int64_t hd, float scale) {
   }
 }
 
-// Items (row, head) begin .. end - 1: those of one kv group in consecutive rows of one segment
-// make a batch (up to ATTEND_BATCH), heads before rows.
+// Items begin .. end - 1, numbered kv group first: item (g T + t) group + j is row t's query head
+// g group + j. So a thread's share of the items reads the keys and values of as few kv groups as
+// its share allows, each of them once for all its rows (a pass of several rows streams each layer's
+// cache once over the threads, not once a thread). Those of one kv group in consecutive rows of one
+// segment make a batch (up to ATTEND_BATCH), heads before rows.
 inline void attend(const AttentionArgs& a, int64_t begin, int64_t end) {
-  const int64_t heads = a.heads, hd = a.head_dim, group = heads / a.kv_heads;
+  const int64_t heads = a.heads, hd = a.head_dim, group = heads / a.kv_heads, T = a.rows;
   const float scale = a.scale;
   if (begin >= end) return;
+  const int64_t per_group = T * group, first_group = begin / per_group, last_group = (end - 1) / per_group;
   // Kept from call to call (a pass calls this once a layer): the batch's scores, and each row's keys,
   // contiguous (first, count) or through its masked order.
   thread_local std::vector<float> scores;
   thread_local std::vector<std::vector<int64_t>> orders;
   thread_local std::vector<int64_t> firsts, counts;
   thread_local std::vector<const int64_t*> indices;
-  const int64_t first_row = begin / heads, last_row = (end - 1) / heads;
+  // The rows some item of the range has (all of them where it spans two groups).
+  const int64_t first_row = first_group == last_group ? begin % per_group / group : 0;
+  const int64_t last_row = first_group == last_group ? (end - 1) % per_group / group : T - 1;
   const int64_t row_count = last_row - first_row + 1;
   scores.resize(ATTEND_BATCH * (a.most_keys + LANES));
   if (static_cast<int64_t>(orders.size()) < row_count) orders.resize(row_count);
@@ -635,7 +641,7 @@ inline void attend(const AttentionArgs& a, int64_t begin, int64_t end) {
     }
   }
   Query batch[ATTEND_BATCH];
-  for (int64_t g = 0; g < a.kv_heads; ++g) {
+  for (int64_t g = first_group; g <= last_group; ++g) {
     int64_t n = 0, segment = -1;
     for (int64_t t = first_row; t <= last_row; ++t) {
       if (a.row_segment[t] != segment && n > 0) {  // another sequence's keys
@@ -646,7 +652,7 @@ inline void attend(const AttentionArgs& a, int64_t begin, int64_t end) {
       const Segment& s = a.segments[segment];
       const int64_t r = t - first_row;
       for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-        const int64_t item = t * heads + h;
+        const int64_t item = (g * T + t) * group + h - g * group;
         if (item < begin || item >= end) continue;
         batch[n] = {a.q + (t * heads + h) * hd, a.out + t * heads * hd + h * hd, scores.data() + n * (a.most_keys + LANES),
                     s.keys + g * s.capacity * hd, s.values + g * s.capacity * hd, counts[r], firsts[r], indices[r]};
