@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import specee
+import specee.model.cores as cores
 import specee.model.memory as memory
 from helpers import write_llama_gguf
 from specee.cli import main
@@ -69,7 +70,10 @@ def test_the_cli_says_the_context_and_refuses_what_cannot_fit(gguf_path, capsys,
     code = main(["generate", "Hello", "--model", str(gguf_path), "--ctx-size", "64", "--max-tokens", "2", "--threads", "1"])
     err = capsys.readouterr().err
     assert code == 0 and "tiny.gguf loaded in" in err and "gguf weights" in err
-    assert "context 64 tokens (KV cache up to 0.00 GiB); 1 threads" in err
+    assert "context 64 tokens (KV cache up to 0.00 GiB); 1 threads (--threads)" in err
+    monkeypatch.setattr(cores, "physical_cores", lambda: 1)
+    assert main(["generate", "Hello", "--model", str(gguf_path), "--ctx-size", "64", "--max-tokens", "2"]) == 0
+    assert "; 1 threads (this machine's physical cores; --threads to change)" in capsys.readouterr().err
     monkeypatch.setattr(memory, "available_bytes", lambda: 2**20)
     code = main(["generate", "Hello", "--model", str(gguf_path)])
     err = capsys.readouterr().err

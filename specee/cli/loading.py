@@ -39,20 +39,23 @@ def load(args):
     from ..model.cores import physical_cores
 
     started = time.perf_counter()
+    chosen = args.threads is not None
     args.threads = args.threads or physical_cores()
     engine = load_engine(**from_namespace(LoadOptions, args).keywords())
-    print(load_line(engine, time.perf_counter() - started), file=sys.stderr)
+    print(load_line(engine, time.perf_counter() - started, chosen), file=sys.stderr)
     return engine
 
 
-def load_line(engine, seconds: float) -> str:
+def load_line(engine, seconds: float, threads_chosen: bool) -> str:
     from ..model.memory import kv_cache_bytes
 
     name = engine.source.name if engine.source is not None else "model"
     kv = kv_cache_bytes(engine.config, engine.context_length)
+    threads = __import__('torch').get_num_threads()
+    why = "--threads" if threads_chosen else "this machine's physical cores; --threads to change"
     return (f"specee: {name} loaded in {seconds:.1f} s: {engine.quantization} weights, {engine.model.weight_bytes / 2**30:.2f} "
             f"GiB read per token; context {engine.context_length} tokens (KV cache up to {kv / 2**30:.2f} GiB); "
-            f"{__import__('torch').get_num_threads()} threads")
+            f"{threads} threads ({why})")
 
 
 def load_off_main_thread(args):
