@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <vector>
 
 #include "api.h"
@@ -629,8 +630,8 @@ inline void attend(const AttentionArgs& a, int64_t begin, int64_t end) {
     } else {
       std::vector<int64_t>& order = orders[r];
       const int64_t tail_len = s.num_keys - s.prefix;
-      order.clear();
-      for (int64_t j = 0; j < s.prefix; ++j) order.push_back(j);
+      order.resize(s.prefix);  // the prefix in order (a thread whose items span two kv groups orders every row)
+      std::iota(order.begin(), order.end(), int64_t{0});
       for (int64_t j = 0; j < tail_len; ++j)
         if (s.mask[row * tail_len + j]) order.push_back(s.prefix + j);
       const int64_t count = static_cast<int64_t>(order.size());
