@@ -42,7 +42,7 @@ def test_the_cli_runs_on_the_physical_cores_unless_told(monkeypatch):
     seen = {}
     monkeypatch.setattr(cores, "physical_cores", lambda: 3)
     monkeypatch.setattr(specee, "load", lambda *args, **options: seen.update(options))
-    monkeypatch.setattr(cli_loading, "load_line", lambda engine, seconds: "")
+    monkeypatch.setattr(cli_loading, "load_line", lambda engine, seconds, threads_chosen: "")
     for given, expected in ((None, 3), (1, 1)):
         cli_loading.load(argparse.Namespace(model=None, dtype="fp32", device="cpu", threads=given, quantization="auto",
                                      compile=True, cpu_tier=None, ctx_size=None))
