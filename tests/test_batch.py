@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from helpers import cpu_tier_params, threads, tiny_model
-from specee.batch import Batch
+from specee.batch import Batch, run_together
 from specee.drafters.prompt_lookup import PromptLookup
 from specee.engine import Engine, Event
 from specee.exits.candidates import Candidates
@@ -107,6 +107,18 @@ def test_generations_sharing_passes_give_what_they_give_alone(engine):
     # The passes were shared: fewer than the generations ran alone (prefill chunks of 4 included).
     passes_alone = sum(-(-len(engine.encode(p)) // 4) + r.stats.target_passes for p, r in zip(PROMPTS, alone))
     assert len([r for r in rows if r]) < passes_alone
+
+
+def test_run_together_gives_each_generation_its_result_alone_in_order(engine, monkeypatch):
+    alone = [engine.generate(p, max_tokens=20) for p in PROMPTS]
+    sharing = []  # members of the batch at each pass
+    run_pass = Batch.run_pass
+    monkeypatch.setattr(Batch, "run_pass", lambda self: sharing.append(len(self.members)) or run_pass(self))
+    generations = [engine.stream(p, max_tokens=20) for p in PROMPTS + PROMPTS[:1]]
+    results = run_together(engine.model, generations, width=2)  # five through two slots: joins as others end
+    assert [r.token_ids for r in results] == [r.token_ids for r in alone + alone[:1]]
+    assert [r.finish_reason for r in results] == [r.finish_reason for r in alone + alone[:1]]
+    assert max(sharing) == 2  # two at a time, never more
 
 
 @pytest.mark.parametrize("request_options", [dict(max_tokens=12, ignore_eos=True, temperature=0.9, seed=4),
