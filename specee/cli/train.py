@@ -20,9 +20,11 @@ def add_parser(sub) -> None:
 
 def add_ngram(artifacts) -> None:
     ngram = artifacts.add_parser("ngram", help="a Katz-backoff n-gram table for the ngram/staged drafters")
-    add_model_options(ngram, TRAINING_QUANTIZATION)
+    add_model_options(ngram)  # only answers are read (no gradients): the format users run, the fastest
     ngram.add_argument("--corpus", action="append", default=[], help="text or Spec-Bench .jsonl file (repeatable)")
     ngram.add_argument("--dataset", action="append", default=[], help="registry dataset whose prompts to use")
+    ngram.add_argument("--sharegpt", type=non_negative_int, default=0,
+                       help="also the first user turns of N ShareGPT conversations (none a benchmark prompt)")
     ngram.add_argument("--generate", action="store_true", help="train on the model's own answers to the prompts")
     ngram.add_argument("--skip-first", type=non_negative_int, default=20,
                        help="leave out each category's first N (reported and tuned on)")
@@ -120,6 +122,7 @@ def run(args) -> int:
     train_ngram(
         loading.load(args), Path(args.out), corpus=args.corpus, datasets=args.dataset, generate=args.generate,
         skip_first=args.skip_first, limit=args.limit, max_tokens=args.max_tokens, order=args.order,
+        sharegpt=args.sharegpt,
     )
     return 0
 

@@ -48,8 +48,9 @@ from .suffix_cache import SuffixCache, hit_rate
 MARGIN = 0.05
 # A drafter's calibration starts at its prior and weighs as much as this many expected draft tokens.
 # The priors are accepted over expected draft tokens on the tuning slice (BENCHMARKS.md): the copy's
-# rates are measured ones, the table's probabilities are its corpus's, twice what this model accepts;
-# the suffix cache's rates are a prior still to be measured (suffix_cache.py).
+# rates are measured ones; a table's probabilities are its corpus's, so its prior is the calibration
+# `specee train ngram` measured on held-out text, or (a table without one) half its word; the suffix
+# cache's rates are a prior still to be measured (suffix_cache.py).
 CALIBRATION_WEIGHT = 8.0
 PRIORS = {"prompt-lookup": 1.0, "ngram": 0.5, "suffix": 1.0}
 # A draft model's top probabilities, taken at their word until the request measures them.
@@ -175,6 +176,8 @@ class AutoDrafter(Proposer):
         self.lookup.reset(prompt)
         self.prompt_tokens = len(prompt)
         priors = PRIORS | ({"draft": DRAFT_MODEL_PRIOR} if self.model is not None else {})
+        if self.table is not None and self.table.calibration is not None:
+            priors["ngram"] = self.table.calibration  # measured where the table was trained
         self.calibrations = {source: Calibration(prior) for source, prior in priors.items()}
         if self.model is not None:
             self.model.reset(prompt, shared=not self.reproducible)

@@ -67,6 +67,9 @@ class NgramModel:
     vocab_size: int
     unigram: np.ndarray  # [vocab] float64, the base distribution
     tables: list[OrderTable]  # tables[k - 2] holds contexts of k - 1 tokens, for k = 2..order
+    # Right guesses over the probabilities `best` gave them, on text the table was not trained on
+    # (`specee train ngram` measures it); None where unmeasured.
+    calibration: float | None = None
 
     def __post_init__(self) -> None:
         # The unigram is the last level of every backoff chain, with every token "seen".
@@ -250,6 +253,7 @@ class NgramModel:
         HEADER.save(path, fingerprint, {
             "order": self.order, "vocab_size": self.vocab_size, "unigram": torch.from_numpy(self.unigram),
             "tables": [{name: torch.from_numpy(array) for name, array in vars(table).items()} for table in self.tables],
+            "calibration": self.calibration,
         }, info)
 
     @staticmethod
@@ -257,7 +261,7 @@ class NgramModel:
         """Load a table trained for the tokenizer with `fingerprint`; anything else is a ValueError."""
         saved = HEADER.load(path, fingerprint)
         tables = [OrderTable(**{name: tensor.numpy() for name, tensor in table.items()}) for table in saved["tables"]]
-        return NgramModel(saved["order"], saved["vocab_size"], saved["unigram"].numpy(), tables)
+        return NgramModel(saved["order"], saved["vocab_size"], saved["unigram"].numpy(), tables, saved.get("calibration"))
 
 
 _UNSEEN = object()

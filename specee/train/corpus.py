@@ -16,6 +16,9 @@ SHAREGPT_LICENCE = "Apache-2.0 (ShareGPT_Vicuna_unfiltered, ShareGPT_V3_unfilter
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "assistant": "assistant"}
 # Two texts are the same prompt when their first characters agree (after folding case and spaces).
 PROMPT_KEY_CHARS = 64
+# First turns longer than this (about 500 tokens) are left out of `sharegpt_first_turns`: pasted
+# documents, whose answers are mostly copies, which prompt lookup already drafts.
+FIRST_TURN_CHARS = 2000
 
 Conversation = list[dict]  # [{"role", "content"}, ...]
 
@@ -76,3 +79,15 @@ def benchmark_keys() -> set[str]:
 def is_benchmark(conversation: Conversation, keys: set[str]) -> bool:
     """Whether one of the conversation's user turns is a benchmark prompt (`keys`: benchmark_keys)."""
     return any(prompt_key(t["content"]) in keys for t in conversation if t["role"] == "user")
+
+
+def sharegpt_first_turns(count: int) -> list[str]:
+    """The first user turns of ShareGPT's first conversations, `count` of them, none a benchmark
+    prompt (nor of a conversation holding one), none longer than FIRST_TURN_CHARS."""
+    keys, turns = benchmark_keys(), []
+    for conversation in sharegpt_conversations(sharegpt_path()):
+        if len(turns) >= count:
+            break
+        if not is_benchmark(conversation, keys) and len(conversation[0]["content"]) <= FIRST_TURN_CHARS:
+            turns.append(conversation[0]["content"])
+    return turns
