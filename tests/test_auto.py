@@ -153,6 +153,7 @@ class OneGuessTable:
     """An n-gram table that always guesses `token` with probability `prob`."""
 
     order = 3
+    calibration = None  # unmeasured: auto takes it at half its word
 
     def __init__(self, token: int, prob: float) -> None:
         self.token, self.prob = token, prob
