@@ -19,7 +19,7 @@ def add_parser(sub) -> None:
 
 
 def add_ngram(artifacts) -> None:
-    ngram = artifacts.add_parser("ngram", help="a Katz-backoff n-gram table for the ngram/staged drafters")
+    ngram = artifacts.add_parser("ngram", help="a Katz-backoff n-gram table for the ngram, staged and auto drafters")
     add_model_options(ngram)  # only answers are read (no gradients): the format users run, the fastest
     ngram.add_argument("--corpus", action="append", default=[], help="text or Spec-Bench .jsonl file (repeatable)")
     ngram.add_argument("--dataset", action="append", default=[], help="registry dataset whose prompts to use")

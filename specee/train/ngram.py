@@ -19,6 +19,8 @@ from .corpus import SHAREGPT_LICENCE, sharegpt_first_turns
 # the probabilities it gave them, among guesses of at least CALIBRATION_FLOOR (those `auto` may draft).
 HOLD_OUT = 10
 CALIBRATION_FLOOR = 0.5
+# Answers are generated this many prompts at a time (the progress bar's step).
+GENERATE_CHUNK = 64
 
 
 def file_sequences(engine: Engine, path: Path) -> list[list[int]]:
@@ -45,9 +47,10 @@ def self_generated(engine: Engine, prompts: list[str], max_tokens: int, context:
     together in a continuous batch."""
     dense = engine.strategy("none")
     answers = []
-    for start in tqdm(range(0, len(prompts), 64), desc="generating corpus", unit="64 prompts", file=sys.stderr):
+    for start in tqdm(range(0, len(prompts), GENERATE_CHUNK), desc="generating corpus", unit=f"{GENERATE_CHUNK} prompts",
+                      file=sys.stderr):
         generations = [Generation(engine, prompt, max_tokens=max_tokens, strategy=dense, prefix_cache=False)
-                       for prompt in prompts[start:start + 64]]
+                       for prompt in prompts[start:start + GENERATE_CHUNK]]
         for generation, result in zip(generations, run_together(engine.model, generations)):
             answers.append(generation.prompt_ids[len(generation.prompt_ids) - context:] + result.token_ids)
     return answers
