@@ -13,6 +13,7 @@ class Table:
     """An n-gram table that always offers `token` with probability `prob`, whatever came before."""
 
     order = 3
+    calibration = None  # unmeasured: auto takes it at half its word
 
     def __init__(self, token: int, prob: float) -> None:
         self.token, self.prob = token, prob
