@@ -50,6 +50,7 @@ class Member:
         self.parked: PassRows | LayerRows | None = None
         self.reply: tuple[torch.Tensor, torch.Tensor] | torch.Tensor | Exception | None = None
         self.rows = 0  # the rows it ran in the batch's last pass
+        self.step_rows = 1  # ... and in its latest step (a prefill chunk's is the one row of the step after)
         self._greenlet = greenlet(self._run, home)
 
     def _run(self) -> None:
@@ -70,6 +71,20 @@ class Member:
 
     def sharing(self) -> tuple[int, int]:
         return len(self.batch.members) - 1, max(0, self.batch.last_rows - self.rows)
+
+    def sharing_next(self) -> tuple[int, int]:
+        """The others' rows in the next pass: those already parked for it, the rest as many as in
+        their latest step. A pass that carried a new member's prompt is no guide: pricing drafts
+        against it had every member draft as if the next pass were as large."""
+        others = [member for member in self.batch.members if member is not self]
+        return len(others), sum(member.coming_rows() for member in others)
+
+    def coming_rows(self) -> int:
+        if isinstance(self.parked, PassRows):
+            return len(self.parked.ids)
+        if isinstance(self.parked, LayerRows):
+            return len(self.parked.h)
+        return self.step_rows
 
     def resume(self) -> Event | PassRows | LayerRows | None:
         """Run until the next event or parked rows (None: the generation has ended)."""
@@ -148,6 +163,8 @@ class Batch:
         parts = [m.parked for m in whole]
         for member in self.members:
             member.rows = len(member.parked.ids) if member in whole else 0
+        for member, part in zip(whole, parts):  # a part scoring only its last rows is a prefill chunk
+            member.step_rows = member.rows if part.logits_from == 0 else 1
         for member in whole:
             member.parked = None
         rows = sum(len(part.ids) for part in parts)

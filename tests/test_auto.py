@@ -52,6 +52,9 @@ class Sharing:
     def sharing(self) -> tuple[int, int]:
         return self.others, self.rows
 
+    def sharing_next(self) -> tuple[int, int]:
+        return self.others, self.rows
+
 
 def drafter(row_cost: float = 0.2, table=None, passes=None, sampler=None) -> tuple[AutoDrafter, GenerationStats]:
     auto, stats = AutoDrafter(PromptLookup(), table, row_cost), GenerationStats()

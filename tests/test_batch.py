@@ -1,6 +1,7 @@
 """Continuous batching on tiny models: several sequences' rows in one pass, each attending only to
 its own cache, get the bits they get alone; generations sharing passes (dense, chains and trees,
 greedy and seeded sampling, a late joiner, a chunked prefill) give exactly what they give alone;
+a member prices its drafts by the rows the next pass will carry;
 members with early exits join the shared pass layer by layer; a dropped or failing member
 leaves the others untouched."""
 import random
@@ -165,6 +166,26 @@ def test_a_long_prompt_is_prefilled_in_chunks_beside_decoding(engine):
     assert chunks > 3
     assert rows[join : join + chunks] == [8 + 1] * chunks
     assert len(events[0]) == 60 and max(rows) == 8 + 1
+
+
+def test_members_price_drafts_by_the_rows_coming_not_a_prompt_just_run(engine):
+    batch = Batch(engine.model)
+    decoding = batch.add(engine.stream(PROMPTS[1], max_tokens=30, ignore_eos=True, spec_method="none"))
+    for _ in range(3):  # its prompt, then two dense steps
+        batch.advance()
+        batch.run_pass()
+    assert decoding.sharing_next() == (0, 0)
+    prompt = " ".join(PROMPTS)
+    joining = batch.add(engine.stream(prompt, max_tokens=5, spec_method="none"))
+    batch.advance()
+    assert joining.coming_rows() == len(engine.encode(prompt)) > 8  # parked: its prompt, counted exactly
+    assert decoding.sharing_next() == (1, len(engine.encode(prompt)))
+    batch.run_pass()
+    # The pass just run carried the prompt; the next carries the newcomer's first dense step.
+    assert decoding.sharing() == (1, len(engine.encode(prompt)))
+    assert decoding.sharing_next() == (1, 1)
+    batch.advance()
+    assert decoding.sharing_next() == (1, 1) and joining.sharing_next() == (1, 1)
 
 
 class Scripted(Strategy):

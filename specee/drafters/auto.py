@@ -191,11 +191,12 @@ class AutoDrafter(Proposer):
     def watch(self, passes, stats) -> None:
         self.passes, self.stats = passes, stats
 
-    def sharing(self) -> tuple[int, int]:
-        """(other generations in the pass, their rows): what this draft's rows are priced against."""
+    def sharing(self, coming: bool = False) -> tuple[int, int]:
+        """(other generations in the pass, their rows): in the pass just run (what a draft's cost is
+        judged by), or `coming` (what the next draft's rows are priced against)."""
         if self.passes is None or self.reproducible:
             return 0, 0
-        return self.passes.sharing()
+        return self.passes.sharing_next() if coming else self.passes.sharing()
 
     def offers(self, context: list[int], limit: int, floor: float, suffix_limit: int | None = None) -> list[Offer]:
         """What each drafter offers (chains of up to `limit` tokens, the suffix cache's up to
@@ -248,7 +249,7 @@ class AutoDrafter(Proposer):
 
     def choose(self, context: list[int], limit: int, suffix_limit: int | None = None) -> Choice:
         """The offer and length with the most tokens per unit of pass cost, or none."""
-        others, other_rows = self.sharing()
+        others, other_rows = self.sharing(coming=True)
         price = self.price
 
         def value(drafted: int, expected: float, drafting: float = 0.0) -> float:  # the pass's tokens over its cost
@@ -322,7 +323,7 @@ class AutoDrafter(Proposer):
         return {"at": len(context) - self.prompt_tokens, "from": self.last.source, "to": choice.source,
                 "offer": offer, "acceptance": acceptance, "row_cost": round(self.price.cost, 3),
                 "row_step": round(self.price.step, 3),
-                "sharing": list(self.sharing()), "resting": choice.resting}
+                "sharing": list(self.sharing(coming=True)), "resting": choice.resting}
 
     def update(self, context: list[int], num_accepted: int) -> None:
         self.lookup.update(context, num_accepted)

@@ -357,6 +357,9 @@ class Transformer(nn.Module):
         """A generation run on the model directly shares its passes with nobody."""
         return 0, 0
 
+    def sharing_next(self) -> tuple[int, int]:
+        return 0, 0
+
     def run_pass(self, part: PassRows) -> tuple[torch.Tensor, torch.Tensor]:
         """One sequence's pass: its last layer's states [T, hidden] and the logits of its rows from
         `logits_from` on."""

@@ -52,6 +52,9 @@ class Passes(Protocol):
     def sharing(self) -> tuple[int, int]:
         """(other generations sharing this one's passes, the rows they ran in the last one)."""
         ...
+    def sharing_next(self) -> tuple[int, int]:
+        """(other generations sharing this one's passes, the rows they will bring to the next one)."""
+        ...
 
 
 def run_fused(kernels, stack, layers: range, h: torch.Tensor, angles: RopeAngles, segments: list[Segment]
