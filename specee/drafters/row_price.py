@@ -16,9 +16,6 @@ row count).
 from __future__ import annotations
 
 from collections import deque
-from functools import lru_cache
-
-import numpy as np
 
 # Each pass weighs this much less than the next; the window holds the latest PRICE_WINDOW passes.
 PRICE_DECAY = 0.95
@@ -30,11 +27,13 @@ PRIOR_ROWS = 4
 # A pass counts as at most CLAMP times (at least 1 / CLAMP of) what the current line predicts for it.
 CLAMP = 2.0
 MIN_PRICE = 0.01
-# The fit (a few dozen numpy calls on caches a pass has just emptied: 4-5% of a dense step if run
-# after every drafted pass) reruns after every REFIT-th pass; while the window holds fewer than
-# YOUNG passes, after every drafted one, so a request's first drafts learn the price at once.
+# The fit (a few hundred slopes, on caches a pass has just emptied) reruns after every REFIT-th
+# pass; while the window holds fewer than YOUNG passes, after every drafted one, so a request's
+# first drafts learn the price at once. It is plain Python: on lists this short numpy's calls
+# cost more than the arithmetic (BENCHMARKS.md, "The row price's fit in plain Python").
 REFIT = 8
 YOUNG = 8
+WEIGHTS = [PRICE_DECAY ** age for age in range(PRICE_WINDOW)]  # by age, the latest pass first
 
 
 class RowPrice:
@@ -64,53 +63,46 @@ class RowPrice:
             self.fit()
 
     def fit(self) -> None:
-        rows = np.array([r for r, _ in self.passes], dtype=np.float64)
-        if np.all(rows == rows[0]):
+        first = self.passes[0][0]
+        if all(rows == first for rows, _ in self.passes):
             return  # one shape of pass: nothing to fit a line to, the price stays
-        times = np.array([s for _, s in self.passes])
-        weights = PRICE_DECAY ** np.arange(len(self.passes) - 1, -1, -1)
-        dense = rows == 0
-        if dense.any():
-            one_row = weighted_median(times[dense], weights[dense])
+        weighted = [(rows, seconds, WEIGHTS[age]) for age, (rows, seconds) in enumerate(reversed(self.passes))]
+        dense = [(seconds, weight) for rows, seconds, weight in weighted if not rows]
+        if dense:
+            one_row = weighted_median(dense)
         else:  # no dense step in the window: each pass read on the current line
-            shares = 1 + self.step + self.cost * rows
-            one_row = weighted_median(times / shares, weights)
+            one_row = weighted_median([(seconds / self.share(rows), weight) for rows, seconds, weight in weighted])
         if one_row <= 0:
             return
         self.one_row = one_row
-        drafted, drafted_times, drafted_weights = rows[~dense], times[~dense], weights[~dense]
-        if len(set(drafted)) == 1:  # one drafted shape: its cost is known, not how it splits
-            share = weighted_median(drafted_times, drafted_weights) / one_row - 1
-            self.cost = max(MIN_PRICE, min(self.cost, share / drafted[0]))
-            self.step = max(0.0, share - self.cost * drafted[0])
-        elif len(drafted):
-            self.cost, self.step = drafted_line(drafted, drafted_times / one_row, drafted_weights,
-                                                self.prior, self.prior_weight)
+        drafted = [(rows, seconds / one_row, weight) for rows, seconds, weight in weighted if rows]
+        if len({rows for rows, _, _ in drafted}) == 1:  # one drafted shape: its cost is known, not how it splits
+            rows = drafted[0][0]
+            share = weighted_median([(share, weight) for _, share, weight in drafted]) - 1
+            self.cost = max(MIN_PRICE, min(self.cost, share / rows))
+            self.step = max(0.0, share - self.cost * rows)
+        elif drafted:
+            self.cost, self.step = drafted_line(drafted, self.prior, self.prior_weight)
 
 
-def drafted_line(rows: np.ndarray, shares: np.ndarray, weights: np.ndarray, prior: float, prior_weight: float
-                 ) -> tuple[float, float]:
-    """(cost, step): the median line (Theil-Sen) through drafted passes' shares of a one-row pass,
-    with the model's price as two pseudo-passes."""
-    rows = np.append(rows, [1.0, PRIOR_ROWS])
-    shares = np.append(shares, [1 + prior, 1 + prior * PRIOR_ROWS])
-    weights = np.append(weights, [prior_weight] * 2)
-    first, second = pairs(len(rows))
-    spread = rows[second] - rows[first]
-    apart = spread != 0
-    slopes = (shares[second] - shares[first])[apart] / spread[apart]
-    per_row = max(MIN_PRICE, weighted_median(slopes, (weights[first] * weights[second])[apart]))
-    return per_row, max(0.0, weighted_median(shares - per_row * rows, weights) - 1)
+def drafted_line(drafted: list[tuple[int, float, float]], prior: float, prior_weight: float) -> tuple[float, float]:
+    """(cost, step): the median line (Theil-Sen) through drafted passes' (rows, share of a one-row
+    pass, weight), with the model's price as two pseudo-passes."""
+    points = drafted + [(1, 1 + prior, prior_weight), (PRIOR_ROWS, 1 + prior * PRIOR_ROWS, prior_weight)]
+    slopes = [((share_j - share_i) / (rows_j - rows_i), weight_i * weight_j)
+              for i, (rows_i, share_i, weight_i) in enumerate(points)
+              for rows_j, share_j, weight_j in points[i + 1:] if rows_j != rows_i]
+    per_row = max(MIN_PRICE, weighted_median(slopes))
+    return per_row, max(0.0, weighted_median([(share - per_row * rows, weight) for rows, share, weight in points]) - 1)
 
 
-@lru_cache(maxsize=None)
-def pairs(count: int) -> tuple[np.ndarray, np.ndarray]:
-    """Every pair (i < j) of `count` points, as two index arrays."""
-    return np.triu_indices(count, 1)
-
-
-def weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
-    """The value below which half the weight lies."""
-    order = np.argsort(values, kind="stable")
-    cumulative = np.cumsum(weights[order])
-    return float(values[order][np.searchsorted(cumulative, cumulative[-1] / 2)])
+def weighted_median(weighted: list[tuple[float, float]]) -> float:
+    """The value below which half the weight lies, of (value, weight) pairs (ties: the first given)."""
+    weighted.sort(key=lambda pair: pair[0])
+    half = sum(weight for _, weight in weighted) / 2
+    total = 0.0
+    for value, weight in weighted:
+        total += weight
+        if total >= half:
+            return value
+    return weighted[-1][0]
