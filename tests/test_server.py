@@ -475,9 +475,9 @@ def test_metrics_parse_and_count_the_requests_made(default_server, client, model
     for method, passes in stats["method_passes"].items():
         assert delta(after, before, "specee_method_passes_total", mode="hybrid", method=method) == passes
     assert after[("specee_queue_length", ())] == 0
-    from specee.model.kernels import supported_tiers
+    from specee.model.kernels import requested_tier
 
-    assert after[("specee_cpu_kernels_info", (("tier", supported_tiers()[0]),))] == 1
+    assert after[("specee_cpu_kernels_info", (("tier", requested_tier()),))] == 1
 
 
 def test_fifty_concurrent_clients_get_correct_answers_in_bounded_memory(default_server, client, model_id):
