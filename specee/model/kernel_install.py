@@ -8,6 +8,7 @@ from torch import nn
 
 from .integer_linear import IntegerLinear
 from .llama import MLP, DecoderLayer, RMSNorm, Transformer
+from .thread_governor import ThreadGovernor
 
 
 def with_kernels(model: Transformer, kernels) -> Transformer:
@@ -20,9 +21,11 @@ def with_kernels(model: Transformer, kernels) -> Transformer:
     rows_fit = model.device.type == "cpu" and c.hidden_size % 16 == 0 and c.intermediate_size % 16 == 0
     rows_on_kernels(model, kernels if rows_fit else None)
     weights = [layer_weights(layer, kernels) for layer in model.layers]
-    model.fused_stack = None
+    model.fused_stack = model.thread_governor = None
     if all(w is not None for w in weights):
         model.fused_stack = (kernels, kernels.layer_stack(weights))
+        if torch.get_num_threads() > 1:
+            model.thread_governor = ThreadGovernor(torch.get_num_threads(), model.extra_row_cost)
     for index, layer in enumerate(model.layers):
         layer.fused = None if model.fused_stack is None else (*model.fused_stack, index)
     return model

@@ -22,6 +22,7 @@ from .cache import KVCache, SpareBuffers
 from .config import LlamaConfig
 from .passes import LayerRows, PassRows, Segment, fusable, run_fused
 from .rope import AngleTable, RopeAngles, angles_rows, apply_rope, inverse_frequencies, rope_angles
+from .thread_governor import governed
 
 
 class RMSNorm(nn.Module):
@@ -233,6 +234,7 @@ class Transformer(nn.Module):
     # format"); the quantized formats set their own.
     extra_row_cost = 0.03
     fused_stack = None  # (kernels, LayerStack): every layer as kernel calls (`kernel_install.with_kernels`)
+    thread_governor = None  # how many threads a pass runs on (thread_governor.py), where several
 
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
@@ -363,9 +365,10 @@ class Transformer(nn.Module):
     def run_pass(self, part: PassRows) -> tuple[torch.Tensor, torch.Tensor]:
         """One sequence's pass: its last layer's states [T, hidden] and the logits of its rows from
         `logits_from` on."""
-        hidden = self.hidden(part.ids, part.positions, part.cache, part.mask)
-        scored = hidden[part.logits_from :]
-        return hidden, self.logits(self.norm(scored)) if len(scored) else hidden.new_empty(0, self.config.vocab_size)
+        with governed(self.thread_governor, len(part.ids)):
+            hidden = self.hidden(part.ids, part.positions, part.cache, part.mask)
+            scored = hidden[part.logits_from :]
+            return hidden, self.logits(self.norm(scored)) if len(scored) else hidden.new_empty(0, self.config.vocab_size)
 
     def prefill(self, ids: list[int], cache: KVCache, shallow_layers: int | None = None, start: int = 0
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:

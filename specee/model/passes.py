@@ -10,6 +10,7 @@ import torch
 from .attention_bias import AttentionBias
 from .cache import KVCache
 from .rope import RopeAngles, angles_rows
+from .thread_governor import governed
 
 
 class Segment(NamedTuple):
@@ -83,13 +84,15 @@ def run_passes(model, parts: list[PassRows]) -> list[tuple[torch.Tensor, torch.T
     the bits it gets alone (batch invariance): a sequence's output does not depend on the others."""
     if len(parts) == 1:
         return [model.run_pass(parts[0])]
-    h, angles, segments = begin_passes(model, parts)
-    every = range(len(model.layers))
-    if model.fused_stack is not None and all(isinstance(s.cache, KVCache) and fusable(s.cache, every) for s in segments):
-        return end_passes(model, parts, run_fused(*model.fused_stack, every, h, angles, segments))
-    for layer in model.layers:
-        h = layer(h, angles, segments)
-    return end_passes(model, parts, h)
+    with governed(model.thread_governor, sum(len(part.ids) for part in parts)):
+        h, angles, segments = begin_passes(model, parts)
+        every = range(len(model.layers))
+        if model.fused_stack is not None and all(isinstance(s.cache, KVCache) and fusable(s.cache, every)
+                                                 for s in segments):
+            return end_passes(model, parts, run_fused(*model.fused_stack, every, h, angles, segments))
+        for layer in model.layers:
+            h = layer(h, angles, segments)
+        return end_passes(model, parts, h)
 
 
 def begin_passes(model, parts: list[PassRows]) -> tuple[torch.Tensor, RopeAngles, list[Segment]]:
