@@ -3,7 +3,7 @@ holds cores.
 
 A pass splits its work evenly over its threads and meets at barriers between steps, so a thread
 that shares its core with another busy process holds every barrier up: on two cores with a
-CPU-bound process on one, two threads decoded 0.5-0.7x as fast as one (BENCHMARKS.md, "Threads
+CPU-bound process on one, two threads decoded about half as fast as one (BENCHMARKS.md, "Threads
 that give way to a busy core"). The governor times the passes and, now and then, runs a few
 passes on another thread count (probes): one fewer, or, below the loaded count, all of them again.
 It keeps a count that was clearly faster. Probes come rarely on a machine where they keep losing
