@@ -5,8 +5,8 @@ import torch
 
 from helpers import threads
 from specee.model.passes import PassRows
-from specee.model.thread_governor import (BASELINE_PASSES, FIRST_WAIT, LONGEST_WAIT, MOST_ROWS, PROBE_PASSES,
-                                          TRIGGER_GAP, ThreadGovernor)
+from specee.model.thread_governor import (BASELINE_PASSES, EARLY_PASSES, FIRST_WAIT, LONGEST_WAIT, MOST_ROWS,
+                                          PROBE_PASSES, TRIGGER_GAP, ThreadGovernor)
 
 
 def drive(governor: ThreadGovernor, seconds_on, passes: int, rows: int = 1) -> list[int]:
@@ -27,11 +27,12 @@ def busy(threads: int) -> float:  # another process holds one of two cores: two 
 
 
 def test_a_quiet_machine_keeps_every_thread_and_probes_ever_more_rarely():
+    """One thread of two is slower at once: each probe ends after its first passes."""
     governor = ThreadGovernor(2, 0.15)
-    ran = drive(governor, quiet, 7 * FIRST_WAIT + 3 * PROBE_PASSES + 1)
+    ran = drive(governor, quiet, 7 * FIRST_WAIT + 3 * EARLY_PASSES + 1)
     probes = [i for i, count in enumerate(ran) if count == 1 and (i == 0 or ran[i - 1] == 2)]
-    assert governor.count == 2 and sum(count == 1 for count in ran) == PROBE_PASSES * len(probes)
-    gaps = [b - a - PROBE_PASSES for a, b in zip(probes, probes[1:])]
+    assert governor.count == 2 and sum(count == 1 for count in ran) == EARLY_PASSES * len(probes)
+    gaps = [b - a - EARLY_PASSES for a, b in zip(probes, probes[1:])]
     assert len(probes) == 3 and probes[0] == FIRST_WAIT and gaps == [2 * FIRST_WAIT, 4 * FIRST_WAIT]
     drive(governor, quiet, 40 * LONGEST_WAIT)
     assert governor.wait == LONGEST_WAIT and governor.count == 2
@@ -59,8 +60,9 @@ def test_many_cores_give_up_one_thread_at_a_time():
 
 def test_passes_that_slow_down_probe_at_once():
     governor = ThreadGovernor(2, 0.15)
-    drive(governor, quiet, TRIGGER_GAP)
-    ran = drive(governor, busy, BASELINE_PASSES + PROBE_PASSES)  # long before the first wait ends
+    drive(governor, quiet, FIRST_WAIT + EARLY_PASSES + TRIGGER_GAP)  # the first probe lost; the next far off
+    assert governor.count == 2 and governor.until_probe == 2 * FIRST_WAIT - TRIGGER_GAP > BASELINE_PASSES + PROBE_PASSES
+    ran = drive(governor, busy, BASELINE_PASSES + PROBE_PASSES)
     assert 1 in ran and governor.count == 1
 
 
@@ -68,9 +70,11 @@ def test_prefill_chunks_and_row_counts_are_set_side_by_side():
     governor = ThreadGovernor(2, 0.15)
     drive(governor, lambda threads: 5.0, 3 * FIRST_WAIT, rows=MOST_ROWS + 1)  # not timed
     assert governor.until_probe == FIRST_WAIT and not governor.recent
-    # Passes of 1 and 5 rows on two threads: priced per one-row pass, the same; no slowdown seen.
-    for i in range(TRIGGER_GAP + BASELINE_PASSES):
-        rows = 1 if i % 2 else 5
+    # One-row passes, then passes of 5 rows taking 1.6x as long: priced per one-row pass, the same,
+    # so no slowdown is seen (where one would probe at once: the periodic probe put off).
+    governor.until_probe = LONGEST_WAIT
+    for i in range(BASELINE_PASSES + 2 * TRIGGER_GAP):
+        rows = 1 if i < BASELINE_PASSES else 5
         governor.record(rows, 0.010 * (1 + 0.15 * (rows - 1)))
     assert governor.trying is None and governor.settled == pytest.approx(0.010)
 
