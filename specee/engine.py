@@ -134,6 +134,7 @@ class Engine:
                  quantization: str = "none", context_length: int | None = None,
                  prefix_cache_mb: float | None = None, suffix_cache_tokens: int | None = None) -> None:
         self.model = model
+        self.loaded_threads = torch.get_num_threads()
         self.tokenizer = tokenizer
         self.source = source  # the GGUF file or model directory it was loaded from
         self.quantization = quantization  # how the matrices are stored: none, int8, int4 or gguf
@@ -154,6 +155,13 @@ class Engine:
         # Finished generations' K/V buffers, which the next ones write into: at most what the memory
         # check at load counted for one full-context cache.
         self.spare_buffers = SpareBuffers(kv_cache_bytes(model.config, self.context_length))
+
+    @property
+    def pass_threads(self) -> int:
+        """The threads the model's passes run on now: the loaded count, or fewer while another
+        process holds a core (model/thread_governor.py)."""
+        governor = self.model.thread_governor
+        return governor.running if governor is not None else self.loaded_threads
 
     @property
     def cpu_tier(self) -> str | None:

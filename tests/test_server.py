@@ -1,6 +1,7 @@
 """`specee serve` end to end: one real server process on 127.0.0.1 with the default model, driven
 by the official `openai` client (and raw HTTP where a client would refuse to send the input)."""
 import json
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -478,6 +479,7 @@ def test_metrics_parse_and_count_the_requests_made(default_server, client, model
     from specee.model.kernels import requested_tier
 
     assert after[("specee_cpu_kernels_info", (("tier", requested_tier()),))] == 1
+    assert 1 <= after[("specee_pass_threads", ())] <= os.cpu_count()
 
 
 def test_fifty_concurrent_clients_get_correct_answers_in_bounded_memory(default_server, client, model_id):

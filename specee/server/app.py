@@ -117,7 +117,7 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
     metrics = Metrics(engine.cpu_tier)
     scheduler = Scheduler(Batch(engine.model, config.prefill_chunk), config.max_queue, config.max_batch,
                           on_step=metrics.record_step, on_end=metrics.record_end, on_pass=metrics.record_pass)
-    metrics.watch(scheduler, engine.prefix_cache, engine.suffix_cache)
+    metrics.watch(scheduler, engine.prefix_cache, engine.suffix_cache, lambda: engine.pass_threads)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -3,6 +3,7 @@ several apps in one process)."""
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -68,8 +69,11 @@ class Metrics:
                                    "(early-exit modes)", ["mode", "layer"], registry=r)
 
     def watch(self, scheduler: Scheduler, prefix_cache: PrefixCache | None = None,
-              suffix_cache: SuffixCache | None = None) -> None:
+              suffix_cache: SuffixCache | None = None, threads: Callable[[], int] | None = None) -> None:
         self.queue_length.set_function(lambda: scheduler.queued)
+        if threads is not None:
+            Gauge("specee_pass_threads", "Threads the model's passes run on now (fewer than loaded while "
+                  "another process holds a core)", registry=self.registry).set_function(threads)
         self.running.set_function(lambda: scheduler.running)
         if prefix_cache is not None:
             self.registry.register(PrefixCacheCollector(prefix_cache))
