@@ -86,11 +86,14 @@ def test_a_pass_runs_on_the_governed_count_and_leaves_the_callers_own_count_alon
     with threads(2):
         with governor.timed(1):
             seen.append(torch.get_num_threads())
-        seen.append(torch.get_num_threads())
-    with threads(3):  # the caller's own count: not the loaded one, so not governed
+        seen.append(torch.get_num_threads())  # kept for the work between passes
+        governor.count = 2
         with governor.timed(1):
             seen.append(torch.get_num_threads())
-    assert seen == [1, 2, 3] and len(governor.recent) == 1
+    with threads(3):  # the caller's own count: not one the governor set, so not governed
+        with governor.timed(1):
+            seen.append(torch.get_num_threads())
+    assert seen == [1, 1, 2, 3] and len(governor.recent) == 2
 
 
 def test_passes_on_any_thread_count_give_the_same_logits():
@@ -124,3 +127,17 @@ def test_passes_on_any_thread_count_give_the_same_logits():
     with threads(2):
         switched = decode(switching)
     assert set(counts) == {1, 2} and torch.equal(alone, switched)
+
+
+def test_a_step_costs_its_pass_and_the_work_since_the_last_one_but_not_a_pause(monkeypatch):
+    import specee.model.thread_governor as module
+
+    clock = iter([0.0, 0.010, 0.012, 0.022, 1.0, 1.010])  # (start, end) of three passes of 10 ms
+    monkeypatch.setattr(module.time, "perf_counter", lambda: next(clock))
+    governor = ThreadGovernor(2, 0.15)
+    with threads(2):
+        for _ in range(3):
+            with governor.timed(1):
+                pass
+    # 2 ms of work between the first two passes count; a pause of 978 ms (no request) does not.
+    assert list(governor.recent) == pytest.approx([0.010, 0.012, 0.010])

@@ -4,9 +4,11 @@ holds cores.
 A pass splits its work evenly over its threads and meets at barriers between steps, so a thread
 that shares its core with another busy process holds every barrier up: on two cores with a
 CPU-bound process on one, two threads decoded about half as fast as one (BENCHMARKS.md, "Threads
-that give way to a busy core"). The governor times the passes and, now and then, runs a few
-passes on another thread count (probes): one fewer, or, below the loaded count, all of them again.
-It keeps a count that was clearly faster. Probes come rarely on a machine where they keep losing
+that give way to a busy core"). The governor times each step (a pass and the work since the
+last) and, now and then, runs a few passes on another thread count (probes): one fewer, or, below
+the loaded count, all of them again. It keeps a count that was clearly faster, set on the passes'
+thread for the work between passes too (a torch call there on the loaded count would wake the
+idle OpenMP threads to spin on the free cores). Probes come rarely on a machine where they keep losing
 (their interval doubles), and at once when passes slow down well past their settled time.
 Every thread count gives the same bits (each tile and each attention item is one thread's work),
 so the choice changes speed only.
@@ -21,10 +23,12 @@ from statistics import median
 import torch
 
 # A probe: this many passes on the other count, against the latest BASELINE_PASSES on the current
-# one; it ends after EARLY_PASSES where none of them was faster than those (one thread of two on a
-# quiet machine is 1.85x slower: half the probe's cost saved).
+# one. Its first pass is left out of the verdict: right after the switch a thread may still sit on
+# the busy core. A probe ends after EARLY_PASSES where each of them took HOPELESS times those
+# passes' median (one thread of two on a quiet machine takes 1.85x: half the probe's cost saved).
 PROBE_PASSES = 4
 EARLY_PASSES = 2
+HOPELESS = 1.3
 BASELINE_PASSES = 8
 # The other count must be this much faster to be kept (the machine's own noise is smaller).
 MARGIN = 0.1
@@ -52,6 +56,8 @@ class ThreadGovernor:
         self.until_probe = FIRST_WAIT
         self.since_trigger = 0
         self.probe_up = True  # below `most`, probes alternate between all threads and one fewer
+        self.applied = most  # the count the governor last set on the passes' thread
+        self.last_end: float | None = None  # when the latest timed pass ended
 
     @property
     def running(self) -> int:
@@ -65,7 +71,7 @@ class ThreadGovernor:
         cost = seconds / (1 + self.row_cost * (rows - 1))  # in one-row passes
         if self.trying is not None:
             self.probe.append(cost)
-            hopeless = len(self.probe) == EARLY_PASSES and min(self.probe) >= median(self.recent)
+            hopeless = len(self.probe) == EARLY_PASSES and min(self.probe) >= HOPELESS * median(self.recent)
             if len(self.probe) >= PROBE_PASSES or hopeless:
                 self._decide()
             return
@@ -93,7 +99,7 @@ class ThreadGovernor:
         tried, self.trying = self.trying, None
         if self.count < self.most:
             self.probe_up = not self.probe_up
-        if median(self.probe) < (1 - MARGIN) * median(self.recent):
+        if median(self.probe[1:]) < (1 - MARGIN) * median(self.recent):
             self.count, self.wait = tried, FIRST_WAIT
             self.probe_up = True
         else:
@@ -104,21 +110,25 @@ class ThreadGovernor:
 
     @contextmanager
     def timed(self, rows: int):
-        """Run a pass of `rows` rows on `running` threads, and time it; where the calling thread runs
-        another count than the loaded one (set by its caller), leave it so, untimed."""
-        if torch.get_num_threads() != self.most:
+        """Run a pass of `rows` rows on `running` threads and time it with the work since the last
+        pass ended (a step's whole cost; a pause longer than the pass, such as no request to run,
+        is left out). The count stays set after the pass, so the work between passes runs on it
+        too. Where the calling thread runs a count the governor did not set (its caller's own), the
+        pass runs on it, untimed."""
+        current = torch.get_num_threads()
+        if current not in (self.most, self.applied):
             yield
             return
         threads = self.running
-        if threads != self.most:
+        if current != threads:
             torch.set_num_threads(threads)
+            self.applied = threads
         start = time.perf_counter()
-        try:
-            yield
-        finally:
-            if threads != self.most:
-                torch.set_num_threads(self.most)
-        self.record(rows, time.perf_counter() - start)
+        yield
+        end = time.perf_counter()
+        between = start - self.last_end if self.last_end is not None else 0.0
+        self.last_end = end
+        self.record(rows, end - start + (between if between <= end - start else 0.0))
 
 
 def governed(governor: ThreadGovernor | None, rows: int):
