@@ -49,9 +49,9 @@ class ThreadGovernor:
         self.row_cost = row_cost  # a row's share of a one-row pass, to set passes of other sizes side by side
         self.count = most  # the count passes run on, outside a probe
         self.trying: int | None = None  # the count a probe runs on
-        self.recent: deque[float] = deque(maxlen=BASELINE_PASSES)  # the latest passes on `count`
+        self.recent: deque[float] = deque(maxlen=BASELINE_PASSES)  # the latest steps on `count`, in one-row passes
         self.probe: list[float] = []
-        self.settled: float | None = None  # the median pass after the latest decision
+        self.settled: float | None = None  # the median step after the latest decision
         self.wait = FIRST_WAIT
         self.until_probe = FIRST_WAIT
         self.since_trigger = 0
@@ -65,7 +65,7 @@ class ThreadGovernor:
         return self.trying or self.count
 
     def record(self, rows: int, seconds: float) -> None:
-        """A pass of `rows` rows took `seconds` on `running` threads."""
+        """A step (a pass of `rows` rows and the work since the last) took `seconds` on `running` threads."""
         if rows > MOST_ROWS:
             return
         cost = seconds / (1 + self.row_cost * (rows - 1))  # in one-row passes
