@@ -82,7 +82,7 @@ class ThreadGovernor:
             return
         if self.settled is None:
             self.settled = median(self.recent)
-        slowed = median(self.recent) > SLOWDOWN * self.settled and self.since_trigger >= TRIGGER_GAP
+        slowed = self.since_trigger >= TRIGGER_GAP and median(self.recent) > SLOWDOWN * self.settled
         if (self.until_probe <= 0 or slowed) and self._other() is not None:
             self.since_trigger = 0
             self.trying, self.probe = self._other(), []
