@@ -211,10 +211,11 @@ inline const char* tier_unavailable() { return nullptr; }
 inline void begin_matmul(int64_t) {}
 // How many blocks' dots of R rows the tier computes before their fp32 steps: 1, each block's as it
 // comes. More (AMX: tile products back to back, their sums back through memory) calls
-// dots_ahead(first block, count, codes, K, out [count][R]) every BLOCKS_AHEAD blocks.
-template <int R>
+// dots_ahead(first block, count, codes, K, out [count][R], or [count][2][R] for half blocks) every
+// BLOCKS_AHEAD blocks.
+template <int R, bool HALVES = false>
 constexpr int BLOCKS_AHEAD = 1;
-template <int R, bool INT4>
+template <int R, bool INT4, bool HALVES = false>
 void dots_ahead(const uint8_t* block, int64_t count, const int8_t* q, int64_t K, PartI* out);  // never called here
 #endif
 
@@ -274,8 +275,8 @@ void tile_rows(const uint8_t* w, const uint8_t* scales_zeros, int64_t first_part
                           FORMAT == Format::INT6_CENTERED16;
   Part group_s[P], group_m[P];
   const uint16_t* int4_scales = reinterpret_cast<const uint16_t*>(scales_zeros) + lane0;
-  constexpr int AHEAD = HALVES ? 1 : BLOCKS_AHEAD<R>;
-  PartI ahead[AHEAD * R];  // AHEAD > 1: the dots of blocks b - b % AHEAD on, R a block
+  constexpr int AHEAD = BLOCKS_AHEAD<R, HALVES>;
+  PartI ahead[AHEAD * R * (HALVES ? 2 : 1)];  // AHEAD > 1: the dots of blocks b - b % AHEAD on, R a (half) block
   alignas(64) uint8_t unpacked[UNPACK ? AHEAD : 1][UNPACK ? INT8_BLOCK_BYTES : 1];  // 5- or 6-bit blocks as 8-bit ones
   for (int64_t b = 0, in_group = 0; b < blocks; ++b) {
     PartI dots[R];
@@ -295,10 +296,18 @@ void tile_rows(const uint8_t* w, const uint8_t* scales_zeros, int64_t first_part
     }
     if constexpr (HALVES) {
       // Each half block has its own scale and offset: two half-block dots, each scaled alone.
+      if constexpr (AHEAD > 1) {  // (P is 1)
+        if (b % AHEAD == 0)
+          dots_ahead<R, false, true>(UNPACK ? unpacked[0] : block, std::min<int64_t>(AHEAD, blocks - b),
+                                     codes + b * BLOCK, K, ahead);
+      }
       for (int h = 0; h < 2; ++h) {
         for (int p = 0; p < P; ++p) {
-          part_dot<R, false, 4, NARROW>(block + h * INT8_BLOCK_BYTES / 2, first_part + p, codes + b * BLOCK + h * LANES,
-                                        K, dots);
+          if constexpr (AHEAD > 1)
+            std::copy(ahead + (b % AHEAD * 2 + h) * R, ahead + (b % AHEAD * 2 + h + 1) * R, dots);
+          else
+            part_dot<R, false, 4, NARROW>(block + h * INT8_BLOCK_BYTES / 2, first_part + p,
+                                          codes + b * BLOCK + h * LANES, K, dots);
           Part s, m;
           grouped_scale_offset<FORMAT>(scales_zeros, 2 * b + h, lane0 + p * PART_LANES, s, m);
           for (int r = 0; r < R; ++r) {

@@ -5,8 +5,8 @@
 // 4j .. 4j + 3 for lanes 0-15, four codes a lane, is B's row j) into R rows x 16 lanes of int32: the
 // same exact block sums as vpdpbusd's. The sums come back through memory, which a tile load cannot
 // read from stores still in flight: so BLOCKS_AHEAD blocks are multiplied back to back before the
-// fp32 steps of the first one. Fewer rows, and the half blocks of 8-bit codes in groups of 16, keep
-// vpdpbusd.
+// fp32 steps of the first one. The half blocks of 8-bit codes in groups of 16 (Q6_K) take a product
+// each, of 16 codes a row, from HALF_BLOCK_ROWS rows on. Fewer rows keep vpdpbusd.
 #pragma once
 
 #define SPECEE_AMX  // vec_avx512.h leaves `dot` and DOT_ROWS to this header
@@ -41,59 +41,67 @@ inline const char* tier_unavailable() {
   return reason;
 }
 
-// Palette 1 for R rows: sums C, activation codes A and weight codes B, two of each, which even and
-// odd blocks take by turns so that one block's product need not wait for the other's store.
+// Palette 1 for R rows of CODES codes (a block's 32, or a half block's 16): sums C, activation
+// codes A and weight codes B, two of each, which even and odd products take by turns so that one
+// product need not wait for the other's store.
 struct alignas(64) TileConfig {
   uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t bytes_per_row[16] = {64, 64, 32, 32, 64, 64};  // C0 C1 A0 A1 B0 B1
-  uint8_t rows[16] = {0, 0, 0, 0, 8, 8};
+  uint16_t bytes_per_row[16] = {64, 64, 0, 0, 64, 64};  // C0 C1 A0 A1 B0 B1
+  uint8_t rows[16] = {};
 };
 
-// The rows this thread's tiles are configured for; 0: not known to be ours.
-inline thread_local int configured_rows = 0;
+// What this thread's tiles are configured for (rows * 64 + codes); 0: not known to be ours.
+inline thread_local int configured = 0;
 
 // The configuration belongs to the thread, and other code on it (oneDNN's AMX kernels in PyTorch)
 // may load its own or release the tiles between two of our calls: each call loads ours again
 // (about 100 ns) before its first product, and again where a chunk has other rows (16, then the rest).
-inline void begin_matmul(int64_t) { configured_rows = 0; }
+inline void begin_matmul(int64_t) { configured = 0; }
 
-inline void configure(int rows) {
+template <int R, int CODES>
+inline void configure() {
+  if (configured == R * 64 + CODES) return;
   TileConfig config;
-  for (int tile = 0; tile < 4; ++tile) config.rows[tile] = static_cast<uint8_t>(rows);
+  for (int tile = 0; tile < 4; ++tile) config.rows[tile] = static_cast<uint8_t>(R);
+  config.bytes_per_row[2] = config.bytes_per_row[3] = CODES;
+  config.rows[4] = config.rows[5] = CODES / 4;
   // Not gcc 12's _tile_loadconfig: it does not tell the compiler that it reads the 64 bytes, which
   // were then never written.
   __asm__ volatile("ldtilecfg %0" ::"m"(config));
-  configured_rows = rows;
+  configured = R * 64 + CODES;
 }
 
-template <int R>
-constexpr int BLOCKS_AHEAD = R >= AMX_ROWS ? 4 : 1;
+constexpr int HALF_BLOCK_ROWS = 12;  // half blocks' products: a tie with vpdpbusd at 9 rows, ahead from 12
 
-// The dots of R rows with `count` consecutive blocks (out [count][R]); row r's codes at q + r * K.
-template <int R, bool INT4>
+template <int R, bool HALVES = false>
+constexpr int BLOCKS_AHEAD = R >= (HALVES ? HALF_BLOCK_ROWS : AMX_ROWS) ? 4 : 1;
+
+// The dots of R rows with `count` consecutive blocks (out [count][R]), or HALVES (8-bit codes in
+// groups of 16) with each of their half blocks (out [count][2][R]); row r's codes at q + r * K.
+template <int R, bool INT4, bool HALVES = false>
 inline void dots_ahead(const uint8_t* block, int64_t count, const int8_t* q, int64_t K, I16* out) {
-  constexpr int64_t BLOCK_BYTES = INT4 ? 256 : 512;
-  if (configured_rows != R) configure(R);
+  constexpr int64_t CODES = HALVES ? 16 : 32, BYTES = INT4 ? 256 : CODES * 16;  // a product's weight bytes
+  configure<R, CODES>();
   alignas(64) uint8_t codes[BLOCKS_AHEAD<R>][8 * 64];
   if constexpr (INT4) {  // a byte per code: steps 0-3 from the low nibbles, 4-7 from the high ones
     const __m512i nibble = _mm512_set1_epi8(0x0f);
     for (int64_t k = 0; k < count; ++k)
       for (int i = 0; i < 4; ++i) {
-        const __m512i packed = _mm512_loadu_si512(block + k * BLOCK_BYTES + i * 64);
+        const __m512i packed = _mm512_loadu_si512(block + k * BYTES + i * 64);
         _mm512_store_si512(codes[k] + i * 64, _mm512_and_si512(packed, nibble));
         _mm512_store_si512(codes[k] + (i + 4) * 64, _mm512_and_si512(_mm512_srli_epi16(packed, 4), nibble));
       }
     // gcc's tile loads do not tell it that they read memory: these stores must be made first.
     __asm__ volatile("" ::"r"(codes) : "memory");
   }
-  for (int64_t k = 0; k < count; ++k) {
-    const uint8_t* b = INT4 ? codes[k] : block + k * BLOCK_BYTES;
+  for (int64_t k = 0; k < (HALVES ? 2 * count : count); ++k) {
+    const uint8_t* b = INT4 ? codes[k] : block + k * BYTES;
     // (gcc's tile intrinsics take a tile's number as written)
     if (k % 2 == 0) {
-      _tile_zero(0); _tile_loadd(2, q + k * 32, K); _tile_loadd(4, b, 64); _tile_dpbsud(0, 2, 4);
+      _tile_zero(0); _tile_loadd(2, q + k * CODES, K); _tile_loadd(4, b, 64); _tile_dpbsud(0, 2, 4);
       _tile_stored(0, out + k * R, 64);
     } else {
-      _tile_zero(1); _tile_loadd(3, q + k * 32, K); _tile_loadd(5, b, 64); _tile_dpbsud(1, 3, 5);
+      _tile_zero(1); _tile_loadd(3, q + k * CODES, K); _tile_loadd(5, b, 64); _tile_dpbsud(1, 3, 5);
       _tile_stored(1, out + k * R, 64);
     }
   }
