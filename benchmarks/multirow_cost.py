@@ -5,11 +5,12 @@ one-token pass. For each format, on specee's compiled CPU kernels (in each CPU t
 this machine runs: `avx512`, `avx2`, `portable`, ...; `compiled` is the best) and on PyTorch's own
 (`eager`), this times passes over T new tokens (causal, after a prompt already in the cache, the cache
 rewound after each pass; a format's paths and token counts interleaved pass by pass) and prints
-the median ms per pass and the ratio to T = 1, then one JSON line.
+the median ms per pass and the ratio to T = 1, at each thread count of `--threads`, then one JSON
+line (results per thread count).
 
     python benchmarks/multirow_cost.py --formats none,int8,int4,gguf --paths compiled,eager
     python benchmarks/multirow_cost.py --formats int4,int8 --paths avx2,portable
-    python benchmarks/multirow_cost.py --model random-1b-Q4_K_M.gguf --formats gguf --paths compiled
+    python benchmarks/multirow_cost.py --model random-1b-Q4_K_M.gguf --formats gguf --paths compiled --threads 2,16
 """
 from __future__ import annotations
 
@@ -57,20 +58,24 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=200, help="tokens already in the cache")
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--model", help="a GGUF file or model directory (default: the default model)")
+    parser.add_argument("--threads", default=str(torch.get_num_threads()), help="comma-separated thread counts")
     args = parser.parse_args()
-    counts = [int(t) for t in args.tokens.split(",")]
-    results = {}
+    counts, thread_counts = [int(t) for t in args.tokens.split(",")], [int(t) for t in args.threads.split(",")]
+    results: dict[int, dict] = {threads: {} for threads in thread_counts}
     for name in args.formats.split(","):  # one format's models at a time (a 1B file in fp32 is 4 GB)
         models = {path: load_parts(args.model, quantization=name, compile=path != "eager",
                                    cpu_tier=None if path in ("compiled", "eager") else path).model
                   for path in args.paths.split(",")}
-        for path, ms in interleaved_ms(models, args.context, counts, args.repeats).items():
-            label, weight_mb = f"{name} ({path})", models[path].weight_bytes / 1e6
-            results[label] = {"ms": ms, "relative": {t: ms[t] / ms[counts[0]] for t in counts}, "weight_mb": weight_mb}
-            print(f"{label:20s} weights {weight_mb:6.1f} MB  "
-                  + "  ".join(f"T={t}: {ms[t]:6.2f} ms ({ms[t] / ms[counts[0]]:.2f}x)" for t in counts), flush=True)
+        for threads in thread_counts:
+            torch.set_num_threads(threads)
+            for path, ms in interleaved_ms(models, args.context, counts, args.repeats).items():
+                label, weight_mb = f"{name} ({path})", models[path].weight_bytes / 1e6
+                results[threads][label] = {"ms": ms, "relative": {t: ms[t] / ms[counts[0]] for t in counts},
+                                           "weight_mb": weight_mb}
+                print(f"{threads:2d} threads  {label:20s} weights {weight_mb:6.1f} MB  "
+                      + "  ".join(f"T={t}: {ms[t]:6.2f} ms ({ms[t] / ms[counts[0]]:.2f}x)" for t in counts), flush=True)
         del models
-    print(json.dumps({"context": args.context, "threads": torch.get_num_threads(), "results": results}))
+    print(json.dumps({"context": args.context, "threads": thread_counts, "results": results}))
 
 
 if __name__ == "__main__":

@@ -272,10 +272,13 @@ def test_head_bounds(tiny):
 def test_multirow_cost(tiny):
     directory, model = tiny
     report = last_json(run("multirow_cost.py", "--model", model, "--formats", "gguf", "--paths", "compiled",
-                           "--tokens", "1,4", "--repeats", "1", "--context", "8", directory=directory)[1])
-    (result,) = report["results"].values()
-    assert list(report["results"]) == ["gguf (compiled)"] and result["relative"]["1"] == 1.0
-    assert all(0 < v < math.inf for v in numbers(result))
+                           "--tokens", "1,4", "--repeats", "1", "--context", "8", "--threads", "1,2",
+                           directory=directory)[1])
+    assert report["threads"] == [1, 2] and list(report["results"]) == ["1", "2"]
+    for by_path in report["results"].values():
+        (result,) = by_path.values()
+        assert list(by_path) == ["gguf (compiled)"] and result["relative"]["1"] == 1.0
+        assert all(0 < v < math.inf for v in numbers(result))
 
 
 @pytest.mark.slow
