@@ -321,6 +321,22 @@ def test_the_command_line_serves_the_default_models_gguf_with_the_threads(monkey
     assert "--quantization=gguf" in seen["flags"] and not any("--model" in f for f in seen["flags"])
 
 
+def test_an_output_folder_takes_the_report_and_an_unwritable_one_is_refused_first(monkeypatch, tmp_path, capsys):
+    seen = {}
+    monkeypatch.setattr(loading, "default_model_path", lambda: tmp_path / "default.gguf")
+    monkeypatch.setattr(cli.loading, "load", lambda args: seen.setdefault("loaded", True))
+    monkeypatch.setattr(serve_bench, "run_serve_bench", lambda engine, config, flags: seen.update(out=config.out))
+    assert main(["bench-serve", "--out", str(tmp_path)]) == 0
+    assert seen["out"] == tmp_path / "bench-serve.json"
+    assert main(["bench-serve", "--out", str(tmp_path / "new" / "run.json")]) == 0
+    assert seen["out"] == tmp_path / "new" / "run.json"
+    seen.clear()
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert main(["bench-serve", "--out", str(blocker / "run.json")]) == 2  # its folder is a file
+    assert "cannot write" in capsys.readouterr().err and "loaded" not in seen
+
+
 def test_bad_bench_serve_flags_exit_2(capsys, tmp_path):
     assert main(["bench-serve", "--modes", "dense,warp"]) == 2
     assert main(["bench-serve", "--concurrency", "1,x"]) == 2

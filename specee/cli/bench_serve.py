@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 from ..options import LoadOptions, from_namespace, positive_int
@@ -25,8 +26,8 @@ def add_parser(sub) -> None:
                       help="chat/agent: conversations per run, dealt round the clients (default: the most clients)")
     load.add_argument("--max-tokens", type=positive_int, default=64, help="most tokens per answer (default 64)")
     load.add_argument("--modes", default="dense,hybrid-tree,llama.cpp",
-                      help="comma-separated: dense, hybrid-tree, dense-no-prefix-cache (specee's modes), llama.cpp "
-                           "(default dense,hybrid-tree,llama.cpp)")
+                      help="comma-separated: dense, auto, prompt-lookup, hybrid-tree, dense-no-prefix-cache (specee's "
+                           "modes), llama.cpp (default dense,hybrid-tree,llama.cpp)")
     load.add_argument("--max-batch", type=positive_int,
                       help="specee serve --max-batch: generations sharing each model pass (default: the server's)")
     load.add_argument("--parallel", type=positive_int,
@@ -36,7 +37,21 @@ def add_parser(sub) -> None:
     load.add_argument("--rounds", type=positive_int, default=1,
                       help="run specee's modes at every concurrency N times, interleaved, each keeping its fastest "
                            "round (default 1)")
-    load.add_argument("--out", default="bench-serve.json", help="JSON output file, the plot beside it (default bench-serve.json)")
+    load.add_argument("--out", default="bench-serve.json",
+                      help="JSON output file, the plot beside it; a folder: bench-serve.json in it (default bench-serve.json)")
+
+
+def output_file(out: str) -> Path:
+    """Where the report goes, checked before the minutes of load it records: a folder takes
+    bench-serve.json, and the file's folder must be one this process can write."""
+    path = Path(out)
+    if path.is_dir():
+        path = path / "bench-serve.json"
+    folder = next(p for p in path.absolute().parents if p.exists())  # the part of the path that exists
+    if path.is_dir() or not folder.is_dir() or not os.access(folder, os.W_OK) or (
+            path.exists() and not os.access(path, os.W_OK)):
+        raise UsageError(f"--out {out!r}: cannot write {str(path)!r} there")
+    return path
 
 
 def run(args) -> int:
@@ -54,12 +69,13 @@ def run(args) -> int:
         raise UsageError(f"--concurrency takes comma-separated client counts, got {args.concurrency!r}") from None
     if min(concurrency) < 1:
         raise UsageError(f"--concurrency counts must be positive, got {args.concurrency!r}")
+    out = output_file(args.out)
     if args.llama_server and not Path(args.llama_server).is_file():
         raise UsageError(f"--llama-server {args.llama_server!r} is not a file (build it: bash scripts/build_llama_server.sh)")
     engine = loading.load(args)
     config = ServeBenchConfig(
         concurrency=concurrency, requests_per_client=args.requests_per_client, max_tokens=args.max_tokens,
-        modes=args.modes.split(","), url=args.url, out=Path(args.out),
+        modes=args.modes.split(","), url=args.url, out=out,
         threads=args.threads or __import__("torch").get_num_threads(), max_batch=args.max_batch, parallel=args.parallel,
         gguf=model_gguf(args.model), llama_server=Path(args.llama_server) if args.llama_server else None,
         scenario=args.scenario, conversations=args.conversations, rounds=args.rounds)
