@@ -289,6 +289,23 @@ def test_negative_counts_are_refused_before_anything_loads(capsys, argv):
     assert "must be" in capsys.readouterr().err
 
 
+def test_an_output_path_that_cannot_be_written_is_refused_before_the_model_loads(capsys, monkeypatch, tmp_path):
+    from specee.cli import loading
+    from specee.cli.common import UsageError, writable
+
+    monkeypatch.setattr(loading, "load", lambda args: pytest.fail("loaded the model for an output it cannot write"))
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    code, out, err = run_main(capsys, "bench", "--out", str(a_file))  # a folder where a file is
+    assert code == 2 and "--out" in err and "cannot write a folder" in err
+    code, out, err = run_main(capsys, "bench", "--out", str(a_file / "inside"))
+    assert code == 2 and "cannot write" in err
+    assert writable(tmp_path / "new" / "deeper", "--out", folder=True) == tmp_path / "new" / "deeper"
+    assert writable(a_file, "--out", folder=False) == a_file
+    with pytest.raises(UsageError):
+        writable(tmp_path, "--out", folder=False)  # a file where a folder is
+
+
 def test_bench_without_its_extra_says_how_to_install_it(capsys, monkeypatch):
     import importlib.util
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 import importlib.util
 import re
 import sys
+from pathlib import Path
 
 from ..options import non_negative_int, positive_int
 from . import loading
-from .common import UsageError
+from .common import UsageError, writable
 from .loading import add_model_options, validate_model_options
 
 
@@ -52,6 +53,7 @@ def run(args) -> int:
         command="specee " + " ".join(sys.argv[1:]),
     )
     config.resolved()  # reject an unknown suite before the model loads
+    writable(Path(args.out), "--out", folder=True)
     validate_model_options(args)
     run_bench(loading.load(args), config, explicit_datasets=bool(args.dataset))
     return 0

@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 from pathlib import Path
 
 from ..options import LoadOptions, from_namespace, positive_int
 from . import loading
-from .common import UsageError
+from .common import UsageError, writable
 from .loading import add_model_options
 
 
@@ -41,18 +40,6 @@ def add_parser(sub) -> None:
                       help="JSON output file, the plot beside it; a folder: bench-serve.json in it (default bench-serve.json)")
 
 
-def output_file(out: str) -> Path:
-    """Where the report goes, checked before the minutes of load it records: a folder takes
-    bench-serve.json, and the file's folder must be one this process can write."""
-    path = Path(out)
-    if path.is_dir():
-        path = path / "bench-serve.json"
-    folder = next(p for p in path.absolute().parents if p.exists())  # the part of the path that exists
-    if path.is_dir() or not folder.is_dir() or not os.access(folder, os.W_OK) or (
-            path.exists() and not os.access(path, os.W_OK)):
-        raise UsageError(f"--out {out!r}: cannot write {str(path)!r} there")
-    return path
-
 
 def run(args) -> int:
     if importlib.util.find_spec("openai") is None:
@@ -69,7 +56,8 @@ def run(args) -> int:
         raise UsageError(f"--concurrency takes comma-separated client counts, got {args.concurrency!r}") from None
     if min(concurrency) < 1:
         raise UsageError(f"--concurrency counts must be positive, got {args.concurrency!r}")
-    out = output_file(args.out)
+    out = Path(args.out) / "bench-serve.json" if Path(args.out).is_dir() else Path(args.out)
+    writable(out, "--out", folder=False)
     if args.llama_server and not Path(args.llama_server).is_file():
         raise UsageError(f"--llama-server {args.llama_server!r} is not a file (build it: bash scripts/build_llama_server.sh)")
     engine = loading.load(args)

@@ -1,5 +1,9 @@
-"""What every command shares: the usage error and its exit code, and the lines said after an answer."""
+"""What every command shares: the usage error and its exit code, an output path checked before the
+work it records, and the lines said after an answer."""
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 EXIT_BAD_INPUT = 2
 VERBOSE_HELP = "after each answer, list the passes by drafting method and auto's switches with their reasons"
@@ -7,6 +11,17 @@ VERBOSE_HELP = "after each answer, list the passes by drafting method and auto's
 
 class UsageError(Exception):
     """Bad input from the user: printed as one line on stderr, exit code 2."""
+
+
+def writable(path: Path, flag: str, folder: bool) -> Path:
+    """`path` if this process can write it there (a folder, or a file), else a UsageError naming
+    `flag`: checked before a benchmark's minutes of work, not after them."""
+    absolute = path.absolute()
+    existing = next(p for p in (absolute, *absolute.parents) if p.exists())
+    kind_fits = (existing.is_dir() if folder else existing.is_file()) if existing == absolute else existing.is_dir()
+    if not kind_fits or not os.access(existing, os.W_OK):
+        raise UsageError(f"{flag} {str(path)!r}: cannot write a {'folder' if folder else 'file'} there")
+    return path
 
 
 def speed_line(result, engine) -> str:
