@@ -309,9 +309,9 @@ void check_matmul_all(Random& rng) {
       if (config[1] && K % config[1] != 0) continue;  // a group must divide K
       for (int64_t N : {8, 40, 48})  // one partial tile; two whole and a half; three whole
         for (int64_t T = 1; T <= 9; ++T) check_matmul(rng, config[0], config[1], config[2], K, N, T);
-      // The first rows whose half blocks AMX multiplies (HALF_BLOCK_ROWS), a whole tile of rows, and
-      // one more tile's worth beside a few.
-      for (int64_t T : {12, 16, 21}) check_matmul(rng, config[0], config[1], config[2], K, 40, T);
+      // The first rows whose half blocks AMX multiplies (HALF_BLOCK_ROWS), a whole tile of rows, a
+      // tile and a few more, AMX's most rows at once (two tiles), and two chunks of rows.
+      for (int64_t T : {12, 16, 21, 24, 41}) check_matmul(rng, config[0], config[1], config[2], K, 40, T);
     }
   }
 }

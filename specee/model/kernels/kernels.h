@@ -202,6 +202,14 @@ inline void part_dot(const uint8_t* block, int64_t part, const int8_t* q, int64_
 }
 #endif
 
+// Where a call has more rows than PART_ROWS, chunks of at most CHUNK_ROWS: fewer where a chunk of
+// the most rows costs more per row than a smaller one (AMX: rows past a tile's 16 take a second
+// product for each block, which pays for a few rows left over, not for every chunk of a prefill).
+#ifndef SPECEE_CHUNK_ROWS
+template <bool INT4>
+constexpr int CHUNK_ROWS = PART_ROWS<INT4>;
+#endif
+
 // A tier with state of its own (AMX: the process's permission for the tile state, each thread's
 // tile configuration) defines SPECEE_TIER_SETUP and these; the others need none of them.
 #ifndef SPECEE_TIER_SETUP
@@ -303,15 +311,16 @@ void tile_rows(const uint8_t* w, const uint8_t* scales_zeros, int64_t first_part
       }
       for (int h = 0; h < 2; ++h) {
         for (int p = 0; p < P; ++p) {
+          const PartI* sums = dots;  // the sums read where they are (a copy would need R more registers)
           if constexpr (AHEAD > 1)
-            std::copy(ahead + (b % AHEAD * 2 + h) * R, ahead + (b % AHEAD * 2 + h + 1) * R, dots);
+            sums = ahead + (b % AHEAD * 2 + h) * R;
           else
             part_dot<R, false, 4, NARROW>(block + h * INT8_BLOCK_BYTES / 2, first_part + p,
                                           codes + b * BLOCK + h * LANES, K, dots);
           Part s, m;
           grouped_scale_offset<FORMAT>(scales_zeros, 2 * b + h, lane0 + p * PART_LANES, s, m);
           for (int r = 0; r < R; ++r) {
-            acc[p][r] = part_fmadd(part_splat(scales[r * B + b]) * s, to_float(dots[r]), acc[p][r]);
+            acc[p][r] = part_fmadd(part_splat(scales[r * B + b]) * s, to_float(sums[r]), acc[p][r]);
             acc[p][r] = part_fmadd(m, part_splat(row_sums[r * 2 * B + 2 * b + h]), acc[p][r]);
           }
         }
@@ -331,16 +340,17 @@ void tile_rows(const uint8_t* w, const uint8_t* scales_zeros, int64_t first_part
       for (int p = 0; p < P; ++p) grouped_scale_offset<FORMAT>(scales_zeros, b, lane0 + p * PART_LANES, group_s[p], group_m[p]);
     }
     for (int p = 0; p < P; ++p) {
+      const PartI* sums = dots;  // the sums read where they are (a copy would need R more registers)
       if constexpr (AHEAD > 1) {  // (P is 1: the tier's vector holds a tile's 16 lanes)
         if (b % AHEAD == 0)
           dots_ahead<R, INT4>(UNPACK ? unpacked[0] : block, std::min<int64_t>(AHEAD, blocks - b), codes + b * BLOCK, K,
                               ahead);
-        std::copy(ahead + b % AHEAD * R, ahead + (b % AHEAD + 1) * R, dots);
+        sums = ahead + b % AHEAD * R;
       } else {
         part_dot<R, INT4, 8, NARROW>(block, first_part + p, codes + b * BLOCK, K, dots);
       }
       for (int r = 0; r < R; ++r) {
-        const Part products = to_float(dots[r]);
+        const Part products = to_float(sums[r]);
         const float row_scale = scales[r * B + b], row_sum = row_sums[r * B + b];
         if constexpr (FORMAT == Format::INT8_ROW) {
           acc[p][r] = part_fmadd(part_splat(row_scale), products, acc[p][r]);
@@ -391,9 +401,12 @@ void rows_of_tile(int64_t R, const uint8_t* w, const uint8_t* sz, int64_t blocks
 // codes (a prefill), the tile is unpacked once for all of them.
 template <Format FORMAT>
 void tiles(const MatmulArgs& a, const float* row_sums, int64_t sums_per_row, int64_t begin, int64_t end) {
-  constexpr int ROWS = PART_ROWS<four_bit(FORMAT)>;
+  constexpr int ROWS = PART_ROWS<four_bit(FORMAT)>, CHUNK = CHUNK_ROWS<four_bit(FORMAT)>;
   const int64_t K = a.in_features, B = K / BLOCK, blocks_per_group = a.group_size / BLOCK;
-  std::vector<uint8_t> unpacked(narrow(FORMAT) && a.rows > ROWS ? B * INT8_BLOCK_BYTES : 0);
+  // As few chunks of rows as there must be, their sizes within one of each other (a remainder of
+  // a few rows would miss what the tier does for many: AMX's tiles).
+  const int64_t chunks = a.rows <= ROWS ? 1 : (a.rows + CHUNK - 1) / CHUNK;
+  std::vector<uint8_t> unpacked(narrow(FORMAT) && chunks > 1 ? B * INT8_BLOCK_BYTES : 0);
   for (int64_t t = begin; t < end; ++t) {
     const int64_t valid = std::min<int64_t>(LANES, a.out_features - t * LANES);
     const uint8_t* w = a.packed + t * a.tile_bytes;
@@ -404,8 +417,8 @@ void tiles(const MatmulArgs& a, const float* row_sums, int64_t sums_per_row, int
         unpack_narrow<FORMAT>(w + b * packed_block_bytes(FORMAT), unpacked.data() + b * INT8_BLOCK_BYTES);
       __asm__ volatile("" ::"r"(unpacked.data()) : "memory");  // (AMX's tile loads read them unseen)
     }
-    for (int64_t r0 = 0; r0 < a.rows; r0 += ROWS) {
-      const int64_t R = std::min<int64_t>(ROWS, a.rows - r0);
+    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+      const int64_t r0 = chunk * a.rows / chunks, R = (chunk + 1) * a.rows / chunks - r0;
       const int8_t* codes = a.codes + r0 * K;
       const float *scales = a.scales + r0 * B, *sums = row_sums + r0 * sums_per_row;
       float* rows_out = out + r0 * a.out_features;

@@ -22,7 +22,11 @@
 namespace specee::simd {
 
 template <bool INT4>
-constexpr int DOT_ROWS = 16;  // the rows a tile holds
+constexpr int DOT_ROWS = 24;  // rows at once: a tile of 16 and one of the rest, sharing each block's weight tile
+constexpr int TILE_ROWS = 16;  // the rows a tile holds
+#define SPECEE_CHUNK_ROWS
+template <bool INT4>
+constexpr int CHUNK_ROWS = TILE_ROWS;  // (kernels.h)
 constexpr int AMX_ROWS = 9;  // measured on a Xeon: from 9 rows on tiles pay (at 8 they tie)
 
 template <int R, bool INT4, int STEPS = 8>
@@ -41,12 +45,13 @@ inline const char* tier_unavailable() {
   return reason;
 }
 
-// Palette 1 for R rows of CODES codes (a block's 32, or a half block's 16): sums C, activation
-// codes A and weight codes B, two of each, which even and odd products take by turns so that one
-// product need not wait for the other's store.
+// Palette 1 for R rows of CODES codes (a block's 32, or a half block's 16). Up to 16 rows: sums C,
+// activation codes A and weight codes B, two of each, which even and odd products take by turns
+// so that one product need not wait for the other's store. More rows: the first 16 and the rest
+// each have an A, and each of those a C for even and one for odd products; the two share B.
 struct alignas(64) TileConfig {
   uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t bytes_per_row[16] = {64, 64, 0, 0, 64, 64};  // C0 C1 A0 A1 B0 B1
+  uint16_t bytes_per_row[16] = {64, 64, 0, 0, 64, 64};  // C0 C1 A0 A1 B0 B1 (more rows: C2 C3 after them)
   uint8_t rows[16] = {};
 };
 
@@ -62,7 +67,14 @@ template <int R, int CODES>
 inline void configure() {
   if (configured == R * 64 + CODES) return;
   TileConfig config;
-  for (int tile = 0; tile < 4; ++tile) config.rows[tile] = static_cast<uint8_t>(R);
+  constexpr int FIRST = R > TILE_ROWS ? TILE_ROWS : R, REST = R > TILE_ROWS ? R - TILE_ROWS : R;
+  config.rows[0] = config.rows[2] = FIRST;  // (up to 16 rows, both parities' C and A are alike)
+  config.rows[1] = config.rows[3] = REST;
+  if constexpr (R > TILE_ROWS) {  // (a tile unused must have no rows and no bytes)
+    config.rows[6] = FIRST;
+    config.rows[7] = REST;
+    config.bytes_per_row[6] = config.bytes_per_row[7] = 64;
+  }
   config.bytes_per_row[2] = config.bytes_per_row[3] = CODES;
   config.rows[4] = config.rows[5] = CODES / 4;
   // Not gcc 12's _tile_loadconfig: it does not tell the compiler that it reads the 64 bytes, which
@@ -97,7 +109,20 @@ inline void dots_ahead(const uint8_t* block, int64_t count, const int8_t* q, int
   for (int64_t k = 0; k < (HALVES ? 2 * count : count); ++k) {
     const uint8_t* b = INT4 ? codes[k] : block + k * BYTES;
     // (gcc's tile intrinsics take a tile's number as written)
-    if (k % 2 == 0) {
+    if constexpr (R > TILE_ROWS) {
+      const int8_t* rest = q + TILE_ROWS * K + k * CODES;
+      if (k % 2 == 0) {
+        _tile_loadd(4, b, 64);
+        _tile_zero(0); _tile_loadd(2, q + k * CODES, K); _tile_dpbsud(0, 2, 4);
+        _tile_zero(1); _tile_loadd(3, rest, K); _tile_dpbsud(1, 3, 4);
+        _tile_stored(0, out + k * R, 64); _tile_stored(1, out + k * R + TILE_ROWS, 64);
+      } else {
+        _tile_loadd(5, b, 64);
+        _tile_zero(6); _tile_loadd(2, q + k * CODES, K); _tile_dpbsud(6, 2, 5);
+        _tile_zero(7); _tile_loadd(3, rest, K); _tile_dpbsud(7, 3, 5);
+        _tile_stored(6, out + k * R, 64); _tile_stored(7, out + k * R + TILE_ROWS, 64);
+      }
+    } else if (k % 2 == 0) {
       _tile_zero(0); _tile_loadd(2, q + k * CODES, K); _tile_loadd(4, b, 64); _tile_dpbsud(0, 2, 4);
       _tile_stored(0, out + k * R, 64);
     } else {
