@@ -202,12 +202,13 @@ inline void part_dot(const uint8_t* block, int64_t part, const int8_t* q, int64_
 }
 #endif
 
-// Where a call has more rows than PART_ROWS, chunks of at most CHUNK_ROWS: fewer where a chunk of
-// the most rows costs more per row than a smaller one (AMX: rows past a tile's 16 take a second
-// product for each block, which pays for a few rows left over, not for every chunk of a prefill).
+// A call's rows go in chunks of CHUNK_ROWS, the last one shorter; a tier that takes more rows at
+// once (PART_ROWS; AMX: a second tile of rows sharing each block's weights, a product more per
+// block) lets the rest join the last whole chunk where they are at least REST_JOINS_FROM rows.
 #ifndef SPECEE_CHUNK_ROWS
 template <bool INT4>
 constexpr int CHUNK_ROWS = PART_ROWS<INT4>;
+constexpr int REST_JOINS_FROM = 1;  // (never: a chunk of PART_ROWS has no room)
 #endif
 
 // A tier with state of its own (AMX: the process's permission for the tile state, each thread's
@@ -403,9 +404,9 @@ template <Format FORMAT>
 void tiles(const MatmulArgs& a, const float* row_sums, int64_t sums_per_row, int64_t begin, int64_t end) {
   constexpr int ROWS = PART_ROWS<four_bit(FORMAT)>, CHUNK = CHUNK_ROWS<four_bit(FORMAT)>;
   const int64_t K = a.in_features, B = K / BLOCK, blocks_per_group = a.group_size / BLOCK;
-  // As few chunks of rows as there must be, their sizes within one of each other (a remainder of
-  // a few rows would miss what the tier does for many: AMX's tiles).
-  const int64_t chunks = a.rows <= ROWS ? 1 : (a.rows + CHUNK - 1) / CHUNK;
+  const int64_t rest = a.rows % CHUNK;
+  const bool joins = a.rows > CHUNK && CHUNK + rest <= ROWS && rest >= REST_JOINS_FROM;
+  const int64_t chunks = a.rows / CHUNK + (rest > 0 && !joins);
   std::vector<uint8_t> unpacked(narrow(FORMAT) && chunks > 1 ? B * INT8_BLOCK_BYTES : 0);
   for (int64_t t = begin; t < end; ++t) {
     const int64_t valid = std::min<int64_t>(LANES, a.out_features - t * LANES);
@@ -418,7 +419,7 @@ void tiles(const MatmulArgs& a, const float* row_sums, int64_t sums_per_row, int
       __asm__ volatile("" ::"r"(unpacked.data()) : "memory");  // (AMX's tile loads read them unseen)
     }
     for (int64_t chunk = 0; chunk < chunks; ++chunk) {
-      const int64_t r0 = chunk * a.rows / chunks, R = (chunk + 1) * a.rows / chunks - r0;
+      const int64_t r0 = chunk * CHUNK, R = chunk + 1 == chunks ? a.rows - r0 : CHUNK;
       const int8_t* codes = a.codes + r0 * K;
       const float *scales = a.scales + r0 * B, *sums = row_sums + r0 * sums_per_row;
       float* rows_out = out + r0 * a.out_features;

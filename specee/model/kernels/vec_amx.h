@@ -27,6 +27,9 @@ constexpr int TILE_ROWS = 16;  // the rows a tile holds
 #define SPECEE_CHUNK_ROWS
 template <bool INT4>
 constexpr int CHUNK_ROWS = TILE_ROWS;  // (kernels.h)
+// A rest of one row ran slower joined than on vpdpbusd alone, of four rows the same, of eight faster
+// (BENCHMARKS.md, "Sixteen cores").
+constexpr int REST_JOINS_FROM = 5;
 constexpr int AMX_ROWS = 9;  // measured on a Xeon: from 9 rows on tiles pay (at 8 they tie)
 
 template <int R, bool INT4, int STEPS = 8>
