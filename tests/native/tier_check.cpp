@@ -310,9 +310,9 @@ void check_matmul_all(Random& rng) {
       for (int64_t N : {8, 40, 48})  // one partial tile; two whole and a half; three whole
         for (int64_t T = 1; T <= 9; ++T) check_matmul(rng, config[0], config[1], config[2], K, N, T);
       // The first rows whose half blocks AMX multiplies (HALF_BLOCK_ROWS), a whole tile of rows, a
-      // tile and one row (a chunk of its own), a tile and the rows that join it, AMX's most rows at
-      // once (two tiles), and chunks of them.
-      for (int64_t T : {12, 16, 17, 21, 24, 40, 41}) check_matmul(rng, config[0], config[1], config[2], K, 40, T);
+      // tile and the rows past it on vpdpbusd or on a second tile (REST_TILE_ROWS), AMX's most rows
+      // at once, and chunks of them.
+      for (int64_t T : {12, 16, 17, 22, 23, 24, 40, 41}) check_matmul(rng, config[0], config[1], config[2], K, 40, T);
     }
   }
 }

@@ -203,12 +203,11 @@ inline void part_dot(const uint8_t* block, int64_t part, const int8_t* q, int64_
 #endif
 
 // A call's rows go in chunks of CHUNK_ROWS, the last one shorter; a tier that takes more rows at
-// once (PART_ROWS; AMX: a second tile of rows sharing each block's weights, a product more per
-// block) lets the rest join the last whole chunk where they are at least REST_JOINS_FROM rows.
+// once (PART_ROWS; AMX: the rows past a tile's 16 on the same block, which a prefill's every chunk
+// would pay for) lets the rest join the last whole chunk where it fits.
 #ifndef SPECEE_CHUNK_ROWS
 template <bool INT4>
 constexpr int CHUNK_ROWS = PART_ROWS<INT4>;
-constexpr int REST_JOINS_FROM = 1;  // (never: a chunk of PART_ROWS has no room)
 #endif
 
 // A tier with state of its own (AMX: the process's permission for the tile state, each thread's
@@ -405,7 +404,7 @@ void tiles(const MatmulArgs& a, const float* row_sums, int64_t sums_per_row, int
   constexpr int ROWS = PART_ROWS<four_bit(FORMAT)>, CHUNK = CHUNK_ROWS<four_bit(FORMAT)>;
   const int64_t K = a.in_features, B = K / BLOCK, blocks_per_group = a.group_size / BLOCK;
   const int64_t rest = a.rows % CHUNK;
-  const bool joins = a.rows > CHUNK && CHUNK + rest <= ROWS && rest >= REST_JOINS_FROM;
+  const bool joins = a.rows > CHUNK && CHUNK + rest <= ROWS;
   const int64_t chunks = a.rows / CHUNK + (rest > 0 && !joins);
   std::vector<uint8_t> unpacked(narrow(FORMAT) && chunks > 1 ? B * INT8_BLOCK_BYTES : 0);
   for (int64_t t = begin; t < end; ++t) {

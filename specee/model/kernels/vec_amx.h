@@ -27,9 +27,10 @@ constexpr int TILE_ROWS = 16;  // the rows a tile holds
 #define SPECEE_CHUNK_ROWS
 template <bool INT4>
 constexpr int CHUNK_ROWS = TILE_ROWS;  // (kernels.h)
-// A rest of one row ran slower joined than on vpdpbusd alone, of four rows the same, of eight faster
-// (BENCHMARKS.md, "Sixteen cores").
-constexpr int REST_JOINS_FROM = 5;
+// Rows past a tile's 16 take a second tile from this many on, vpdpbusd on the same block below it
+// (the default model: five rows faster on vpdpbusd, six a tie, eight faster on a tile; BENCHMARKS.md,
+// "Sixteen cores").
+constexpr int REST_TILE_ROWS = 7;
 constexpr int AMX_ROWS = 9;  // measured on a Xeon: from 9 rows on tiles pay (at 8 they tie)
 
 template <int R, bool INT4, int STEPS = 8>
@@ -66,8 +67,13 @@ inline thread_local int configured = 0;
 // (about 100 ns) before its first product, and again where a chunk has other rows (16, then the rest).
 inline void begin_matmul(int64_t) { configured = 0; }
 
+// Tiles for R rows, the second tile's only where the rows past 16 take one (REST_TILE_ROWS).
 template <int R, int CODES>
 inline void configure() {
+  if constexpr (R > TILE_ROWS && R - TILE_ROWS < REST_TILE_ROWS) {
+    configure<TILE_ROWS, CODES>();
+    return;
+  }
   if (configured == R * 64 + CODES) return;
   TileConfig config;
   constexpr int FIRST = R > TILE_ROWS ? TILE_ROWS : R, REST = R > TILE_ROWS ? R - TILE_ROWS : R;
@@ -112,7 +118,10 @@ inline void dots_ahead(const uint8_t* block, int64_t count, const int8_t* q, int
   for (int64_t k = 0; k < (HALVES ? 2 * count : count); ++k) {
     const uint8_t* b = INT4 ? codes[k] : block + k * BYTES;
     // (gcc's tile intrinsics take a tile's number as written)
-    if constexpr (R > TILE_ROWS) {
+    if constexpr (R > TILE_ROWS && R - TILE_ROWS < REST_TILE_ROWS)  // the rows past 16 from the packed block
+      vnni_dot<R - TILE_ROWS, INT4, HALVES ? 4 : 8>(block + k * BYTES, q + TILE_ROWS * K + k * CODES, K,
+                                                    out + k * R + TILE_ROWS);
+    if constexpr (R > TILE_ROWS && R - TILE_ROWS >= REST_TILE_ROWS) {
       const int8_t* rest = q + TILE_ROWS * K + k * CODES;
       if (k % 2 == 0) {
         _tile_loadd(4, b, 64);
