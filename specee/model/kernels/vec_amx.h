@@ -6,7 +6,8 @@
 // same exact block sums as vpdpbusd's. The sums come back through memory, which a tile load cannot
 // read from stores still in flight: so BLOCKS_AHEAD blocks are multiplied back to back before the
 // fp32 steps of the first one. The half blocks of 8-bit codes in groups of 16 (Q6_K) take a product
-// each, of 16 codes a row, from HALF_BLOCK_ROWS rows on. Fewer rows keep vpdpbusd.
+// each, of 16 codes a row, from HALF_BLOCK_ROWS rows on. Up to 8 rows past a tile's 16 join its
+// chunk (REST_TILE_ROWS). Fewer than AMX_ROWS rows keep vpdpbusd.
 #pragma once
 
 #define SPECEE_AMX  // vec_avx512.h leaves `dot` and DOT_ROWS to this header
@@ -22,7 +23,7 @@
 namespace specee::simd {
 
 template <bool INT4>
-constexpr int DOT_ROWS = 24;  // rows at once: a tile of 16 and one of the rest, sharing each block's weight tile
+constexpr int DOT_ROWS = 24;  // rows at once: a tile of 16 and the rest, on vpdpbusd or a second tile
 constexpr int TILE_ROWS = 16;  // the rows a tile holds
 #define SPECEE_CHUNK_ROWS
 template <bool INT4>
