@@ -32,7 +32,7 @@ constexpr int CHUNK_ROWS = TILE_ROWS;  // (kernels.h)
 // (the default model: five rows faster on vpdpbusd, six a tie, eight faster on a tile; BENCHMARKS.md,
 // "Sixteen cores").
 constexpr int REST_TILE_ROWS = 7;
-constexpr int AMX_ROWS = 9;  // measured on a Xeon: from 9 rows on tiles pay (at 8 they tie)
+constexpr int AMX_ROWS = 8;  // tiles from 8 rows (BENCHMARKS.md, "Sixteen cores": at 7 vpdpbusd is quicker)
 
 template <int R, bool INT4, int STEPS = 8>
 inline void dot(const uint8_t* p, const int8_t* q, int64_t K, I16* out) {
