@@ -378,6 +378,22 @@ def test_a_second_process_reuses_the_built_kernels_from_any_working_directory_an
     assert (bindings_directory() / ".ninja_log").read_text() == log  # ninja ran no build step
 
 
+@pytest.mark.slow  # a tier's build, about 30 s on two cores
+def test_processes_that_need_a_tier_at_once_build_it_once(tmp_path):
+    """Two processes on a cache without the tier (test workers, a server and a command): one builds,
+    the other waits and loads that build; none replaces the library under the other."""
+    code = ("import os; from specee.model.kernels import tier_library, tier_named; "
+            "library = tier_library(tier_named('portable')); print(library, os.stat(library).st_ino)")
+    env = {**os.environ, "SPECEE_CACHE": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    children = [subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outputs = [child.communicate(timeout=300) for child in children]
+    assert all(child.returncode == 0 for child in children), [err for _, err in outputs]
+    (library, inode), second = (out.split() for out, _ in outputs)
+    assert second == [library, inode] and os.stat(library).st_ino == int(inode)
+    assert [p.name for p in Path(library).parent.iterdir() if not p.name.startswith(".")] == [Path(library).name]
+
+
 def test_the_best_tier_runs_and_is_named_once_on_stderr(tmp_path):
     code = ("import specee.model.kernels as k; a = k.cpu_kernels(); b = k.cpu_kernels(); "
             "assert a is b; print(a.tier)")

@@ -11,6 +11,7 @@ eager path (PyTorch's kernels).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -145,15 +146,33 @@ def tier_library(tier: Tier) -> Path:
     if library.exists():
         return library
     directory.mkdir(parents=True, exist_ok=True)
+    with building(directory):
+        if library.exists():  # another process built it while this one waited
+            return library
+        _build_tier(tier, cxx, library)
+    return library
+
+
+@contextlib.contextmanager
+def building(directory: Path):
+    """Held while a library is built into `directory`: processes that need it at once (test
+    workers, a server and a command) build it once, and none replaces the library another loaded."""
+    import fcntl
+
+    with open(directory / ".building", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _build_tier(tier: Tier, cxx: str, library: Path) -> None:
     # Built beside and renamed into place: a process that finds the library finds it whole.
-    with tempfile.TemporaryDirectory(dir=directory) as scratch:
+    with tempfile.TemporaryDirectory(dir=library.parent) as scratch:
         built = Path(scratch) / library.name
         done = subprocess.run(tier_command(tier, built, cxx), capture_output=True, text=True)
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["no output"])[-1]
             raise KernelsUnavailable(f"building the {tier.name} CPU kernels failed: {last}")
         os.replace(built, library)
-    return library
 
 
 def bindings_directory() -> Path:
