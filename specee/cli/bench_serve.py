@@ -40,7 +40,6 @@ def add_parser(sub) -> None:
                       help="JSON output file, the plot beside it; a folder: bench-serve.json in it (default bench-serve.json)")
 
 
-
 def run(args) -> int:
     if importlib.util.find_spec("openai") is None:
         raise UsageError('specee bench-serve sends its requests with the openai client: pip install "specee[bench]"')
