@@ -5,6 +5,10 @@ between them, the threads meeting at barriers) and the head. This times the whol
 part alone on the same rows and threads: every layer's four matmuls (`integer_linear`, activation
 quantization included), one layer's attention over the cached keys, and the head. What the layers
 take beyond their matmuls and attention is the row-wise steps, the barriers and the call itself.
+Inside the layers' call, each step of a layer is timed on every thread (`Kernels.time_steps`):
+"steps" gives per step, summed over the layers, the threads' mean and longest time at work and
+their mean wait at the barrier after it (the wait is the other threads' work, or the barrier's own
+cost), which holds at any thread count.
 
     python benchmarks/pass_profile.py --model random-1b-Q4_K_M.gguf --tokens 1,16 --threads 2,16
     python benchmarks/pass_profile.py --cpu-tier avx512    (default: the best tier this CPU runs)
@@ -52,6 +56,7 @@ def profile(model, tokens: int, context: int, repeats: int) -> dict:
 
         h = layers()
         normed = model.norm(h)
+        steps = step_times(model.kernels, layers, repeats)
         result = {"pass": median_ms(lambda: (model.logits(model.norm(layers()))), repeats),
                   "layers": median_ms(layers, repeats),
                   "head": median_ms(lambda: model.logits(normed), repeats)}
@@ -71,7 +76,23 @@ def profile(model, tokens: int, context: int, repeats: int) -> dict:
                                                   context + tokens, 0, hd ** -0.5), repeats)
         result["attention"] = one * len(model.layers)
         result["rest of the layers"] = result["layers"] - result["matmuls"] - result["attention"]
-    return result
+    return result, steps
+
+
+def step_times(kernels, layers, repeats: int) -> dict:
+    """ms per call of each step of the layers' call, summed over layers: threads' mean and longest
+    work, and their mean wait after it."""
+    layers(), layers()  # (warm-up)
+    kernels.time_steps(True)
+    for _ in range(repeats):
+        layers()
+    seconds, calls = kernels.step_seconds()
+    kernels.time_steps(False)
+    if calls == 0:
+        raise SystemExit("the layers did not run as one kernel call: nothing to time step by step")
+    ms = seconds * 1e3 / calls
+    return {name: {"work": ms[:, i, 0].mean().item(), "longest": ms[:, i, 0].max().item(),
+                   "wait": ms[:, i, 1].mean().item()} for i, name in enumerate(kernels.layer_steps)}
 
 
 def main() -> None:
@@ -89,9 +110,11 @@ def main() -> None:
     for threads in (int(t) for t in args.threads.split(",")):
         torch.set_num_threads(threads)
         for tokens in (int(t) for t in args.tokens.split(",")):
-            ms = profile(model, tokens, args.context, args.repeats)
-            rows.append({"threads": threads, "tokens": tokens, "tier": model.kernels.tier, "ms": ms})
+            ms, steps = profile(model, tokens, args.context, args.repeats)
+            rows.append({"threads": threads, "tokens": tokens, "tier": model.kernels.tier, "ms": ms, "steps": steps})
             print(f"threads {threads:2d} T={tokens:2d} " + "  ".join(f"{k} {v:7.2f}" for k, v in ms.items()), flush=True)
+            print("    steps (work mean/longest, wait): " + "  ".join(
+                f"{name} {t['work']:.2f}/{t['longest']:.2f}, {t['wait']:.2f}" for name, t in steps.items()), flush=True)
     print(json.dumps({"context": args.context, "rows": rows}))
 
 

@@ -5,6 +5,7 @@ Lossless speculation (and a server batching requests) rests on it."""
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 import torch
@@ -196,3 +197,29 @@ def test_fused_layers_give_the_bits_of_the_layers_part_by_part(quantization, arc
         assert torch.equal(partial, model.hidden(torch.tensor(prefix), torch.arange(25), model.new_cache(40),
                                                  layers=range(1, 3)))
     assert stack is not None and not torch.equal(fused[0], fused[1])
+
+
+def test_the_layers_call_times_each_step_on_every_thread_when_asked():
+    """`Kernels.time_steps` (pass_profile.py's steps): each thread's time at work and waiting in each
+    step of the layers' call, summed over layers and calls; nothing is timed unless asked."""
+    model = kernel_model("int4")
+    kernels = model.kernels
+    ids = torch.tensor([5, 9, 3, 7, 1, 2, 8, 4, 6])
+    with threads(3), torch.inference_mode():
+        model.hidden(ids, torch.arange(9), model.new_cache(16))  # (warm-up)
+        kernels.time_steps(True)
+        start = time.perf_counter()
+        for _ in range(4):
+            model.hidden(ids, torch.arange(9), model.new_cache(16))
+        wall = time.perf_counter() - start
+        seconds, calls = kernels.step_seconds()
+        kernels.time_steps(False)
+        model.hidden(ids, torch.arange(9), model.new_cache(16))
+        untimed, no_calls = kernels.step_seconds()
+    assert calls == 4 and no_calls == 0 and untimed.numel() == 0
+    assert kernels.layer_steps[1] == "qkv" and kernels.layer_steps[-1] == "residual"
+    assert seconds.shape == (3, len(kernels.layer_steps), 2) and bool((seconds >= 0).all())
+    assert bool((seconds[:, -1, 1] == 0).all())  # the last step ends in no barrier
+    # Every thread worked on the matrices, and no thread's steps add up to more than the calls took.
+    assert bool((seconds[:, kernels.layer_steps.index("gate_up"), 0] > 0).all())
+    assert bool((seconds.sum(dim=(1, 2)) <= wall).all())

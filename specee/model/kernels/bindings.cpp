@@ -9,6 +9,7 @@
 
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "api.h"
@@ -119,6 +120,20 @@ PYBIND11_MAKE_OPAQUE(std::vector<LayerWeights>)
 
 namespace {
 
+// The steps of a decoder layer in decoder_layers, each ended by a barrier but the last (its rows are
+// the same thread's in the next layer's first step).
+const std::vector<std::string> LAYER_STEPS = {"norm, quantize", "qkv", "rope, cache", "attention", "quantize",
+                                              "o", "residual, norm", "gate_up", "gate", "down", "residual"};
+
+// Where decoder_layers' time goes, when asked (benchmarks/pass_profile.py): each thread's seconds at
+// work in each step and waiting at the barrier after it, summed over layers and calls. A benchmark's
+// tool: the calls it times must not run at once.
+struct StepTimes {
+  bool on = false;
+  int64_t calls = 0;
+  std::vector<double> seconds;  // [thread][step][work, wait]
+};
+
 class Kernels {
  public:
   Kernels(const std::string& library, const std::string& symbol) {
@@ -135,6 +150,19 @@ class Kernels {
   Kernels& operator=(const Kernels&) = delete;
 
   std::string tier() const { return table_->tier; }
+
+  // Starts (or stops) timing decoder_layers' steps, from zero.
+  void time_steps(bool on) { steps_ = StepTimes{on}; }
+
+  // The seconds timed since: [threads, steps, 2] (work, then the wait at the barrier after it),
+  // summed over layers and calls, and the number of calls.
+  std::tuple<at::Tensor, int64_t> step_seconds() const {
+    const int64_t steps = static_cast<int64_t>(LAYER_STEPS.size());
+    const int64_t threads = static_cast<int64_t>(steps_.seconds.size()) / (2 * steps);
+    at::Tensor out = at::empty({threads, steps, 2}, at::kDouble);
+    std::copy(steps_.seconds.begin(), steps_.seconds.end(), out.data_ptr<double>());
+    return {out, steps_.calls};
+  }
 
   // x [T, K] fp32; packed [N / 16, K / 32 * block bytes] uint8; scales_zeros: bits 4,
   // [N / 16, K / group_size, 2, 16] bf16 or superblock records, uint8; bits 8 and group_size 0,
@@ -367,6 +395,9 @@ class Kernels {
       const int64_t seen = segment.mask ? num_keys[s] : segment.visible[t - segment.first_row];
       keys_before[t + 1] = keys_before[t] + std::max<int64_t>(seen, 1);
     }
+    const int64_t STEPS = static_cast<int64_t>(LAYER_STEPS.size());
+    const bool timing = steps_.on;
+    std::vector<double> local_times(timing ? threads * 2 * STEPS : 0);
 #pragma omp parallel num_threads(threads)
     {
       const int64_t id = omp_get_thread_num(), n = omp_get_num_threads();
@@ -377,6 +408,23 @@ class Kernels {
       // The steps between the matmuls work row by row: each thread takes its own rows, so none of
       // them is serial in rows (a row's bits never depend on which thread computes it).
       auto rows = [&](auto&& work) { share(T, work); };
+      // The end of step `step` of a layer (LAYER_STEPS): its barrier, and its times where asked.
+      double* timed = timing ? local_times.data() + id * 2 * STEPS : nullptr;
+      double mark = timed ? omp_get_wtime() : 0.0;
+      auto step_done = [&](int64_t step) {
+        if (timed) {
+          const double now = omp_get_wtime();
+          timed[2 * step] += now - mark;
+          mark = now;
+        }
+        if (step + 1 == STEPS) return;
+#pragma omp barrier
+        if (timed) {
+          const double now = omp_get_wtime();
+          timed[2 * step + 1] += now - mark;
+          mark = now;
+        }
+      };
       for (int64_t l = first; l < last; ++l) {
         const LayerWeights& w = stack[l];
         const std::vector<Segment>& segments = layer_segments[l - first];
@@ -388,9 +436,9 @@ class Kernels {
         const MatmulArgs qkv_args = matmul(w.qkv, D, qkv), o_args = matmul(w.o, heads * hd, mixed);
         const MatmulArgs gate_up_args = matmul(w.gate_up, D, gate_up), down_args = matmul(w.down, I, normed);
         rows([&](int64_t b, int64_t e) { normalized(x, w.input_norm, w.eps, b, e); });
-#pragma omp barrier
+        step_done(0);
         share(tiles(qkv_args), [&](int64_t b, int64_t e) { table_->matmul_tiles(qkv_args, b, e); });
-#pragma omp barrier
+        step_done(1);
         rows([&](int64_t b, int64_t e) {
           add_bias(qkv, w.qkv, b, e);
           for (int64_t t = b; t < e; ++t) {  // each query and key head's norm, as Attention.normed_heads
@@ -406,7 +454,7 @@ class Kernels {
                                 row_position[t]);
           }
         });
-#pragma omp barrier
+        step_done(2);
         if (T < n) {  // fewer rows than threads: the items split evenly
           share(T * heads, [&](int64_t b, int64_t e) { table_->attend(attention, b, e); });
         } else {  // the items (kv group first) in runs that see about as many keys (a prefill's row t sees t more than row 0)
@@ -420,29 +468,29 @@ class Kernels {
           const int64_t b = id == 0 ? 0 : item_at(id), e = id + 1 == n ? T * heads : item_at(id + 1);
           if (b < e) table_->attend(attention, b, e);
         }
-#pragma omp barrier
+        step_done(3);
         rows([&](int64_t b, int64_t e) { quantized(attended, b, e); });
-#pragma omp barrier
+        step_done(4);
         share(tiles(o_args), [&](int64_t b, int64_t e) { table_->matmul_tiles(o_args, b, e); });
-#pragma omp barrier
+        step_done(5);
         rows([&](int64_t b, int64_t e) {
           add_bias(mixed, w.o, b, e);
           norm_in_place(mixed.data_ptr<float>() + b * D, e - b, D, w.attention_output_norm, w.eps, table_);
           residual(x, mixed, mixed, b, e);  // the attention's residual sum
           normalized(mixed, w.post_norm, w.eps, b, e);
         });
-#pragma omp barrier
+        step_done(6);
         share(tiles(gate_up_args), [&](int64_t b, int64_t e) { table_->matmul_tiles(gate_up_args, b, e); });
-#pragma omp barrier
+        step_done(7);
         rows([&](int64_t b, int64_t e) {
           add_bias(gate_up, w.gate_up, b, e);
           (w.gelu ? table_->gelu_mul : table_->silu_mul)(gate_up.data_ptr<float>() + b * 2 * I, e - b, I,
                                                          gated.data_ptr<float>() + b * I);
           quantized(gated, b, e);
         });
-#pragma omp barrier
+        step_done(8);
         share(tiles(down_args), [&](int64_t b, int64_t e) { table_->matmul_tiles(down_args, b, e); });
-#pragma omp barrier
+        step_done(9);
         rows([&](int64_t b, int64_t e) {
           add_bias(normed, w.down, b, e);
           norm_in_place(normed.data_ptr<float>() + b * D, e - b, D, w.mlp_output_norm, w.eps, table_);
@@ -450,7 +498,13 @@ class Kernels {
           // the next layer's first step too, so no barrier is needed before it.
           residual(mixed, normed, x, b, e);
         });
+        step_done(10);
       }
+    }
+    if (timing) {
+      if (steps_.seconds.size() < local_times.size()) steps_.seconds.resize(local_times.size(), 0.0);
+      for (size_t i = 0; i < local_times.size(); ++i) steps_.seconds[i] += local_times[i];
+      ++steps_.calls;
     }
     return x;
   }
@@ -509,6 +563,7 @@ class Kernels {
     at::parallel_for(0, T * heads, 1, [&](int64_t begin, int64_t end) { table_->attend(args, begin, end); });
   }
 
+  mutable StepTimes steps_;
   void* handle_ = nullptr;  // never closed: tensors' kernels may run until the process ends
   const KernelTable* table_ = nullptr;
 };
@@ -525,6 +580,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   pybind11::class_<Kernels>(m, "Kernels")
       .def(pybind11::init<const std::string&, const std::string&>(), "open one tier's kernel library")
       .def_property_readonly("tier", &Kernels::tier)
+      .def_property_readonly_static("layer_steps", [](pybind11::object) { return LAYER_STEPS; })
+      .def("time_steps", &Kernels::time_steps, "start (or stop) timing decoder_layers' steps, from zero")
+      .def("step_seconds", &Kernels::step_seconds,
+           "seconds at work and waiting after each step of decoder_layers' layers [threads, steps, 2], and the calls timed")
       .def("rotate_and_store", &Kernels::rotate_and_store, "rotary embedding of q and k; k and v written into the cache",
            free_gil)
       .def("integer_linear", &Kernels::integer_linear, "int8-activation x 4/8-bit-weight matmul, rows independent",
