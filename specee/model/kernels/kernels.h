@@ -94,18 +94,14 @@ inline void quantize_rows(const float* x, int64_t T, int64_t K, int8_t* codes, f
       const F16 inverse = splat(scale > 0.0f ? 1.0f / scale : 0.0f);
       // |x| / scale <= 127 up to rounding: the clamp only guards the int8 range.
       const F16 top = splat(127.0f), bottom = splat(-128.0f);
-      float q[BLOCK];
-      store(q, max(min(round_nearest(lo * inverse), top), bottom));
-      store(q + LANES, max(min(round_nearest(hi * inverse), top), bottom));
-      int32_t sum[2] = {0, 0};  // per half block
-      int8_t* dst = codes + t * K + b * BLOCK;
-      for (int64_t i = 0; i < BLOCK; ++i) {
-        dst[i] = static_cast<int8_t>(q[i]);
-        sum[i / LANES] += dst[i];
-      }
+      const F16 q_lo = max(min(round_nearest(lo * inverse), top), bottom);
+      const F16 q_hi = max(min(round_nearest(hi * inverse), top), bottom);
+      store_i8(codes + t * K + b * BLOCK, q_lo);
+      store_i8(codes + t * K + b * BLOCK + LANES, q_hi);
       scales[t * B + b] = scale;
-      sums[2 * (t * B + b)] = sum[0];
-      sums[2 * (t * B + b) + 1] = sum[1];
+      // Each half block's sum of codes: whole numbers under 2^11 in size, so exact in any order.
+      sums[2 * (t * B + b)] = static_cast<int32_t>(reduce_add(q_lo));
+      sums[2 * (t * B + b) + 1] = static_cast<int32_t>(reduce_add(q_hi));
     }
 }
 

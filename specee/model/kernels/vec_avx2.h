@@ -41,6 +41,13 @@ inline __m256 bf16x8(const uint16_t* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
 }
 inline F16 load_bf16(const uint16_t* p) { return {bf16x8(p), bf16x8(p + 8)}; }
+// Lanes holding whole numbers in int8's range, as int8 (packs interleave 128-bit halves: put back).
+inline void store_i8(int8_t* p, F16 a) {
+  const __m256i words = _mm256_packs_epi32(_mm256_cvttps_epi32(a.lo), _mm256_cvttps_epi32(a.hi));
+  const __m256i bytes = _mm256_packs_epi16(words, words);  // [lo 0-3, hi 0-3, same] [lo 4-7, hi 4-7, same]
+  const __m256i order = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 0, 0, 0, 0));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(order));
+}
 
 // The halving tree: lane i + lane i + 8, then + 4, + 2, + 1.
 inline float reduce_add(F16 a) {

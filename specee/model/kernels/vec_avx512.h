@@ -37,6 +37,10 @@ inline F16 load_bf16(const uint16_t* p) {
 inline F16 load_i8(const int8_t* p) {
   return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))))};
 }
+// Lanes holding whole numbers in int8's range, as int8.
+inline void store_i8(int8_t* p, F16 a) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtsepi32_epi8(_mm512_cvttps_epi32(a.v)));
+}
 
 // The halving tree: lane i + lane i + 8, then + 4, + 2, + 1 (written out: the compiler's
 // _mm512_reduce_add_ps promises no order).

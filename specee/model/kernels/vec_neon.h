@@ -47,6 +47,12 @@ inline F16 load_i8(const int8_t* p) {
   SPECEE_QUADS(vcvtq_f32_s32(vmovl_s16(quads[i])));
 }
 inline F16 to_float(I16 a) { SPECEE_QUADS(vcvtq_f32_s32(a.v[i])); }
+// Lanes holding whole numbers in int8's range, as int8.
+inline void store_i8(int8_t* p, F16 a) {
+  const int16x8_t low = vcombine_s16(vmovn_s32(vcvtq_s32_f32(a.v[0])), vmovn_s32(vcvtq_s32_f32(a.v[1])));
+  const int16x8_t high = vcombine_s16(vmovn_s32(vcvtq_s32_f32(a.v[2])), vmovn_s32(vcvtq_s32_f32(a.v[3])));
+  vst1q_s8(p, vcombine_s8(vmovn_s16(low), vmovn_s16(high)));
+}
 #undef SPECEE_QUADS
 
 // The halving tree: lane i + lane i + 8, then + 4, + 2, + 1.

@@ -65,6 +65,10 @@ inline F16 load_i8(const int8_t* p) {
   for (int i = 0; i < 16; ++i) r.v[i] = static_cast<float>(p[i]);
   return r;
 }
+// Lanes holding whole numbers in int8's range, as int8.
+inline void store_i8(int8_t* p, F16 a) {
+  for (int i = 0; i < 16; ++i) p[i] = static_cast<int8_t>(a.v[i]);
+}
 #undef SPECEE_LANEWISE
 
 // The halving tree every tier uses: lane i + lane i + 8, then + 4, + 2, + 1.
