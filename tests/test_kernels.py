@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from specee.model.integer_linear import IntegerLinear
 import specee.model.kernels as kernels_module
-from helpers import cpu_tier_params
+from helpers import cpu_tier_params, threads
 from specee.model.kernels import (KernelsUnavailable, bindings_directory, cpu_kernels, load_tier, supported_tiers,
                                   tier_library, tier_named)
 from specee.model.quantize import (GroupedInt8Weight, SuperblockInt8Weight, cat_rows, quantize_grouped_int8,
@@ -77,6 +77,22 @@ def test_integer_linear_is_int8_activations_times_the_dequantized_weight(kernels
     assert out.shape == (9, N) and out.dtype == torch.float32
     # Integer sums are exact; only the fp32 scaling of each block rounds.
     torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+
+
+@pytest.mark.parametrize("bits,group", FORMATS)
+def test_threads_taking_the_tiles_as_they_come_compute_each_once_as_one_thread_does(kernels, bits, group):
+    """The tiles of a matmul go to the threads in runs, each thread taking the next as it comes: on
+    3 and 5 threads every one of 75 tiles (the last partial) gets one thread's bits."""
+    w = torch.randn(1190, 576, generator=torch.Generator().manual_seed(4)) * 0.05
+    layer = quantized_linear(quantized(w, bits, group), kernels=kernels)
+    x = rows(5, 576, seed=5)
+    with threads(1):
+        one = layer(x)
+    for count in (3, 5):
+        with threads(count):
+            assert torch.equal(layer(x), one), f"{count} threads"
+    expected = int8_activations(x) @ quantized(w, bits, group).dequantize().double().T
+    torch.testing.assert_close(one.double(), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
 
 
 @pytest.mark.parametrize("bits,group", FORMATS)

@@ -7,6 +7,8 @@
 #include <dlfcn.h>
 #include <omp.h>
 
+#include <atomic>
+#include <memory>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -192,7 +194,9 @@ class Kernels {
                           out_features, T, K,
                           codes.data_ptr<int8_t>(), scales.data_ptr<float>(), sums.data_ptr<int32_t>(),
                           out.data_ptr<float>()};
-    at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) { table_->matmul_tiles(args, begin, end); });
+    std::atomic<int64_t> next{0};
+    const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+    at::parallel_for(0, threads, 1, [&](int64_t, int64_t) { tiles_in_runs(args, tiles, threads, next); });
     return out;
   }
 
@@ -364,6 +368,10 @@ class Kernels {
       for (int64_t i = b * D; i < e * D; ++i) o[i] = a[i] + c[i];
     };
     auto tiles = [](const MatmulArgs& a) { return (a.out_features + LANES - 1) / LANES; };
+    // Each matrix of a layer its own count of the tiles taken (tiles_in_runs).
+    const int64_t matrices = 4 * (last - first);
+    std::unique_ptr<std::atomic<int64_t>[]> next_tile(new std::atomic<int64_t>[matrices]);
+    for (int64_t i = 0; i < matrices; ++i) next_tile[i].store(0, std::memory_order_relaxed);
     // Each layer's view of every sequence's cache.
     const int64_t most_keys = *std::max_element(num_keys.begin(), num_keys.end());
     std::vector<std::vector<Segment>> layer_segments;
@@ -408,6 +416,10 @@ class Kernels {
       // The steps between the matmuls work row by row: each thread takes its own rows, so none of
       // them is serial in rows (a row's bits never depend on which thread computes it).
       auto rows = [&](auto&& work) { share(T, work); };
+      // Matrix `which` (0-3: qkv, o, gate_up, down) of layer l.
+      auto matrix_tiles = [&](const MatmulArgs& args, int64_t l, int64_t which) {
+        tiles_in_runs(args, tiles(args), n, next_tile[4 * (l - first) + which]);
+      };
       // The end of step `step` of a layer (LAYER_STEPS): its barrier, and its times where asked.
       double* timed = timing ? local_times.data() + id * 2 * STEPS : nullptr;
       double mark = timed ? omp_get_wtime() : 0.0;
@@ -437,7 +449,7 @@ class Kernels {
         const MatmulArgs gate_up_args = matmul(w.gate_up, D, gate_up), down_args = matmul(w.down, I, normed);
         rows([&](int64_t b, int64_t e) { normalized(x, w.input_norm, w.eps, b, e); });
         step_done(0);
-        share(tiles(qkv_args), [&](int64_t b, int64_t e) { table_->matmul_tiles(qkv_args, b, e); });
+        matrix_tiles(qkv_args, l, 0);
         step_done(1);
         rows([&](int64_t b, int64_t e) {
           add_bias(qkv, w.qkv, b, e);
@@ -471,7 +483,7 @@ class Kernels {
         step_done(3);
         rows([&](int64_t b, int64_t e) { quantized(attended, b, e); });
         step_done(4);
-        share(tiles(o_args), [&](int64_t b, int64_t e) { table_->matmul_tiles(o_args, b, e); });
+        matrix_tiles(o_args, l, 1);
         step_done(5);
         rows([&](int64_t b, int64_t e) {
           add_bias(mixed, w.o, b, e);
@@ -480,7 +492,7 @@ class Kernels {
           normalized(mixed, w.post_norm, w.eps, b, e);
         });
         step_done(6);
-        share(tiles(gate_up_args), [&](int64_t b, int64_t e) { table_->matmul_tiles(gate_up_args, b, e); });
+        matrix_tiles(gate_up_args, l, 2);
         step_done(7);
         rows([&](int64_t b, int64_t e) {
           add_bias(gate_up, w.gate_up, b, e);
@@ -489,7 +501,7 @@ class Kernels {
           quantized(gated, b, e);
         });
         step_done(8);
-        share(tiles(down_args), [&](int64_t b, int64_t e) { table_->matmul_tiles(down_args, b, e); });
+        matrix_tiles(down_args, l, 3);
         step_done(9);
         rows([&](int64_t b, int64_t e) {
           add_bias(normed, w.down, b, e);
@@ -516,6 +528,17 @@ class Kernels {
   at::Tensor gelu_mul(const at::Tensor& gate_up) const { return gated(gate_up, table_->gelu_mul); }
 
  private:
+  // The tiles 0 .. count - 1 of a matmul on `threads` threads, each calling this: they go out in
+  // runs of about a quarter of an equal share, each thread taking the next run from `next` as it
+  // comes. So a thread that runs slower (a busier memory channel, a core the system shares) takes
+  // fewer, where equal shares had the others wait for it. A tile's bits never depend on which
+  // thread computes it.
+  void tiles_in_runs(const MatmulArgs& args, int64_t count, int64_t threads, std::atomic<int64_t>& next) const {
+    const int64_t run = std::max<int64_t>(1, count / (4 * threads));
+    for (int64_t b = next.fetch_add(run); b < count; b = next.fetch_add(run))
+      table_->matmul_tiles(args, b, std::min(count, b + run));
+  }
+
   static void check_layer(const LayerWeights& w, int64_t D, int64_t I, int64_t heads, int64_t kv_heads, int64_t hd) {
     TORCH_CHECK(w.heads == heads && w.qkv.out_features == (heads + 2 * kv_heads) * hd && w.o.out_features == D &&
                 w.gate_up.out_features == 2 * I && w.down.out_features == D, "the layer's matrices do not fit together");
