@@ -528,15 +528,19 @@ class Kernels {
   at::Tensor gelu_mul(const at::Tensor& gate_up) const { return gated(gate_up, table_->gelu_mul); }
 
  private:
-  // The tiles 0 .. count - 1 of a matmul on `threads` threads, each calling this: they go out in
-  // runs of about a quarter of an equal share, each thread taking the next run from `next` as it
-  // comes. So a thread that runs slower (a busier memory channel, a core the system shares) takes
-  // fewer, where equal shares had the others wait for it. A tile's bits never depend on which
-  // thread computes it.
+  // The tiles 0 .. count - 1 of a matmul on `threads` threads, each calling this: each thread takes
+  // the next run from `next` as it comes, a run half an equal share of the tiles left, down to one
+  // tile at the end. So a thread that runs slower (a busier memory channel, a core the system
+  // shares) takes fewer, where equal shares had the others wait for it, and the threads end within
+  // a tile of each other. A tile's bits never depend on which thread computes it.
   void tiles_in_runs(const MatmulArgs& args, int64_t count, int64_t threads, std::atomic<int64_t>& next) const {
-    const int64_t run = std::max<int64_t>(1, count / (4 * threads));
-    for (int64_t b = next.fetch_add(run); b < count; b = next.fetch_add(run))
+    int64_t b = next.load(std::memory_order_relaxed);
+    while (b < count) {
+      const int64_t run = std::max<int64_t>(1, (count - b) / (2 * threads));
+      if (!next.compare_exchange_weak(b, b + run, std::memory_order_relaxed)) continue;  // (b: the count now)
       table_->matmul_tiles(args, b, std::min(count, b + run));
+      b = next.load(std::memory_order_relaxed);
+    }
   }
 
   static void check_layer(const LayerWeights& w, int64_t D, int64_t I, int64_t heads, int64_t kv_heads, int64_t hd) {
