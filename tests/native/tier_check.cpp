@@ -451,16 +451,25 @@ void check_rms_norm_all(Random& rng) {
   }
 }
 
-void check_gate(Random& rng, const std::string& name, void (*KernelTable::*gate)(const float*, int64_t, int64_t, float*),
-                int64_t T, int64_t I) {
+void check_gate(Random& rng, const std::string& name,
+                void (*KernelTable::*gate)(const float*, int64_t, int64_t, int64_t, int64_t, float*), int64_t T,
+                int64_t I) {
   Case c(name + " T=" + std::to_string(T) + " I=" + std::to_string(I));
   std::vector<float> gate_up(T * 2 * I);
   for (float& v : gate_up) v = rng.uniform(-100.0f, 100.0f);  // exp's clamps at both ends
   for (int64_t i = 0; i < std::min<int64_t>(I, 8); ++i) gate_up[i] = rng.normal(1.0f);
   auto out_a = output<float>(T * I), out_b = output<float>(T * I);
-  (tested->*gate)(gate_up.data(), T, I, out_a.data());
-  (portable->*gate)(gate_up.data(), T, I, out_b.data());
+  (tested->*gate)(gate_up.data(), T, I, 0, I, out_a.data());
+  (portable->*gate)(gate_up.data(), T, I, 0, I, out_b.data());
   c.same("out", out_a, out_b, T * I);
+  // Some columns of each row (a start and a width off the vector's lanes): those alone, the same bits.
+  const int64_t first = I / 5, width = I - I / 5 - I / 7;
+  auto part = output<float>(T * I), expected = output<float>(T * I);
+  (tested->*gate)(gate_up.data(), T, I, first, width, part.data());
+  for (int64_t t = 0; t < T; ++t)
+    std::memcpy(expected.data() + t * I + first, out_b.data() + t * I + first, width * sizeof(float));
+  const std::string columns = "columns " + std::to_string(first) + " on, " + std::to_string(width) + " of them";
+  c.same(columns.c_str(), part, expected, T * I);
   c.finish();
 }
 

@@ -7,7 +7,7 @@
 
 namespace specee {
 
-constexpr int KERNEL_API_VERSION = 9;
+constexpr int KERNEL_API_VERSION = 10;
 
 // MatmulArgs::superblock_scales: how the scales are stored (see below): as pairs per group, as
 // superblock records with offsets or centered ones, or (6-bit codes) as one scale per group, centered.
@@ -85,8 +85,9 @@ struct KernelTable {
                       int64_t start);
   // out may be x: each row is read whole before it is written.
   void (*rms_norm)(const float* x, int64_t T, int64_t D, const float* weight, float eps, float* out);
-  void (*silu_mul)(const float* gate_up, int64_t T, int64_t I, float* out);
-  void (*gelu_mul)(const float* gate_up, int64_t T, int64_t I, float* out);
+  // gate_up [T, 2 I] (gate, then up) -> out [T, I], columns first .. first + width - 1 of each row.
+  void (*silu_mul)(const float* gate_up, int64_t T, int64_t I, int64_t first, int64_t width, float* out);
+  void (*gelu_mul)(const float* gate_up, int64_t T, int64_t I, int64_t first, int64_t width, float* out);
 };
 
 }  // namespace specee

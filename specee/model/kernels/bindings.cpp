@@ -337,6 +337,12 @@ class Kernels {
       table_->quantize_rows(rows.data_ptr<float>() + b * K, e - b, K, codes.data_ptr<int8_t>() + b * K,
                             scales.data_ptr<float>() + b * B, sums.data_ptr<int32_t>() + 2 * b * B);
     };
+    // Columns c .. c + width - 1 (whole blocks) of row t of `rows`, quantized (laid out as for all T rows).
+    auto quantized_columns = [&](const at::Tensor& rows, int64_t t, int64_t c, int64_t width) {
+      const int64_t K = rows.size(1), B = K / BLOCK, block = t * B + c / BLOCK;
+      table_->quantize_rows(rows.data_ptr<float>() + t * K + c, 1, width, codes.data_ptr<int8_t>() + t * K + c,
+                            scales.data_ptr<float>() + block, sums.data_ptr<int32_t>() + 2 * block);
+    };
     // Rows b .. e - 1 normed into `normed`, then quantized.
     auto normalized = [&](const at::Tensor& rows, const at::Tensor& weight, double eps, int64_t b, int64_t e) {
       table_->rms_norm(rows.data_ptr<float>() + b * D, e - b, D, weight.data_ptr<float>(), static_cast<float>(eps),
@@ -359,6 +365,13 @@ class Kernels {
       float* r = rows.data_ptr<float>();
       const float* bias = m.bias.data_ptr<float>();
       for (int64_t i = b * N; i < e * N; ++i) r[i] = r[i] + bias[i % N];
+    };
+    // Columns c .. c + width - 1 of row t + the bias's.
+    auto add_bias_columns = [](at::Tensor& rows, const Matrix& m, int64_t t, int64_t c, int64_t width) {
+      if (!m.bias.defined()) return;
+      float* r = rows.data_ptr<float>() + t * m.out_features;
+      const float* bias = m.bias.data_ptr<float>();
+      for (int64_t i = c; i < c + width; ++i) r[i] = r[i] + bias[i];
     };
     // Rows b .. e - 1: into = h + added, as `h + ...` adds (`into` may be either).
     auto residual = [D](const at::Tensor& h, const at::Tensor& added, at::Tensor& into, int64_t b, int64_t e) {
@@ -416,6 +429,17 @@ class Kernels {
       // The steps between the matmuls work row by row: each thread takes its own rows, so none of
       // them is serial in rows (a row's bits never depend on which thread computes it).
       auto rows = [&](auto&& work) { share(T, work); };
+      // The steps that work block by block of 32 columns split the T rows' `blocks` blocks each over
+      // the threads, as work(row, first column, width) runs: a pass of fewer rows than threads
+      // leaves none of them idle there.
+      auto row_blocks = [&](int64_t blocks, auto&& work) {
+        share(T * blocks, [&](int64_t b, int64_t e) {
+          for (int64_t t = b / blocks; t * blocks < e; ++t) {
+            const int64_t first = std::max(b, t * blocks) - t * blocks, last = std::min(e, (t + 1) * blocks) - t * blocks;
+            work(t, first * BLOCK, (last - first) * BLOCK);
+          }
+        });
+      };
       // Matrix `which` (0-3: qkv, o, gate_up, down) of layer l.
       auto matrix_tiles = [&](const MatmulArgs& args, int64_t l, int64_t which) {
         tiles_in_runs(args, tiles(args), n, next_tile[4 * (l - first) + which]);
@@ -481,7 +505,7 @@ class Kernels {
           if (b < e) table_->attend(attention, b, e);
         }
         step_done(3);
-        rows([&](int64_t b, int64_t e) { quantized(attended, b, e); });
+        row_blocks(heads * hd / BLOCK, [&](int64_t t, int64_t c, int64_t width) { quantized_columns(attended, t, c, width); });
         step_done(4);
         matrix_tiles(o_args, l, 1);
         step_done(5);
@@ -494,11 +518,12 @@ class Kernels {
         step_done(6);
         matrix_tiles(gate_up_args, l, 2);
         step_done(7);
-        rows([&](int64_t b, int64_t e) {
-          add_bias(gate_up, w.gate_up, b, e);
-          (w.gelu ? table_->gelu_mul : table_->silu_mul)(gate_up.data_ptr<float>() + b * 2 * I, e - b, I,
-                                                         gated.data_ptr<float>() + b * I);
-          quantized(gated, b, e);
+        row_blocks(I / BLOCK, [&](int64_t t, int64_t c, int64_t width) {
+          add_bias_columns(gate_up, w.gate_up, t, c, width);  // the gate's columns
+          add_bias_columns(gate_up, w.gate_up, t, I + c, width);  // and the up projection's
+          (w.gelu ? table_->gelu_mul : table_->silu_mul)(gate_up.data_ptr<float>() + t * 2 * I, 1, I, c, width,
+                                                         gated.data_ptr<float>() + t * I);
+          quantized_columns(gated, t, c, width);
         });
         step_done(8);
         matrix_tiles(down_args, l, 3);
@@ -558,12 +583,13 @@ class Kernels {
     check_norm(w.k_norm, hd, "the key norm");
   }
 
-  at::Tensor gated(const at::Tensor& gate_up, void (*gate)(const float*, int64_t, int64_t, float*)) const {
+  at::Tensor gated(const at::Tensor& gate_up,
+                   void (*gate)(const float*, int64_t, int64_t, int64_t, int64_t, float*)) const {
     check_rows(gate_up, 2, "gate_up");
     TORCH_CHECK(gate_up.size(1) % 2 == 0, "gate_up must have an even width");
     const int64_t T = gate_up.size(0), I = gate_up.size(1) / 2;
     auto out = at::empty({T, I}, gate_up.options());
-    gate(gate_up.data_ptr<float>(), T, I, out.data_ptr<float>());
+    gate(gate_up.data_ptr<float>(), T, I, 0, I, out.data_ptr<float>());
     return out;
   }
 

@@ -723,28 +723,30 @@ inline void rms_norm(const float* x, int64_t T, int64_t D, const float* weight, 
 }
 
 // gate_up [T, 2 I] (gate, then up) -> silu(gate) * up [T, I].
-inline void silu_mul(const float* gate_up, int64_t T, int64_t I, float* out) {
+inline void silu_mul(const float* gate_up, int64_t T, int64_t I, int64_t first, int64_t width, float* out) {
   const F16 one = splat(1.0f), zero = splat(0.0f);
   for (int64_t t = 0; t < T; ++t)
-    for (int64_t i = 0; i < I; i += LANES) {
-      const F16 gate = load_head(gate_up + t * 2 * I + i, I - i, 0.0f);
-      const F16 up = load_head(gate_up + t * 2 * I + I + i, I - i, 0.0f);
-      store_head(out + t * I + i, (gate / (one + exp(zero - gate))) * up, I - i);
+    for (int64_t i = first; i < first + width; i += LANES) {
+      const int64_t n = first + width - i;
+      const F16 gate = load_head(gate_up + t * 2 * I + i, n, 0.0f);
+      const F16 up = load_head(gate_up + t * 2 * I + I + i, n, 0.0f);
+      store_head(out + t * I + i, (gate / (one + exp(zero - gate))) * up, n);
     }
 }
 
 // gate_up [T, 2 I] -> gelu(gate) * up [T, I], GELU's tanh form (PyTorch's approximate="tanh"), with
 // tanh(u) = 1 - 2 / (exp(2u) + 1) on our exp.
-inline void gelu_mul(const float* gate_up, int64_t T, int64_t I, float* out) {
+inline void gelu_mul(const float* gate_up, int64_t T, int64_t I, int64_t first, int64_t width, float* out) {
   const F16 one = splat(1.0f), two = splat(2.0f), half = splat(0.5f);
   const F16 root = splat(0.7978845608028654f), cubic = splat(0.044715f);  // sqrt(2 / pi)
   for (int64_t t = 0; t < T; ++t)
-    for (int64_t i = 0; i < I; i += LANES) {
-      const F16 gate = load_head(gate_up + t * 2 * I + i, I - i, 0.0f);
-      const F16 up = load_head(gate_up + t * 2 * I + I + i, I - i, 0.0f);
+    for (int64_t i = first; i < first + width; i += LANES) {
+      const int64_t n = first + width - i;
+      const F16 gate = load_head(gate_up + t * 2 * I + i, n, 0.0f);
+      const F16 up = load_head(gate_up + t * 2 * I + I + i, n, 0.0f);
       const F16 u = root * (gate + cubic * ((gate * gate) * gate));
       const F16 tanh = one - two / (exp(two * u) + one);
-      store_head(out + t * I + i, ((half * gate) * (one + tanh)) * up, I - i);
+      store_head(out + t * I + i, ((half * gate) * (one + tanh)) * up, n);
     }
 }
 
