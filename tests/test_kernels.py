@@ -146,17 +146,17 @@ def superblock_weight(N: int, K: int, group: int, seed: int, centered: bool = Fa
 @pytest.mark.parametrize("group, centered, bits", [(16, False, 6), (32, False, 6), (16, True, 6), (32, False, 4),
                                                    (32, False, 5)])
 def test_superblock_scales_multiply_as_their_fp32_products_do(kernels, portable, group, centered, bits):
-    """Scales kept as fp32 factors times int8 multipliers (a GGUF file's Q5_K, over 5-bit codes; Q6_K's
+    """Scales kept as fp16 factors times int8 multipliers (a GGUF file's Q5_K, over 5-bit codes; Q6_K's
     centered, its offset -32 times its scale; Q4_K's over 4-bit codes) over 4- to 6-bit codes give the bits of the
     same matrix with 8-bit codes and the products stored as fp32 scales, in every tier, in the bytes
-    the file takes (but for fp32 factors)."""
+    the file takes (but for a byte a multiplier)."""
     weight = superblock_weight(200, 512, group, seed=group, centered=centered, bits=bits)
     layer = quantized_linear(weight, kernels=kernels)
     plain = quantized_linear(weight.grouped(), kernels=kernels)
     assert layer.superblock_scales and not plain.superblock_scales and layer.centered == centered
     assert (layer.bits, plain.bits) == (bits, 8) and layer.packed.numel() * 8 == plain.packed.numel() * bits
-    pairs = 1 if centered else 2  # per superblock and lane: fp32 factors, an int8 multiplier per group
-    assert layer.scales_zeros.numel() == 13 * 2 * 16 * pairs * (4 + 256 // group)
+    pairs = 1 if centered else 2  # per superblock and lane: fp16 factors, an int8 multiplier per group
+    assert layer.scales_zeros.numel() == 13 * 2 * 16 * pairs * (2 + 256 // group)
     rows_back = torch.tensor([0, 15, 16, 199, 77])
     assert torch.equal(layer.dequantize(rows_back), weight.dequantize(rows_back))
     for T in (1, 2, 4, 5, 9):

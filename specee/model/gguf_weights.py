@@ -7,7 +7,7 @@ Per `quantization`:
   `gguf_blocks.py` decodes them. Q4_0 and Q4_1 become int4 in groups of 32 with the file's codes;
   the int4 kernel takes bf16 scales and zero points, so d and the zero point are rounded to bf16
   (relative error <= 2^-9 of each). The K-quants (Q4_K, Q5_K, Q6_K) keep their codes in 4, 5 or 6 bits
-  and their scales as the file factors them (an fp32 per superblock times an int8 per group):
+  and their scales as the file factors them (an fp16 per superblock times an int8 per group):
   exactly the file's values in about its bytes. Q5_0, Q5_1 and Q8_0 become int8 in groups of 32
   with fp32 scales and offsets (Q5_0, whose offset is -16 times its scale, then runs as its 5-bit
   codes with one scale a group: `GroupedInt8Weight.centered_five`): exactly the file's values. F32, F16

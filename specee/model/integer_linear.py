@@ -13,6 +13,7 @@ from torch import nn
 LANES = 16  # output features per kernel tile
 BLOCK = 32  # inputs per activation block
 SUPERBLOCK = 256  # inputs per pair of scale factors (superblock scales)
+FACTOR_BYTES = 2  # a superblock's scale factors are fp16 (kernels.h)
 
 
 def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
@@ -114,11 +115,11 @@ class IntegerLinear(nn.Module):
     def from_superblocks(cls, codes: torch.Tensor, factors: torch.Tensor, multipliers: torch.Tensor, group_size: int,
                          kernels, bias: torch.Tensor | None = None, bits: int = 6) -> "IntegerLinear":
         """Codes [N, K] below 2 ** bits (6, or 4 or 5 in groups of 32) whose scale and offset are factors
-        [N, K / 256, 2] fp32 times multipliers [N, K / group_size, 2] int8 (quantize.py's
-        SuperblockInt8Weight), with, per tile and superblock of 256 inputs, the factors [2, 16] fp32
-        then each group's multipliers [2, 16] int8, as bytes. Where every offset is -32 times its
-        scale (a GGUF file's Q6_K) and 6-bit codes come in groups of 16, a centered record: D [16]
-        fp32, then each group's sc [16] int8."""
+        [N, K / 256, 2] (fp16 values, as a GGUF file's K-quants have them) times multipliers
+        [N, K / group_size, 2] int8 (quantize.py's SuperblockInt8Weight), with, per tile and
+        superblock of 256 inputs, the factors [2, 16] fp16 then each group's multipliers [2, 16] int8,
+        as bytes. Where every offset is -32 times its scale (a GGUF file's Q6_K) and 6-bit codes come
+        in groups of 16, a centered record: D [16] fp16, then each group's sc [16] int8."""
         if codes.shape[1] % SUPERBLOCK:
             raise ValueError(f"in_features {codes.shape[1]} must be a multiple of {SUPERBLOCK}")
         if bits not in (4, 5, 6) or (bits in (4, 5) and group_size != BLOCK):
@@ -131,6 +132,9 @@ class IntegerLinear(nn.Module):
                     and torch.equal(multipliers[..., 0], multipliers[..., 1]))
         if centered:
             factors, multipliers = factors[..., :1], multipliers[..., :1]
+        if not torch.equal(factors.half().float(), factors):
+            raise ValueError("superblock factors must be fp16 values (a GGUF file's K-quant scales are)")
+        factors = factors.half()
         tile_factors = per_tile(factors)  # [tiles, S, 2 or 1, 16]
         tile_multipliers = per_tile(multipliers)  # [tiles, G, 2 or 1, 16]
         tiles, superblocks = tile_factors.shape[:2]
@@ -165,15 +169,15 @@ class IntegerLinear(nn.Module):
             return self.bits == 5 or self.bits == 8 and self.group_size == BLOCK and self.scales_zeros.dim() == 3
         groups = SUPERBLOCK // self.group_size
         record = self.scales_zeros.shape[1] // (self.in_features // SUPERBLOCK)
-        return record == LANES * 4 + groups * LANES
+        return record == LANES * FACTOR_BYTES + groups * LANES
 
     def _superblock_scales_offsets(self, tiles: torch.Tensor, lanes: torch.Tensor) -> torch.Tensor:
         """The fp32 scales and offsets [n, G, 2] of the features at (tiles, lanes), from superblock records."""
         groups, pairs = SUPERBLOCK // self.group_size, 1 if self.centered else 2
-        factor_bytes = pairs * LANES * 4
+        factor_bytes = pairs * LANES * FACTOR_BYTES
         records = self.scales_zeros.view(self.scales_zeros.shape[0], -1, factor_bytes + groups * pairs * LANES)[tiles]
         n, superblocks = records.shape[:2]
-        factors = records[..., :factor_bytes].contiguous().view(torch.float32).view(n, superblocks, pairs, LANES)
+        factors = records[..., :factor_bytes].contiguous().view(torch.float16).float().view(n, superblocks, pairs, LANES)
         multipliers = records[..., factor_bytes:].contiguous().view(torch.int8)
         multipliers = multipliers.view(n, superblocks, groups, pairs, LANES)
         each = torch.arange(n)

@@ -231,12 +231,12 @@ void check_matmul(Random& rng, int64_t bits, int64_t group, int64_t superblocks,
   const int64_t B = K / 32, tiles = (N + 15) / 16;
   const int64_t tile_bytes = B * 16 * 32 * bits / 8;
   // bf16 pairs per group (bits 4), fp32 pairs per group (bits 8, grouped) or per row (bits 8, group 0);
-  // superblocks (bits 6, or 4 or 5 in groups of 32): per 256 inputs an fp32 pair x16, then an int8 pair
+  // superblocks (bits 6, or 4 or 5 in groups of 32): per 256 inputs an fp16 pair x16, then an int8 pair
   // x16 per group (centered: one of each).
   // Centered scales (3, bits 5 or 8): one fp32 per group of 32 and lane.
   const bool records = superblocks == 1 || superblocks == 2;
   const int64_t groups_per_superblock = records ? 256 / group : 0, pairs = superblocks == 2 ? 1 : 2;
-  const int64_t record = pairs * (16 * 4 + groups_per_superblock * 16);
+  const int64_t record = pairs * (16 * 2 + groups_per_superblock * 16);
   const int64_t tile_scale_bytes = superblocks == 3 ? (K / 32) * 16 * 4
                                    : records ? (K / 256) * record
                                    : bits == 4 ? (K / group) * 2 * 16 * 2
@@ -249,13 +249,17 @@ void check_matmul(Random& rng, int64_t bits, int64_t group, int64_t superblocks,
     for (float& f : d) f = std::ldexp(1.0f + rng.unit(), -8 - static_cast<int>(rng.below(4)));
     std::memcpy(scales_zeros.data(), d.data(), scales_zeros.size());
   } else if (records) {
-    for (int64_t r = 0; r < tiles * K / 256; ++r) {  // [D x16 | M x16] fp32, then [sc x16 | mc x16] int8 per group
+    for (int64_t r = 0; r < tiles * K / 256; ++r) {  // [D x16 | M x16] fp16, then [sc x16 | mc x16] int8 per group
       uint8_t* at = scales_zeros.data() + r * record;
       for (int64_t i = 0; i < 16 * pairs; ++i) {
-        const float f = i < 16 ? std::ldexp(1.0f + rng.unit(), -12 - static_cast<int>(rng.below(4))) : rng.normal(0.01f);
-        std::memcpy(at + 4 * i, &f, 4);
+        // D: 2^-12 .. 2^-16, subnormal fp16 below 2^-14; M: either sign, 2^-5 .. 2^-9, or zero.
+        const uint16_t mantissa = static_cast<uint16_t>(rng.below(1024));
+        const uint16_t half = i < 16 ? static_cast<uint16_t>(rng.below(4) << 10 | mantissa)
+                              : rng.below(16) == 0 ? 0
+                                                   : static_cast<uint16_t>(rng.below(2) << 15 | (6 + rng.below(5)) << 10 | mantissa);
+        std::memcpy(at + 2 * i, &half, 2);
       }
-      for (int64_t i = 64 * pairs; i < record; ++i) at[i] = rng.byte();  // any int8 multiplier
+      for (int64_t i = 32 * pairs; i < record; ++i) at[i] = rng.byte();  // any int8 multiplier
     }
   } else if (bits == 4) {
     std::vector<uint16_t> sz(scales_zeros.size() / 2);

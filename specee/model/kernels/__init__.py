@@ -52,9 +52,9 @@ TIERS = (
     Tier("amx", "x86_64", ("amx_tile", "amx_int8", *AVX512_FLAGS), ("-mamx-tile", "-mamx-int8", *AVX512_CFLAGS),
          "vec_amx.h", "AMX int8 tiles for several rows, else AVX-512 VNNI"),
     Tier("avx512", "x86_64", AVX512_FLAGS, AVX512_CFLAGS, "vec_avx512.h", "AVX-512 VNNI"),
-    Tier("avxvnni", "x86_64", ("avx2", "fma", "avx_vnni"), ("-mavx2", "-mfma", "-mavxvnni"), "vec_avx2.h",
-         "AVX2 with AVX-VNNI"),
-    Tier("avx2", "x86_64", ("avx2", "fma"), ("-mavx2", "-mfma"), "vec_avx2.h", "AVX2 + FMA"),
+    Tier("avxvnni", "x86_64", ("avx2", "fma", "f16c", "avx_vnni"), ("-mavx2", "-mfma", "-mf16c", "-mavxvnni"),
+         "vec_avx2.h", "AVX2 with AVX-VNNI"),
+    Tier("avx2", "x86_64", ("avx2", "fma", "f16c"), ("-mavx2", "-mfma", "-mf16c"), "vec_avx2.h", "AVX2 + FMA"),
     Tier("neon", "aarch64", ("asimddp",), ("-march=armv8.2-a+dotprod",), "vec_neon.h", "ARM NEON with dot products"),
     Tier("portable", "any", (), (), "vec_portable.h", "portable C++"),
 )

@@ -7,7 +7,7 @@
 
 namespace specee {
 
-constexpr int KERNEL_API_VERSION = 10;
+constexpr int KERNEL_API_VERSION = 11;
 
 // MatmulArgs::superblock_scales: how the scales are stored (see below): as pairs per group, as
 // superblock records with offsets or centered ones, or (6-bit codes) as one scale per group, centered.
@@ -25,11 +25,11 @@ constexpr int64_t NO_SUPERBLOCKS = 0, SUPERBLOCKS = 1, CENTERED_SUPERBLOCKS = 2,
 //   fp32, w = code s + m (a GGUF file's Q5_1 blocks, exactly); or, CENTERED_GROUPS (group 32), fp32
 //   [tiles, K / 32, 16] (d), w = (code - 128) d (a GGUF file's Q8_0, its codes plus 128);
 // - bits 6, group_size 16 or 32: 6-bit codes, 384 bytes a block (kernels.h's unpack_six), whose
-//   scale and offset are fp32 factors per 256 inputs times int8 multipliers per group, per tile and
-//   superblock a record [2 x 16 fp32 (D, M), K / 256 / group x 2 x 16 int8 (sc, mc)], s = D sc and
+//   scale and offset are fp16 factors per 256 inputs times int8 multipliers per group, per tile and
+//   superblock a record [2 x 16 fp16 (D, M), K / 256 / group x 2 x 16 int8 (sc, mc)], s = D sc and
 //   m = M mc (SUPERBLOCKS: a Q5_K fused beside a Q6_K, or a Q4_K beside a Q5_K); or,
-//   CENTERED_SUPERBLOCKS (group 16), [16 fp32 (D), K / 256 / 16 x 16 int8 (sc)], s = D sc and
-//   m = (-32 D) sc (Q6_K: the file's bytes, but D in fp32).
+//   CENTERED_SUPERBLOCKS (group 16), [16 fp16 (D), K / 256 / 16 x 16 int8 (sc)], s = D sc and
+//   m = (-32 D) sc (Q6_K: the file's bytes, its scales a byte each).
 struct MatmulArgs {
   const uint8_t* packed;        // [tiles, tile_bytes]
   int64_t tile_bytes;

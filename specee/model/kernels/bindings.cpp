@@ -55,8 +55,8 @@ int64_t superblock_kind(const at::Tensor& scales_zeros, int64_t bits, int64_t gr
   if (!records) return specee::NO_SUPERBLOCKS;
   TORCH_CHECK(K % SUPERBLOCK == 0, "superblock scales take a multiple of 256 inputs; got ", K);
   const int64_t groups = SUPERBLOCK / group_size;
-  if (per_tile == K / SUPERBLOCK * (2 * LANES * 4 + groups * 2 * LANES)) return specee::SUPERBLOCKS;
-  TORCH_CHECK(bits == 6 && group_size == LANES && per_tile == K / SUPERBLOCK * (LANES * 4 + groups * LANES),
+  if (per_tile == K / SUPERBLOCK * (2 * LANES * 2 + groups * 2 * LANES)) return specee::SUPERBLOCKS;
+  TORCH_CHECK(bits == 6 && group_size == LANES && per_tile == K / SUPERBLOCK * (LANES * 2 + groups * LANES),
               "superblock scales do not match ", K, " inputs");
   return specee::CENTERED_SUPERBLOCKS;
 }

@@ -35,10 +35,12 @@ constexpr int64_t INT8_BLOCK_BYTES = 512;
 constexpr int64_t INT6_BLOCK_BYTES = 384;  // 256 bytes of low nibbles, 128 of 2-bit high parts
 constexpr int64_t INT5_BLOCK_BYTES = 320;  // 256 bytes of low nibbles, 64 of high bits
 constexpr int64_t SUPERBLOCK = 256;  // inputs under one pair of scale factors (SUPER formats)
-// A superblock's record of scales per tile: factors [D x16, M x16] fp32 and per group [sc x16, mc x16]
-// int8; CENTERED (w = (code - 32) s, a GGUF file's Q6_K): [D x16] fp32 and per group [sc x16].
+// A superblock's record of scales per tile: factors [D x16, M x16] fp16 (a GGUF file's K-quants
+// store them so) and per group [sc x16, mc x16] int8; CENTERED (w = (code - 32) s, a GGUF file's
+// Q6_K): [D x16] fp16 and per group [sc x16].
+constexpr int64_t FACTOR_BYTES = 2;
 constexpr int64_t superblock_bytes(int64_t groups, bool centered) {
-  return centered ? LANES * sizeof(float) + groups * LANES : 2 * LANES * sizeof(float) + groups * 2 * LANES;
+  return centered ? LANES * FACTOR_BYTES + groups * LANES : 2 * LANES * FACTOR_BYTES + groups * 2 * LANES;
 }
 constexpr int64_t PREFETCH_BYTES = 8192;
 
@@ -107,7 +109,7 @@ inline void quantize_rows(const float* x, int64_t T, int64_t K, int8_t* codes, f
 
 // The weight formats of MatmulArgs: 4-bit codes with bf16 scales and zeros per group; 8-bit codes
 // with fp32 scales and offsets per row or group; 4-, 5- or 6-bit codes (SUPER) whose scales and offsets
-// are fp32 factors per superblock times int8 multipliers per group (CENTERED16: the offset is -32
+// are fp16 factors per superblock times int8 multipliers per group (CENTERED16: the offset is -32
 // times the scale); or 5- or 8-bit codes with an fp32 scale per group of 32 and the offset -16 or
 // -128 times it (CENTERED32).
 enum class Format {
@@ -184,6 +186,7 @@ constexpr int PART_ROWS = DOT_ROWS<INT4> > 8 ? DOT_ROWS<INT4> : 8;
 inline Part part_splat(float x) { return splat(x); }
 inline Part part_load(const float* p) { return load(p); }
 inline Part part_load_bf16(const uint16_t* p) { return load_bf16(p); }
+inline Part part_load_f16(const uint16_t* p) { return load_f16(p); }
 inline Part part_load_i8(const int8_t* p) { return load_i8(p); }
 inline Part part_fmadd(Part a, Part b, Part c) { return fmadd(a, b, c); }
 inline void part_store_head(float* p, Part a, int64_t n) { store_head(p, a, n); }
@@ -235,19 +238,19 @@ inline void grouped_scale_offset(const uint8_t* scales_zeros, int64_t group, int
   } else if constexpr (FORMAT == Format::INT6_CENTERED16) {
     constexpr int64_t GROUPS = SUPERBLOCK / LANES;
     const uint8_t* record = scales_zeros + (group / GROUPS) * superblock_bytes(GROUPS, true);
-    const Part d = part_load(reinterpret_cast<const float*>(record) + lane);
-    const int8_t* multipliers = reinterpret_cast<const int8_t*>(record + LANES * sizeof(float));
+    const Part d = part_load_f16(reinterpret_cast<const uint16_t*>(record) + lane);
+    const int8_t* multipliers = reinterpret_cast<const int8_t*>(record + LANES * FACTOR_BYTES);
     const Part sc = part_load_i8(multipliers + (group % GROUPS) * LANES + lane);
     s = d * sc;
     m = (part_splat(-32.0f) * d) * sc;
   } else if constexpr (six_bit(FORMAT) || FORMAT == Format::INT4_SUPER32 || FORMAT == Format::INT5_SUPER32) {
     constexpr int64_t GROUPS = SUPERBLOCK / (FORMAT == Format::INT6_SUPER16 ? LANES : BLOCK);
     const uint8_t* record = scales_zeros + (group / GROUPS) * superblock_bytes(GROUPS, false);
-    const float* factors = reinterpret_cast<const float*>(record) + lane;
+    const uint16_t* factors = reinterpret_cast<const uint16_t*>(record) + lane;
     const int8_t* multipliers =
-        reinterpret_cast<const int8_t*>(record + 2 * LANES * sizeof(float)) + (group % GROUPS) * 2 * LANES + lane;
-    s = part_load(factors) * part_load_i8(multipliers);
-    m = part_load(factors + LANES) * part_load_i8(multipliers + LANES);
+        reinterpret_cast<const int8_t*>(record + 2 * LANES * FACTOR_BYTES) + (group % GROUPS) * 2 * LANES + lane;
+    s = part_load_f16(factors) * part_load_i8(multipliers);
+    m = part_load_f16(factors + LANES) * part_load_i8(multipliers + LANES);
   } else {
     const float* floats = reinterpret_cast<const float*>(scales_zeros) + group * 2 * LANES + lane;
     s = part_load(floats);

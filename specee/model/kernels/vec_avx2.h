@@ -41,6 +41,8 @@ inline __m256 bf16x8(const uint16_t* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
 }
 inline F16 load_bf16(const uint16_t* p) { return {bf16x8(p), bf16x8(p + 8)}; }
+inline __m256 f16x8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline F16 load_f16(const uint16_t* p) { return {f16x8(p), f16x8(p + 8)}; }
 // Lanes holding whole numbers in int8's range, as int8 (packs interleave 128-bit halves: put back).
 inline void store_i8(int8_t* p, F16 a) {
   const __m256i words = _mm256_packs_epi32(_mm256_cvttps_epi32(a.lo), _mm256_cvttps_epi32(a.hi));
@@ -95,6 +97,7 @@ constexpr int64_t PART_LANES = 8;
 inline Part part_splat(float x) { return {_mm256_set1_ps(x)}; }
 inline Part part_load(const float* p) { return {_mm256_loadu_ps(p)}; }
 inline Part part_load_bf16(const uint16_t* p) { return {bf16x8(p)}; }
+inline Part part_load_f16(const uint16_t* p) { return {f16x8(p)}; }
 inline Part part_load_i8(const int8_t* p) {
   return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))))};
 }

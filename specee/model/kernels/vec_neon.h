@@ -40,6 +40,9 @@ inline F16 pow2i(F16 n) {
   SPECEE_QUADS(vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n.v[i]), vdupq_n_s32(127)), 23)));
 }
 inline F16 load_bf16(const uint16_t* p) { SPECEE_QUADS(vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p + 4 * i), 16))); }
+inline F16 load_f16(const uint16_t* p) {
+  SPECEE_QUADS(vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p + 4 * i))));
+}
 inline F16 load_i8(const int8_t* p) {
   const int8x16_t bytes = vld1q_s8(p);
   const int16x8_t low = vmovl_s8(vget_low_s8(bytes)), high = vmovl_s8(vget_high_s8(bytes));

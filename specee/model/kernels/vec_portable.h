@@ -60,6 +60,26 @@ inline F16 load_bf16(const uint16_t* p) {
   }
   return r;
 }
+// IEEE half-precision values, exactly (every one is a float): normal, subnormal, zero, inf and NaN.
+inline F16 load_f16(const uint16_t* p) {
+  F16 r;
+  for (int i = 0; i < 16; ++i) {
+    const uint32_t sign = static_cast<uint32_t>(p[i] & 0x8000u) << 16, exponent = (p[i] >> 10) & 31u;
+    const uint32_t mantissa = p[i] & 0x3ffu;
+    uint32_t bits;
+    if (exponent == 31) {
+      bits = sign | 0x7f800000u | (mantissa << 13);
+    } else if (exponent != 0) {
+      bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+    } else {  // zero or subnormal: mantissa x 2^-24, exact in a float
+      const float value = std::ldexp(static_cast<float>(mantissa), -24);
+      std::memcpy(&bits, &value, 4);
+      bits |= sign;
+    }
+    std::memcpy(&r.v[i], &bits, 4);
+  }
+  return r;
+}
 inline F16 load_i8(const int8_t* p) {
   F16 r;
   for (int i = 0; i < 16; ++i) r.v[i] = static_cast<float>(p[i]);
