@@ -435,8 +435,8 @@ class Kernels {
       auto row_blocks = [&](int64_t blocks, auto&& work) {
         share(T * blocks, [&](int64_t b, int64_t e) {
           for (int64_t t = b / blocks; t * blocks < e; ++t) {
-            const int64_t first = std::max(b, t * blocks) - t * blocks, last = std::min(e, (t + 1) * blocks) - t * blocks;
-            work(t, first * BLOCK, (last - first) * BLOCK);
+            const int64_t from = std::max(b, t * blocks) - t * blocks, to = std::min(e, (t + 1) * blocks) - t * blocks;
+            work(t, from * BLOCK, (to - from) * BLOCK);
           }
         });
       };
@@ -505,7 +505,8 @@ class Kernels {
           if (b < e) table_->attend(attention, b, e);
         }
         step_done(3);
-        row_blocks(heads * hd / BLOCK, [&](int64_t t, int64_t c, int64_t width) { quantized_columns(attended, t, c, width); });
+        row_blocks(heads * hd / BLOCK,
+                   [&](int64_t t, int64_t c, int64_t width) { quantized_columns(attended, t, c, width); });
         step_done(4);
         matrix_tiles(o_args, l, 1);
         step_done(5);
