@@ -175,14 +175,17 @@ def test_eager_fp32_decodes_the_compiled_tokens(default_engine):
 def test_fused_layers_give_the_bits_of_the_layers_part_by_part(quantization, architecture):
     """On the integer formats a pass runs all its layers in one kernel call (`run_fused`); the same
     pass part by part (norm, matrices, attention, adds as separate calls) gives the same bits, for a
-    chain, a tree, and a pass over some of the layers. The fused call runs on 3 threads, each taking
-    its own rows between the matmuls (7 rows: 3, 3 and 1; the 25-row prefix: runs of rows that see
-    about as many keys each)."""
+    chain, a tree, a chain of 2 rows, and a pass over some of the layers. The fused call runs on 3
+    threads, each taking its own rows between the matmuls (7 rows: 3, 3 and 1; the 25-row prefix: runs
+    of rows that see about as many keys each; 2 rows: fewer rows than threads, the attention's (row,
+    head) items and the blocks of the block-wise steps split evenly). Heads of 16 (Llama, Qwen2,
+    Mistral here) quantize their outputs after a barrier, heads of 32 within the attention step."""
     model = kernel_model(quantization, architecture=architecture)
     assert model.fused_stack is not None and all(layer.fused is not None for layer in model.layers)
     rng = random.Random(3)
     prefix, tokens = [rng.randrange(160) for _ in range(25)], [rng.randrange(160) for _ in range(7)]
-    passes = [(tokens, random_tree(rng, 7, chain=True)), (tokens, random_tree(rng, 7, chain=False))]
+    passes = [(tokens, random_tree(rng, 7, chain=True)), (tokens, random_tree(rng, 7, chain=False)),
+              (tokens[:2], random_tree(rng, 2, chain=True))]
     with threads(3):
         fused = [tree_pass(model, prefix, *p) for p in passes]
         cache = model.new_cache(40)

@@ -124,8 +124,8 @@ namespace {
 
 // The steps of a decoder layer in decoder_layers, each ended by a barrier but the last (its rows are
 // the same thread's in the next layer's first step).
-const std::vector<std::string> LAYER_STEPS = {"norm, quantize", "qkv", "rope, cache", "attention", "quantize",
-                                              "o", "residual, norm", "gate_up", "gate", "down", "residual"};
+const std::vector<std::string> LAYER_STEPS = {"norm, quantize", "qkv", "rope, cache", "attention, quantize", "o",
+                                              "residual, norm", "gate_up", "gate", "down", "residual"};
 
 // Where decoder_layers' time goes, when asked (benchmarks/pass_profile.py): each thread's seconds at
 // work in each step and waiting at the barrier after it, summed over layers and calls. A benchmark's
@@ -491,10 +491,20 @@ class Kernels {
           }
         });
         step_done(2);
+        // Items b .. e - 1 (item (g T + t) group + j: row t's head g group + j), then, where a head's
+        // outputs fill whole blocks, those blocks quantized for the o matmul by the same thread: no
+        // barrier between the two (a block's codes are the same whoever quantizes it).
+        const int64_t group = heads / kv_heads;
+        const bool heads_in_blocks = hd % BLOCK == 0;
+        auto attend_items = [&](int64_t b, int64_t e) {
+          table_->attend(attention, b, e);
+          if (heads_in_blocks)
+            for (int64_t i = b; i < e; ++i)
+              quantized_columns(attended, i / group % T, (i / (T * group) * group + i % group) * hd, hd);
+        };
         if (T < n) {  // fewer rows than threads: the items split evenly
-          share(T * heads, [&](int64_t b, int64_t e) { table_->attend(attention, b, e); });
+          share(T * heads, attend_items);
         } else {  // the items (kv group first) in runs that see about as many keys (a prefill's row t sees t more than row 0)
-          const int64_t group = heads / kv_heads;
           auto item_at = [&](int64_t part) {  // the first item at or after part / n of the keys
             const int64_t target = kv_heads * keys_before[T] * part / n, g = target / keys_before[T];
             const int64_t t = std::lower_bound(keys_before.begin(), keys_before.end(), target % keys_before[T]) -
@@ -502,23 +512,25 @@ class Kernels {
             return std::min(g * T + t, kv_heads * T) * group;
           };
           const int64_t b = id == 0 ? 0 : item_at(id), e = id + 1 == n ? T * heads : item_at(id + 1);
-          if (b < e) table_->attend(attention, b, e);
+          if (b < e) attend_items(b, e);
+        }
+        if (!heads_in_blocks) {
+#pragma omp barrier
+          row_blocks(heads * hd / BLOCK,
+                     [&](int64_t t, int64_t c, int64_t width) { quantized_columns(attended, t, c, width); });
         }
         step_done(3);
-        row_blocks(heads * hd / BLOCK,
-                   [&](int64_t t, int64_t c, int64_t width) { quantized_columns(attended, t, c, width); });
-        step_done(4);
         matrix_tiles(o_args, l, 1);
-        step_done(5);
+        step_done(4);
         rows([&](int64_t b, int64_t e) {
           add_bias(mixed, w.o, b, e);
           norm_in_place(mixed.data_ptr<float>() + b * D, e - b, D, w.attention_output_norm, w.eps, table_);
           residual(x, mixed, mixed, b, e);  // the attention's residual sum
           normalized(mixed, w.post_norm, w.eps, b, e);
         });
-        step_done(6);
+        step_done(5);
         matrix_tiles(gate_up_args, l, 2);
-        step_done(7);
+        step_done(6);
         row_blocks(I / BLOCK, [&](int64_t t, int64_t c, int64_t width) {
           add_bias_columns(gate_up, w.gate_up, t, c, width);  // the gate's columns
           add_bias_columns(gate_up, w.gate_up, t, I + c, width);  // and the up projection's
@@ -526,9 +538,9 @@ class Kernels {
                                                          gated.data_ptr<float>() + t * I);
           quantized_columns(gated, t, c, width);
         });
-        step_done(8);
+        step_done(7);
         matrix_tiles(down_args, l, 3);
-        step_done(9);
+        step_done(8);
         rows([&](int64_t b, int64_t e) {
           add_bias(normed, w.down, b, e);
           norm_in_place(normed.data_ptr<float>() + b * D, e - b, D, w.mlp_output_norm, w.eps, table_);
@@ -536,7 +548,7 @@ class Kernels {
           // the next layer's first step too, so no barrier is needed before it.
           residual(mixed, normed, x, b, e);
         });
-        step_done(10);
+        step_done(9);
       }
     }
     if (timing) {
