@@ -305,6 +305,6 @@ def test_pass_profile(tiny):
         assert all(0 < ms[part] < math.inf for part in ("pass", "layers", "head", "matmuls", "attention"))
         assert ms["rest of the layers"] == pytest.approx(ms["layers"] - ms["matmuls"] - ms["attention"])
         steps = row["steps"]
-        assert list(steps)[:2] == ["norm, quantize", "qkv"] and len(steps) == 11
+        assert list(steps)[:2] == ["norm, quantize", "qkv"] and len(steps) == 10
         assert all(0 <= t["work"] <= t["longest"] and t["wait"] >= 0 for t in steps.values())
         assert 0 < sum(t["work"] + t["wait"] for t in steps.values()) < 10 * ms["layers"]
