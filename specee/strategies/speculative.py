@@ -172,6 +172,7 @@ class FullPass:
     def __init__(self, state: DecodeState, shallow_layers: int | None) -> None:
         self.model, self.cache, self.sampler, self.stats = state.model, state.cache, state.sampler, state.stats
         self.passes = state.passes
+        self.device = self.model.device
         self.shallow_layers = shallow_layers or 0
         self.deep = range(self.shallow_layers, self.model.config.num_hidden_layers)
         # Counting the deep layers' bytes walks their parameters: done once per generation only
@@ -182,10 +183,14 @@ class FullPass:
     def verify(self, tokens: list[int], draft: Draft, layout: TreeLayout) -> Verified:
         model, cache = self.model, self.cache
         prefix = cache.lengths[self.shallow_layers]  # the layers the pass runs hold everything before the root
-        positions = layout.positions(prefix).to(model.device)
-        mask = None if draft.is_chain else layout.attention_mask().to(model.device)
+        chain = draft.is_chain
+        if chain:  # one position after another (a step's Python is a share of a small model's pass)
+            positions = torch.arange(prefix, prefix + len(draft) + 1, device=self.device)
+        else:
+            positions = layout.positions(prefix).to(self.device)
+        mask = None if chain else layout.attention_mask().to(self.device)
         if draft.shallow is None:
-            ids = torch.tensor([tokens[-1], *draft.tokens], device=model.device)  # [n + 1]
+            ids = torch.tensor([tokens[-1], *draft.tokens], device=self.device)  # [n + 1]
             hidden, logits = self.passes.run_pass(PassRows(ids, positions, cache, mask))  # [n + 1, hidden / vocab]
             self.stats.weight_bytes += model.weight_bytes
         else:  # the drafter ran the shallow layers for these inputs, in this cache
