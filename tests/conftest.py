@@ -76,7 +76,8 @@ def tiny_tokenizer(tmp_path_factory):
 @pytest.fixture(scope="session")
 def default_engine():
     """The real default model (SmolLM2-135M-Instruct) with fp32 weights on the CPU, loaded once per
-    session: the dense reference the tests compare against (the CLI's default format is int4)."""
+    session: the dense reference the tests compare against (the CLI's default format is `gguf`, the
+    file's own blocks)."""
     import specee
 
     return specee.load(quantization="none")
