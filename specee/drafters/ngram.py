@@ -241,8 +241,10 @@ class NgramModel:
                 found[int(token)] = scale * float(prob)
             if i + 1 == len(levels):
                 break
+            # Counted over this level's tokens, not the vocabulary: a sum over every id cost more
+            # than the rest of the walk.
+            num_seen_longer += int(np.count_nonzero(~seen_longer[level.tokens]))
             seen_longer[level.tokens] = True
-            num_seen_longer = int(seen_longer.sum())
             scale *= level.backoff
             if len(found) >= k and sorted(found.values())[-k] >= scale * reach[i + 1]:
                 break
