@@ -141,8 +141,8 @@ def test_a_drafter_whose_first_node_could_not_pay_for_its_row_is_not_asked(tiny_
     pass); alone, it does."""
     table = NgramModel.load(table_path, tiny_tokenizer.fingerprint)
     asked = []
-    best = table.best
-    table.best = lambda context: asked.append(tuple(context)) or best(context)
+    best_after = table.best_after
+    table.best_after = lambda key: asked.append(key) or best_after(key)
     context = tiny_tokenizer.encode("the red fox ran. the cat sat on the")
     crowded, _ = drafter(table=table, passes=Sharing(7, 7))
     assert crowded.calibrations["ngram"].factor < crowded.price.cost * 8 / crowded.price.share(7)
@@ -161,7 +161,7 @@ class OneGuessTable:
     def __init__(self, token: int, prob: float) -> None:
         self.token, self.prob = token, prob
 
-    def best(self, context) -> tuple[int, float]:
+    def best_after(self, key) -> tuple[int, float]:
         return self.token, self.prob
 
 

@@ -18,7 +18,7 @@ class Table:
     def __init__(self, token: int, prob: float) -> None:
         self.token, self.prob = token, prob
 
-    def best(self, tail: list[int]) -> tuple[int, float]:
+    def best_after(self, key: tuple[int, ...]) -> tuple[int, float]:
         return self.token, self.prob
 
 

@@ -230,15 +230,17 @@ class AutoDrafter(Proposer):
         factor = self.calibrations["ngram"].factor
         if min(1.0, factor) < floor:
             return None
-        tail = list(context[max(0, len(context) - (self.table.order - 1)):])
+        keep = self.table.order - 1  # the tokens a node's prediction depends on
+        key = tuple(context[max(0, len(context) - keep):])
         tokens, probs, reach = [], [], [1.0]
         while len(tokens) < limit:
-            token, prob = self.table.best(tail + tokens)
+            token, prob = self.table.best_after(key)
             if reach[-1] * min(1.0, prob * factor) < floor:
                 break
             tokens.append(token)
             probs.append(prob)
             reach.append(reach[-1] * min(1.0, prob * factor))
+            key = (*key, token)[-keep:] if keep else ()
         return Offer("ngram", tokens, reach[1:], reaching(probs, 1.0)) if tokens else None
 
     def chain_offer(self, source: str, tokens: list[int], rates: list[float], floor: float) -> Offer:

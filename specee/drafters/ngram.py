@@ -144,17 +144,20 @@ class NgramModel:
         return torch.from_numpy(dist)
 
     def best(self, context: Sequence[int]) -> tuple[int, float]:
-        """The most probable next token and its probability (remembered: chains drafted pass after
-        pass ask for the same contexts again)."""
-        key = tuple(context[max(0, len(context) - (self.order - 1)) :])
-        found = self._quick_best(key)
-        if found is not None:
-            return found
-        found = self._best.get(key)  # a large table's memo
+        """The most probable next token and its probability."""
+        return self.best_after(tuple(context[max(0, len(context) - (self.order - 1)) :]))
+
+    def best_after(self, key: tuple[int, ...]) -> tuple[int, float]:
+        """`best` for a context given as its last order - 1 tokens (a chain walked node by node keeps
+        them as a tuple), remembered: chains drafted pass after pass ask for the same contexts again."""
+        found = self._best.get(key)
         if found is None:
             if len(self._best) >= BEST_MEMO:
                 self._best.clear()
-            found = self._best[key] = self._find_best(key)
+            found = self._quick_best(key)
+            if found is None:
+                found = self._find_best(key)
+            self._best[key] = found
         return found
 
     def _quick_best(self, key: tuple[int, ...]) -> tuple[int, float] | None:

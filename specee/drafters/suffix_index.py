@@ -62,7 +62,10 @@ class SuffixIndex:
         m = self.covered(context) if covered is None else covered
         suffix = context[-n:]
         # Indexed occurrences; the one ending at the last token (the suffix itself) is excluded.
-        found = [f for f in self._follows.get(tuple(suffix), ()) if f < len(context)] if m else []
+        listed = self._follows.get(tuple(suffix), []) if m else []
+        # Positions grow as they are indexed, and none passes the indexed text: only the last can
+        # be the suffix's own end.
+        found = listed[:-1] if listed and listed[-1] >= len(context) else listed[:]
         first_start = max(0, m - n + 1)  # occurrences not wholly inside the indexed text
         last_start = len(context) - n - 1
         if last_start - first_start >= VECTOR_SCAN_FROM:
