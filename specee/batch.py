@@ -80,10 +80,12 @@ class Member:
         return len(others), sum(member.coming_rows() for member in others)
 
     def coming_rows(self) -> int:
+        # (`shape[0]`, not `len`: every member asks about every other one each step, and a tensor's
+        # `len` is Python-level in PyTorch, twice the cost)
         if isinstance(self.parked, PassRows):
-            return len(self.parked.ids)
+            return self.parked.ids.shape[0]
         if isinstance(self.parked, LayerRows):
-            return len(self.parked.h)
+            return self.parked.h.shape[0]
         return self.step_rows
 
     def resume(self) -> Event | PassRows | LayerRows | None:
