@@ -217,7 +217,7 @@ def no_requests(monkeypatch):
     """run_load and the warm-up record their targets instead of sending anything."""
     targets = []
     monkeypatch.setattr(serve_bench, "warm_up", lambda target: target)
-    monkeypatch.setattr(serve_bench, "run_load", lambda target, clients, config: targets.append((target, clients))
+    monkeypatch.setattr(serve_bench, "run_load", lambda target, clients, config, tag=None: targets.append((target, clients))
                         or summarize_load(target, clients, [RequestRecord(0, 0, 0.1, 1, 8)], 1.0))
     monkeypatch.setattr(serve_bench, "measure_overhead", lambda target, engine, max_tokens: {})
     return targets
@@ -246,13 +246,13 @@ def test_each_mode_keeps_its_fastest_round(monkeypatch):
     speeds = iter([1.0, 2.0, 3.0, 4.0, 8.0, 0.5, 0.25, 9.0])  # (mode, clients) in the order they run
     ran = []
 
-    def run_load(target, clients, config):
+    def run_load(target, clients, config, tag=None):
         ran.append((target.system, clients))
         return summarize_load(target, clients, [RequestRecord(0, 0, 0.1, 1, 8)], 8 / next(speeds))
 
     monkeypatch.setattr(serve_bench, "run_load", run_load)
     config = ServeBenchConfig(concurrency=[1, 2], modes=["dense", "auto"], rounds=2)
-    summaries, _ = serve_bench.bench_specee(None, config, [])
+    summaries, _, _ = serve_bench.bench_specee(None, config, [])
     assert len(ran) == 8 and len(set(ran)) == 4  # every mode at every concurrency, twice
     best = {}
     for (system, clients), speed in zip(ran, [1.0, 2.0, 3.0, 4.0, 8.0, 0.5, 0.25, 9.0]):
@@ -260,6 +260,43 @@ def test_each_mode_keeps_its_fastest_round(monkeypatch):
     assert [(s.system, s.clients) for s in summaries] == [("specee dense", 1), ("specee dense", 2),
                                                            ("specee auto", 1), ("specee auto", 2)]
     assert [s.tokens_per_s for s in summaries] == pytest.approx([best[s.system, s.clients] for s in summaries])
+
+
+class CountedServer(FakeServer):
+    started = []
+
+    def __init__(self, *flags, **kwargs):
+        super().__init__(*flags, **kwargs)
+        CountedServer.started.append(self)
+
+
+@pytest.mark.parametrize("url", [None, "http://127.0.0.1:9"])
+def test_every_run_has_a_server_of_its_own_and_the_modes_answers_are_compared(monkeypatch, url):
+    """No run is served from another's caches: each run (and the overhead's request) gets a fresh
+    server and the same untagged prompts, and a mode whose answers differ is named; runs on a
+    server at --url share it, so their prompts are tagged apart and their answers not compared."""
+    CountedServer.started = []
+    monkeypatch.setattr(serve_bench, "ServerProcess", CountedServer)
+    monkeypatch.setattr(serve_bench, "warm_up", lambda target: target)
+    monkeypatch.setattr(serve_bench, "measure_overhead", lambda target, engine, max_tokens: {})
+    tags, answers = [], iter(["a", "a", "a", "b"])  # (mode, clients) in the order they run
+
+    def run_load(target, clients, config, tag=None):
+        tags.append(tag)
+        return summarize_load(target, clients, [RequestRecord(0, 0, 0.1, 1, 8, text=next(answers))], 1.0)
+
+    monkeypatch.setattr(serve_bench, "run_load", run_load)
+    config = ServeBenchConfig(concurrency=[1, 2], modes=["dense", "auto"], url=url)
+    summaries, _, [note] = serve_bench.bench_specee(None, config, [])
+    if url is None:
+        assert len(CountedServer.started) == 5 and all(server.stopped for server in CountedServer.started)
+        assert tags == [None] * 4
+        assert note.startswith("answers DIFFER between the modes at 2 clients")
+    else:
+        assert CountedServer.started == [] and len(set(tags)) == 4 and None not in tags
+        assert note.startswith("answers not compared")
+    alike = [summarize_load(TARGET, 1, [RequestRecord(0, 0, 0.1, 1, 8, text="same")], 1.0) for _ in range(2)]
+    assert serve_bench.answers_note(alike, shared=False).startswith("answers: every mode gave the same answers")
 
 
 @pytest.mark.parametrize("parallel, slots", [(None, 8), (2, 2)])
@@ -400,18 +437,18 @@ def test_a_conversation_resends_its_history_with_the_servers_answers(monkeypatch
         assert later[:len(earlier)] == earlier and len(later) == len(earlier) + 2
 
 
-def test_conversations_are_dealt_round_the_clients_and_runs_share_no_prefix(monkeypatch):
+def test_conversations_are_dealt_round_the_clients_and_tagged_runs_share_no_prefix(monkeypatch):
     seen = scripted_server(monkeypatch)
     config = ServeBenchConfig(concurrency=[1, 3], scenario="agent", conversations=3)
     run_load(TARGET, 3, config)
-    first_run = {m[0]["content"] for m in seen}
-    assert len(first_run) == 1  # the clients of one run share the system prompt...
+    [first_run] = {m[0]["content"] for m in seen}  # the clients of one run share the system prompt...
+    assert first_run == serve_scenarios.agent_system_prompt()  # (untagged: a server of its own)
     assert sorted({m[1]["content"] for m in seen}) == sorted(serve_scenarios.AGENT_TASKS[:3])
     seen.clear()
-    run_load(TARGET, 1, config)  # ...and one client runs every conversation of the next run, alone
+    run_load(TARGET, 1, config, "[run 8]")  # ...and one client runs every conversation of the next run, alone
     assert len(seen) == 3 * serve_scenarios.AGENT_CALLS
     [second_run] = {m[0]["content"] for m in seen}
-    assert second_run != first_run.pop()  # tagged apart, so no cache serves one run from another
+    assert second_run == "[run 8] " + first_run  # tagged apart, so a shared server's caches serve neither from the other
 
 
 def test_calls_of_a_task_sent_again_are_timed_apart(monkeypatch):

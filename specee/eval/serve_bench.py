@@ -5,18 +5,22 @@ sends streaming chat requests one after another with the official `openai` clien
 or max_tokens as a user's would: short independent requests (scenario `requests`), or whole
 conversations that resend their history each turn (`chat`, `agent`: serve_scenarios.py). It
 reports requests per second, aggregate and per-client tokens per second, time to first token
-(p50/p95, and from the fourth turn on, where a prefix cache pays) and the server's peak memory. It
+(p50/p95, and from the fourth turn on, where a prefix cache pays) and the server's peak memory. Each
+specee run has a server of its own, so no run is served from another's caches and every mode
+answers the same prompts: the notes say whether the modes' (greedy) answers matched. It
 also measures specee's own overhead on a single request: the same request through HTTP and in this
 process, alternated, medians compared with the engine's decode time. A benchmark, not a test: it
 prints, writes JSON and a plot, and asserts nothing."""
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import math
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from itertools import count
 from pathlib import Path
@@ -56,7 +60,7 @@ LATE_TURN = 4  # a conversation's turns from here on are where a prefix cache sh
 # Context per llama-server slot beyond max_tokens: the short requests with the chat template, or a
 # whole conversation's history (the agent's ~1,000-token system prompt and five calls).
 PROMPT_ROOM = {"requests": 512, "chat": 3072, "agent": 3072}
-_run_tags = count(1)  # a tag per run, so that no run finds another's prefixes in a cache
+_run_tags = count(1)  # a tag per run on a shared server (--url), so that no run finds another's text in its caches
 
 
 @dataclass
@@ -107,6 +111,7 @@ class RequestRecord:
     prompt_tokens: int | None = None  # as the server's usage reports them
     cached_tokens: int | None = None  # prompt tokens the server took from its cache, where it says
     seen: bool = False  # its conversation's task was sent before in the run (serve_scenarios.Script.seen)
+    text: str = ""  # the answer, for comparing the modes' answers
 
 
 @dataclass
@@ -131,6 +136,9 @@ class LoadSummary:
     # whose task the run sent before and for the others: what a cache of earlier answers can give.
     seen_tokens_per_s: float = float("nan")
     unseen_tokens_per_s: float = float("nan")
+    # The answers, client by client in the order sent (a digest): greedy modes given the same
+    # prompts answer alike, and any that does not is named in the notes.
+    answers: str = ""
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -165,6 +173,7 @@ def summarize_load(target: Target, clients: int, records: list[RequestRecord], w
         prompt_tokens_mean=mean(prompts) if prompts else float("nan"),
         cached_share=sum(c for c, _ in cached) / sum(p for _, p in cached) if cached else None,
         seen_tokens_per_s=request_rate(seen), unseen_tokens_per_s=request_rate(unseen),
+        answers=hashlib.sha256("\x00".join(r.text for r in records).encode()).hexdigest()[:16],
     )
 
 
@@ -214,13 +223,15 @@ def user(text: str) -> list[dict]:
     return [{"role": "user", "content": text}]
 
 
-def run_load(target: Target, clients: int, config: ServeBenchConfig) -> LoadSummary:
+def run_load(target: Target, clients: int, config: ServeBenchConfig, tag: str | None = None) -> LoadSummary:
+    """One run of the load. `tag` begins each conversation (a server shared by several runs would
+    otherwise serve one run's prompts from another's caches)."""
     if target.pid is not None:
         reset_peak_rss(target.pid)  # where refused, the peak is the one since the server started
     conversations = None
     if config.scenario != "requests":
-        tag = f"[run {next(_run_tags)}]"
-        conversations = [s.tagged(tag) for s in serve_scenarios.scripts(config.scenario, config.conversation_count)]
+        scripts = serve_scenarios.scripts(config.scenario, config.conversation_count)
+        conversations = [s.tagged(tag) for s in scripts] if tag else scripts
     began = time.perf_counter()
 
     def send(api: OpenAI, client: int, messages: list[dict], turn: int, records: list[RequestRecord],
@@ -228,7 +239,8 @@ def run_load(target: Target, clients: int, config: ServeBenchConfig) -> LoadSumm
         start = time.perf_counter() - began
         reply = stream_chat(api, target, messages, config.max_tokens)
         records.append(RequestRecord(client, start, reply.first_token_s, time.perf_counter() - began,
-                                     reply.completion_tokens, turn, reply.prompt_tokens, reply.cached_tokens, seen))
+                                     reply.completion_tokens, turn, reply.prompt_tokens, reply.cached_tokens, seen,
+                                     reply.text))
         return reply.text
 
     def client_loop(client: int) -> list[RequestRecord]:
@@ -284,30 +296,55 @@ def overhead_summary(served: list[float], local: list[float], decode: list[float
             "overhead_s": extra, "overhead_of_decode": extra / median(decode)}
 
 
-def bench_specee(engine: Engine, config: ServeBenchConfig, server_flags: list[str]) -> tuple[list[LoadSummary], dict]:
-    """Every specee mode at every concurrency on one server, then its overhead on one request."""
+def bench_specee(engine: Engine, config: ServeBenchConfig,
+                 server_flags: list[str]) -> tuple[list[LoadSummary], dict, list[str]]:
+    """Every specee mode at every concurrency, then its overhead on one request, and notes. Each run
+    has a server of its own, so that no run's caches (the prompts' prefixes, the answers `auto`
+    drafts from) serve another and every mode answers the same prompts; the runs of a server at
+    --url share its caches, so their prompts are tagged apart."""
     flags = [*server_flags, "--threads", str(config.threads), "--max-queue", str(max(config.concurrency) * 2)]
     flags += ["--max-batch", str(config.max_batch)] if config.max_batch else []
     name = "specee serve" + (f" --max-batch {config.max_batch}" if config.max_batch else "")
+    modes = [mode for mode in config.modes if mode in MODES]
+    best: dict[tuple[str, int], LoadSummary] = {}
+    # The modes interleave: each concurrency runs every mode in turn (rotated from one concurrency
+    # and round to the next), and a mode keeps its fastest round.
+    for turn, (_, clients) in enumerate((r, c) for r in range(config.rounds) for c in config.concurrency):
+        for mode in rotated(modes, turn):
+            with specee_server(config, flags, name) as base:
+                tag = f"[run {next(_run_tags)}]" if config.url else None
+                run = run_load(replace(base, system=f"specee {mode}", extra_body={"specee": MODES[mode]}), clients,
+                               config, tag)
+            if (mode, clients) not in best or run.tokens_per_s > best[mode, clients].tokens_per_s:
+                best[mode, clients] = run
+    summaries = [best[mode, clients] for mode in modes for clients in config.concurrency]
+    with specee_server(config, flags, name) as base:
+        overhead = measure_overhead(base, engine, config.max_tokens)
+    return summaries, overhead, [answers_note(summaries, shared=config.url is not None)] if len(modes) > 1 else []
+
+
+@contextmanager
+def specee_server(config: ServeBenchConfig, flags: list[str], name: str):
+    """A warmed-up target: a `specee serve` started for it and stopped after, or the one at --url."""
     server = None if config.url else ServerProcess(*flags)
     try:
-        base = Target("specee", name if server else f"specee serve at {config.url}", config.url or server.url,
-                      pid=server.pid if server else None)
-        base = warm_up(base)
-        modes = [mode for mode in config.modes if mode in MODES]
-        best: dict[tuple[str, int], LoadSummary] = {}
-        # Modes share the server, so they interleave: each concurrency runs every mode in turn
-        # (rotated from one concurrency and round to the next), and a mode keeps its fastest round.
-        for turn, (_, clients) in enumerate((r, c) for r in range(config.rounds) for c in config.concurrency):
-            for mode in rotated(modes, turn):
-                run = run_load(replace(base, system=f"specee {mode}", extra_body={"specee": MODES[mode]}), clients, config)
-                if (mode, clients) not in best or run.tokens_per_s > best[mode, clients].tokens_per_s:
-                    best[mode, clients] = run
-        summaries = [best[mode, clients] for mode in modes for clients in config.concurrency]
-        return summaries, measure_overhead(base, engine, config.max_tokens)
+        yield warm_up(Target("specee", name if server else f"specee serve at {config.url}",
+                             config.url or server.url, pid=server.pid if server else None))
     finally:
         if server is not None:
             server.stop()
+
+
+def answers_note(summaries: list[LoadSummary], shared: bool) -> str:
+    """Whether specee's modes gave the same answers (greedy, the same prompts) at each concurrency."""
+    if shared:
+        return ("answers not compared: the modes shared the server at --url, so each run's prompts were tagged "
+                "apart, and a run's drafters could copy an earlier run's answers")
+    differ = [clients for clients in dict.fromkeys(s.clients for s in summaries)
+              if len({s.answers for s in summaries if s.clients == clients}) > 1]
+    if not differ:
+        return "answers: every mode gave the same answers at every concurrency (greedy, the same prompts)"
+    return f"answers DIFFER between the modes at {', '.join(map(str, differ))} clients (greedy, the same prompts)"
 
 
 def bench_llama_cpp(config: ServeBenchConfig) -> tuple[list[LoadSummary], str]:
@@ -326,7 +363,9 @@ def bench_llama_cpp(config: ServeBenchConfig) -> tuple[list[LoadSummary], str]:
         # llama-server keeps each slot's prefix (`cache_prompt`, its default) for the next request.
         cache = {"cache_prompt": True} if choice.server == llama_cpp_server.LLAMA_SERVER else None
         target = warm_up(Target(LLAMA_CPP, name, server.url, extra_body=cache, pid=server.pid))
-        return [run_load(target, clients, config) for clients in config.concurrency], f"llama.cpp: {choice.reason}"
+        # One server for every run: each run's conversations are tagged apart, as on a shared specee server.
+        return ([run_load(target, clients, config, f"[run {next(_run_tags)}]") for clients in config.concurrency],
+                f"llama.cpp: {choice.reason}")
     finally:
         server.stop()
 
@@ -384,7 +423,7 @@ def run_serve_bench(engine: Engine, config: ServeBenchConfig, server_flags: list
     """One server at a time, so that none competes with another for the cores."""
     summaries, overhead, notes = [], None, []
     if any(mode in MODES for mode in config.modes):
-        summaries, overhead = bench_specee(engine, config, server_flags)
+        summaries, overhead, notes = bench_specee(engine, config, server_flags)
     if LLAMA_CPP in config.modes:
         rows, note = bench_llama_cpp(config)
         summaries += rows
