@@ -239,6 +239,19 @@ def test_specee_serve_gets_the_threads_and_max_batch_only_when_given(monkeypatch
     assert {t.pid for t, _ in no_requests} == {4321}
 
 
+def test_the_warm_up_decodes_dense_whatever_the_runs_mode(monkeypatch):
+    """An untimed warm-up in the server's default mode (`auto`) would leave drafts in its counters
+    that the dense runs of cluster_scaling.py never asked for."""
+    warmed = []
+    monkeypatch.setattr(serve_bench, "ServerProcess", FakeServer)
+    monkeypatch.setattr(serve_bench, "warm_up", lambda target: warmed.append(target.extra_body) or target)
+    monkeypatch.setattr(serve_bench, "run_load", lambda target, clients, config, tag=None: summarize_load(
+        target, clients, [RequestRecord(0, 0, 0.1, 1, 8)], 1.0))
+    monkeypatch.setattr(serve_bench, "measure_overhead", lambda target, engine, max_tokens: {})
+    serve_bench.bench_specee(None, ServeBenchConfig(concurrency=[1], modes=["auto"], url="http://127.0.0.1:9"), [])
+    assert warmed == [{"specee": {"spec_method": "none"}}] * 2  # the run's server and the overhead's
+
+
 def test_each_mode_keeps_its_fastest_round(monkeypatch):
     monkeypatch.setattr(serve_bench, "ServerProcess", FakeServer)
     monkeypatch.setattr(serve_bench, "warm_up", lambda target: target)

@@ -325,11 +325,14 @@ def bench_specee(engine: Engine, config: ServeBenchConfig,
 
 @contextmanager
 def specee_server(config: ServeBenchConfig, flags: list[str], name: str):
-    """A warmed-up target: a `specee serve` started for it and stopped after, or the one at --url."""
+    """A warmed-up target: a `specee serve` started for it and stopped after, or the one at --url.
+    The warm-up decodes dense: a drafting mode would leave drafts in the server's counters that no
+    run asked for."""
     server = None if config.url else ServerProcess(*flags)
     try:
         yield warm_up(Target("specee", name if server else f"specee serve at {config.url}",
-                             config.url or server.url, pid=server.pid if server else None))
+                             config.url or server.url, extra_body={"specee": MODES["dense"]},
+                             pid=server.pid if server else None))
     finally:
         if server is not None:
             server.stop()
