@@ -2,9 +2,10 @@
 `specee bench-serve` (a ~1,000-token system prompt, a task, then observations, each call resending
 the loop so far; loops past the eighth send an earlier loop's task again) through `engine.generate`,
 greedy, stopping at EOS or --max-tokens. Each mode has an engine of its own (its own prefix and
-suffix caches, as a server of its own would) and the modes take each call in turn. Per mode: the
-whole time, prefill and decode, tokens and passes, for every call and for the calls of a task sent
-again ("seen"); and how many answers differ between the modes (lossless: none).
+suffix caches, as a server of its own would) and the modes take each call in turn, the first
+alternating. Per mode: the whole time, prefill and decode, tokens and passes, for every call and
+for the calls of a task sent again ("seen"); and how many answers differ between the modes
+(lossless: none).
 
     python benchmarks/agent_loop.py [--loops 20] [--max-tokens 64] [--model FILE.gguf]
 """
@@ -13,6 +14,7 @@ import json
 import time
 
 import specee
+from specee.eval.bench import rotated
 from specee.eval.serve_scenarios import agent_scripts
 
 MODES = {"auto": "auto", "dense": "none"}
@@ -52,11 +54,15 @@ def main() -> None:
         engines[mode].prefix_cache.clear()
     totals = {mode: {"all": new_totals(), "seen": new_totals()} for mode in MODES}
     differ = 0
+    calls = 0
     for script in agent_scripts(args.loops):
         histories = {mode: list(script.opening) for mode in MODES}
         for turn in script.turns:
             answers = {}
-            for mode, method in MODES.items():
+            # The first mode changes from call to call: a call right after the other engine's runs on
+            # caches that engine filled.
+            for mode in rotated(list(MODES), calls):
+                method = MODES[mode]
                 messages = histories[mode] + [{"role": "user", "content": turn}]
                 began = time.perf_counter()
                 result = engines[mode].generate(messages, max_tokens=args.max_tokens, spec_method=method)
@@ -66,6 +72,7 @@ def main() -> None:
                 histories[mode] = messages + [{"role": "assistant", "content": result.text}]
                 answers[mode] = result.token_ids
             differ += answers["auto"] != answers["dense"]
+            calls += 1
     for part in ("all", "seen"):
         dense, auto = totals["dense"][part], totals["auto"][part]
         if not dense["calls"]:
