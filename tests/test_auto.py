@@ -105,7 +105,8 @@ def test_each_switch_is_explained_by_the_offer_and_acceptance_behind_it(engine, 
         if switch["to"] == "none":  # nothing offered, or the best offer was not worth its rows
             assert switch["offer"] is None or switch["offer"]["gain"] <= 1 + MARGIN
         else:
-            assert switch["offer"]["source"] == switch["to"] and switch["offer"]["gain"] > 1 + MARGIN
+            # (the log rounds gains to 3 places: one a hair above the margin reads as the margin)
+            assert switch["offer"]["source"] == switch["to"] and switch["offer"]["gain"] >= 1 + MARGIN
         assert switch["row_cost"] > 0
 
 
