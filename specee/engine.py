@@ -121,9 +121,9 @@ class SharedPrefill:
 def load_engine(model=None, dtype: str = "fp32", device: str = "cpu", threads: int | None = None,
                 quantization: str = "auto", compile: bool = True, cpu_tier: str | None = None,
                 ctx_size: int | None = None, prefix_cache_mb: float | None = None,
-                suffix_cache_tokens: int | None = None) -> "Engine":
+                suffix_cache_tokens: int | None = None, kv_cache_dtype: str = "fp32") -> "Engine":
     parts = load_parts(model, dtype=dtype, device=device, threads=threads, quantization=quantization,
-                       compile=compile, cpu_tier=cpu_tier, ctx_size=ctx_size)
+                       compile=compile, cpu_tier=cpu_tier, ctx_size=ctx_size, kv_cache_dtype=kv_cache_dtype)
     return Engine(parts.model, parts.tokenizer, source=parts.source, quantization=parts.quantization,
                   context_length=parts.context_length, prefix_cache_mb=prefix_cache_mb,
                   suffix_cache_tokens=suffix_cache_tokens)
@@ -150,11 +150,12 @@ class Engine:
         if prefix_cache_mb is not None:
             budget = int(prefix_cache_mb * 2**20)
         else:
-            budget = default_budget_bytes(kv_cache_bytes(model.config, 1), available_memory()) if model.uses_kernels else 0
+            element = model.kv_cache_dtype.itemsize
+            budget = default_budget_bytes(kv_cache_bytes(model.config, 1, element), available_memory()) if model.uses_kernels else 0
         self.prefix_cache = PrefixCache(budget)
         # Finished generations' K/V buffers, which the next ones write into: at most what the memory
         # check at load counted for one full-context cache.
-        self.spare_buffers = SpareBuffers(kv_cache_bytes(model.config, self.context_length))
+        self.spare_buffers = SpareBuffers(kv_cache_bytes(model.config, self.context_length, model.kv_cache_dtype.itemsize))
 
     @property
     def pass_threads(self) -> int:

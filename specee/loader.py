@@ -20,6 +20,7 @@ from .model.quantize import automatic_quantization, check_quantization, quantize
 from .tokenizer import Tokenizer
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+KV_CACHE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
 DEFAULT_CONTEXT = 4096  # llama.cpp's default context too
 DEVICES = ("cpu", "cuda")
 
@@ -53,7 +54,7 @@ def parse_device(name: str) -> torch.device:
 
 def load_parts(model=None, dtype: str = "fp32", device: str = "cpu", threads: int | None = None,
                quantization: str = "auto", compile: bool = True, cpu_tier: str | None = None,
-               ctx_size: int | None = None) -> ModelParts:
+               ctx_size: int | None = None, kv_cache_dtype: str = "fp32") -> ModelParts:
     """`quantization`: auto (on the CPU kernels a GGUF file's own blocks, else int4:
     `automatic_quantization`; none off the CPU), none, int8, int4 (quantize the loaded weights), or
     gguf (keep a GGUF file's own quantized tensors);
@@ -61,7 +62,8 @@ def load_parts(model=None, dtype: str = "fp32", device: str = "cpu", threads: in
     (`model/kernels/`, built once per machine) where they can be had, in `cpu_tier` (default: the
     best this CPU runs, or $SPECEE_CPU_TIER); False: PyTorch's own. `ctx_size`: the context a
     generation may fill (default the model's, at most DEFAULT_CONTEXT); on the CPU, a model whose
-    weights and full KV cache will not fit in the memory available is refused before it loads."""
+    weights and full KV cache will not fit in the memory available is refused before it loads.
+    `kv_cache_dtype`: fp32, or fp16 (the compiled CPU kernels only)."""
     torch_dtype, torch_device = parse_dtype(dtype), parse_device(device)
     if ctx_size is not None and (not isinstance(ctx_size, int) or ctx_size <= 0):
         raise ValueError(f"ctx_size must be a positive integer, got {ctx_size}")
@@ -79,6 +81,7 @@ def load_parts(model=None, dtype: str = "fp32", device: str = "cpu", threads: in
                              "Hugging Face directory: pass the .gguf file, or use --quantization int8 or int4")
     config = read_config(directory)
     kernels = cpu_kernels(cpu_tier) if compile and torch_device.type == "cpu" else None
+    kv_dtype = parse_kv_cache_dtype(kv_cache_dtype, kernels)
     if quantization == "auto":
         quantization = automatic_quantization(config, torch_device)
         if gguf and quantization != "none" and kernels is not None:
@@ -88,8 +91,8 @@ def load_parts(model=None, dtype: str = "fp32", device: str = "cpu", threads: in
             quantization = "gguf" if file_is_quantized(source) else quantization
     context = context_length(config, ctx_size)
     if torch_device.type == "cpu":
-        check_fits(estimate_memory(source, directory, gguf, quantization, torch_dtype, config, context), context,
-                   source.name)
+        check_fits(estimate_memory(source, directory, gguf, quantization, torch_dtype, config, context,
+                                   kv_dtype.itemsize), context, source.name)
     if torch_device.type == "cuda":
         # cuDNN's attention plans each new key length anew (4.5 ms of CPU a call in bf16 on an
         # H100), and every decoding step brings a new one; flash and efficient attention do not.
@@ -103,7 +106,22 @@ def load_parts(model=None, dtype: str = "fp32", device: str = "cpu", threads: in
     if torch_device.type == "cpu":
         pack_linears(net)  # the dense matrices left, if any
     net = with_kernels(net, kernels)
+    if kv_dtype != torch.float32 and not net.uses_kernels:
+        raise ValueError(f"--kv-cache-dtype fp16 runs on specee's compiled CPU kernels, which this {dtype} model does "
+                         "not run on: use fp32")
+    net.kv_cache_dtype = kv_dtype
     return ModelParts(net, Tokenizer(directory, config.eos_token_ids), source, quantization, context)
+
+
+def parse_kv_cache_dtype(name: str, kernels) -> torch.dtype:
+    """The CPU cache's element: fp32, or fp16 where the passes run on the compiled kernels (the
+    only attention here that reads halves)."""
+    if name not in KV_CACHE_DTYPES:
+        raise ValueError(f"unknown KV cache dtype {name!r} (choose from {', '.join(KV_CACHE_DTYPES)})")
+    if name == "fp16" and kernels is None:
+        raise ValueError("--kv-cache-dtype fp16 runs on specee's compiled CPU kernels, and this load has none "
+                         "(--no-compile, a GPU, or no C++ compiler): use fp32")
+    return KV_CACHE_DTYPES[name]
 
 
 def context_length(config, ctx_size: int | None) -> int:

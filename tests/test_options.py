@@ -14,7 +14,7 @@ from specee.options import LoadOptions, from_mapping, from_namespace
 NAMES = [f.name for f in fields(LoadOptions)]
 # Every option away from its default (and valid on this CPU, as a config's options are checked).
 GIVEN = LoadOptions(model="m.gguf", dtype="bf16", device="cuda", threads=3, quantization="int8", compile=False,
-                    ctx_size=64, prefix_cache_mb=1.5, suffix_cache_tokens=0, cpu_tier="portable")
+                    ctx_size=64, prefix_cache_mb=1.5, suffix_cache_tokens=0, kv_cache_dtype="fp16", cpu_tier="portable")
 ON_THIS_CPU = replace(GIVEN, device="cpu")
 COMMANDS = [["generate"], ["chat"], ["serve"], ["bench"], ["bench-serve"], ["train", "ngram", "--out", "t"],
             ["train", "eagle", "--out", "e"], ["train", "kangaroo", "--out", "k"], ["train", "exits", "--out", "x"],
@@ -40,7 +40,7 @@ def test_flags_leave_out_defaults_and_what_is_asked():
     assert LoadOptions().flags() == []
     assert GIVEN.flags(leave_out=("threads", "compile")) == [
         "--model=m.gguf", "--dtype=bf16", "--device=cuda", "--quantization=int8", "--ctx-size=64",
-        "--prefix-cache-mb=1.5", "--suffix-cache-tokens=0", "--cpu-tier=portable"]
+        "--prefix-cache-mb=1.5", "--suffix-cache-tokens=0", "--kv-cache-dtype=fp16", "--cpu-tier=portable"]
 
 
 def test_specee_load_takes_exactly_the_load_options(monkeypatch):

@@ -50,11 +50,13 @@ def load_line(engine, seconds: float, threads_chosen: bool) -> str:
     from ..model.memory import kv_cache_bytes
 
     name = engine.source.name if engine.source is not None else "model"
-    kv = kv_cache_bytes(engine.config, engine.context_length)
+    element = engine.model.kv_cache_dtype
+    kv = kv_cache_bytes(engine.config, engine.context_length, element.itemsize)
+    kv_kind = " fp16" if element.itemsize == 2 else ""
     threads = __import__('torch').get_num_threads()
     why = "--threads" if threads_chosen else "this machine's physical cores; --threads to change"
     return (f"specee: {name} loaded in {seconds:.1f} s: {engine.quantization} weights, {engine.model.weight_bytes / 2**30:.2f} "
-            f"GiB read per token; context {engine.context_length} tokens (KV cache up to {kv / 2**30:.2f} GiB); "
+            f"GiB read per token; context {engine.context_length} tokens (KV cache{kv_kind} up to {kv / 2**30:.2f} GiB); "
             f"{threads} threads ({why})")
 
 

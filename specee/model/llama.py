@@ -234,6 +234,8 @@ class Transformer(nn.Module):
     # format"); the quantized formats set their own.
     extra_row_cost = 0.03
     fused_stack = None  # (kernels, LayerStack): every layer as kernel calls (`kernel_install.with_kernels`)
+    # The CPU cache's element: fp32, or fp16 on the kernels (`loader.load_parts`'s kv_cache_dtype).
+    kv_cache_dtype = torch.float32
     thread_governor = None  # how many threads a pass runs on (thread_governor.py), where several
 
     def __init__(self, config: LlamaConfig) -> None:
@@ -279,9 +281,9 @@ class Transformer(nn.Module):
         """A cache for up to `max_len` positions, `capacity` of them allocated now (default all), in
         buffers from `spares` where it keeps a pair that fits."""
         c = self.config
-        # On CPU attention runs in fp32 even for bf16 weights: PyTorch's CPU bf16 attention
-        # kernels are several times slower at batch 1, and the cache is small next to the weights.
-        dtype = torch.float32 if self.device.type == "cpu" else self.dtype
+        # On CPU attention runs in fp32 even for bf16 weights (PyTorch's CPU bf16 attention kernels
+        # are several times slower at batch 1), on a cache of fp32 or, on the kernels, fp16.
+        dtype = self.kv_cache_dtype if self.device.type == "cpu" else self.dtype
         return KVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, max_len, dtype, self.device, capacity,
                        spares)
 

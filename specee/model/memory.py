@@ -41,9 +41,9 @@ class MemoryEstimate:
         return self.weights + self.kv_cache + self.working
 
 
-def kv_cache_bytes(config: LlamaConfig, context: int) -> int:
-    """A full context's keys and values, fp32 (the CPU cache's dtype)."""
-    return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * context * 4
+def kv_cache_bytes(config: LlamaConfig, context: int, element_bytes: int = 4) -> int:
+    """A full context's keys and values, `element_bytes` each (the CPU cache: fp32, or fp16)."""
+    return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * context * element_bytes
 
 
 # Matrices fused into one at load (`loading.fuse_hf_state_dict`): superblock-scaled parts of
@@ -113,14 +113,14 @@ def directory_weight_bytes(directory: Path, quantization: str, dtype: torch.dtyp
 
 
 def estimate_memory(source: Path, directory: Path, gguf: bool, quantization: str, dtype: torch.dtype,
-                    config: LlamaConfig, context: int) -> MemoryEstimate:
+                    config: LlamaConfig, context: int, kv_element_bytes: int = 4) -> MemoryEstimate:
     """What loading `source` (a GGUF file, else the model `directory`) in `quantization` and running a
-    `context`-token generation will need."""
+    `context`-token generation (its cache `kv_element_bytes` an element) will need."""
     if gguf:
         weights, temporaries = gguf_weight_bytes(source, quantization, dtype)
     else:
         weights, temporaries = directory_weight_bytes(directory, quantization, dtype)
-    return MemoryEstimate(weights, kv_cache_bytes(config, context), temporaries + RUNTIME_BYTES)
+    return MemoryEstimate(weights, kv_cache_bytes(config, context, kv_element_bytes), temporaries + RUNTIME_BYTES)
 
 
 def available_bytes() -> int:

@@ -7,7 +7,7 @@
 
 namespace specee {
 
-constexpr int KERNEL_API_VERSION = 11;
+constexpr int KERNEL_API_VERSION = 12;
 
 // MatmulArgs::superblock_scales: how the scales are stored (see below): as pairs per group, as
 // superblock records with offsets or centered ones, or (6-bit codes) as one scale per group, centered.
@@ -44,8 +44,9 @@ struct MatmulArgs {
 
 // One sequence's share of an attention call: its layer of the cache and which keys its rows see.
 struct Segment {
-  const float* keys;       // [kv_heads, capacity, hd]
-  const float* values;
+  const void* keys;        // [kv_heads, capacity, hd], fp32, or IEEE half where `half`
+  const void* values;
+  bool half;
   int64_t capacity;
   const int64_t* visible;  // row t sees keys 0 .. visible[t] - 1 (when mask is null)
   const uint8_t* mask;     // else: keys before `prefix`, and j >= prefix where mask[t, j - prefix] != 0
@@ -79,10 +80,11 @@ struct KernelTable {
   void (*attend)(const AttentionArgs& args, int64_t begin, int64_t end);
   // Rotates the queries and keys of T rows of qkv [T, (heads + 2 kv_heads) hd], writes the queries
   // to q [T, heads, hd] and the keys and values into one layer of a cache at start .. start + T - 1.
-  // Row t's cos and sin start at t * angle_stride.
+  // Row t's cos and sin start at t * angle_stride. A cache of IEEE halves (`half`) takes each key
+  // and value rounded to the nearest half, ties to even.
   void (*rotate_rows)(const float* qkv, int64_t T, int64_t heads, int64_t kv_heads, int64_t hd, const float* cos,
-                      const float* sin, int64_t angle_stride, float* q, float* keys, float* values, int64_t capacity,
-                      int64_t start);
+                      const float* sin, int64_t angle_stride, float* q, void* keys, void* values, bool half,
+                      int64_t capacity, int64_t start);
   // out may be x: each row is read whole before it is written.
   void (*rms_norm)(const float* x, int64_t T, int64_t D, const float* weight, float eps, float* out);
   // gate_up [T, 2 I] (gate, then up) -> out [T, I], columns first .. first + width - 1 of each row.

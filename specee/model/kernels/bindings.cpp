@@ -66,12 +66,20 @@ void check_rows(const at::Tensor& x, int64_t dims, const char* what) {
               "-D fp32 contiguous");
 }
 
+// A cache of fp32 or of IEEE halves (fp16), its keys and values alike.
+bool half_cache(const at::Tensor& keys, const at::Tensor& values) {
+  TORCH_CHECK(keys.is_contiguous() && values.is_contiguous() && keys.scalar_type() == values.scalar_type() &&
+              (keys.scalar_type() == at::kFloat || keys.scalar_type() == at::kHalf),
+              "cache must be fp32 or fp16, contiguous");
+  return keys.scalar_type() == at::kHalf;
+}
+
 Segment segment_of(const at::Tensor& keys, const at::Tensor& values, const at::Tensor& visible,
                    const at::Tensor& tail_mask, int64_t prefix, int64_t num_keys, int64_t first_row, int64_t window) {
-  TORCH_CHECK(keys.is_contiguous() && values.is_contiguous() && keys.scalar_type() == at::kFloat, "cache must be fp32 contiguous");
+  const bool half = half_cache(keys, values);
   TORCH_CHECK(keys.size(2) % LANES == 0 && keys.size(2) <= 256, "head_dim must be a multiple of 16, at most 256");
   const bool masked = tail_mask.numel() > 0;
-  return {keys.data_ptr<float>(), values.data_ptr<float>(), keys.size(1),
+  return {keys.data_ptr(), values.data_ptr(), half, keys.size(1),
           masked ? nullptr : visible.data_ptr<int64_t>(), masked ? tail_mask.data_ptr<uint8_t>() : nullptr,
           prefix, num_keys, first_row, window};
 }
@@ -302,9 +310,9 @@ class Kernels {
     std::vector<int64_t> row_segment, row_position;
     for (size_t s = 0; s < n_seq; ++s) {
       const at::Tensor& k = keys[s];
-      TORCH_CHECK(k.dim() == 4 && k.is_contiguous() && values[s].is_contiguous() && k.sizes() == values[s].sizes() &&
-                  k.scalar_type() == at::kFloat && last <= k.size(0) && k.size(1) == kv_heads && k.size(3) == hd,
-                  "each cache must be [layers, kv, S, hd] fp32");
+      TORCH_CHECK(k.dim() == 4 && k.sizes() == values[s].sizes() && half_cache(k, values[s]) == half_cache(keys[0], values[0]) &&
+                  last <= k.size(0) && k.size(1) == kv_heads && k.size(3) == hd,
+                  "each cache must be [layers, kv, S, hd], all fp32 or all fp16");
       TORCH_CHECK(starts[s] + rows_of[s] <= k.size(2) && num_keys[s] <= k.size(2), "cache too small");
       TORCH_CHECK(tail_masks[s].numel() ? tail_masks[s].size(0) == rows_of[s] : visible[s].numel() == rows_of[s],
                   "one visibility per row");
@@ -388,18 +396,19 @@ class Kernels {
     // Each layer's view of every sequence's cache.
     const int64_t most_keys = *std::max_element(num_keys.begin(), num_keys.end());
     std::vector<std::vector<Segment>> layer_segments;
-    std::vector<float*> layer_keys, layer_values;  // [layer - first][s]: where rotate_rows writes
+    std::vector<void*> layer_keys, layer_values;  // [layer - first][s]: where rotate_rows writes
     for (int64_t l = first; l < last; ++l) {
       std::vector<Segment> segments;
       int64_t first_row = 0;
       for (size_t s = 0; s < n_seq; ++s) {
         const int64_t capacity = keys[s].size(2), offset = l * kv_heads * capacity * hd;
         const bool masked = tail_masks[s].numel() > 0;
-        float* k = keys[s].data_ptr<float>() + offset;
-        float* v = values[s].data_ptr<float>() + offset;
+        const int64_t bytes = offset * keys[s].element_size();
+        void* k = static_cast<char*>(keys[s].data_ptr()) + bytes;
+        void* v = static_cast<char*>(values[s].data_ptr()) + bytes;
         layer_keys.push_back(k);
         layer_values.push_back(v);
-        segments.push_back({k, v, capacity, masked ? nullptr : visible[s].data_ptr<int64_t>(),
+        segments.push_back({k, v, keys[s].scalar_type() == at::kHalf, capacity, masked ? nullptr : visible[s].data_ptr<int64_t>(),
                             masked ? tail_masks[s].data_ptr<uint8_t>() : nullptr, prefixes[s], num_keys[s], first_row,
                             stack[l].window});
         first_row += rows_of[s];
@@ -464,8 +473,8 @@ class Kernels {
       for (int64_t l = first; l < last; ++l) {
         const LayerWeights& w = stack[l];
         const std::vector<Segment>& segments = layer_segments[l - first];
-        float* const* k = layer_keys.data() + (l - first) * n_seq;
-        float* const* v = layer_values.data() + (l - first) * n_seq;
+        void* const* k = layer_keys.data() + (l - first) * n_seq;
+        void* const* v = layer_values.data() + (l - first) * n_seq;
         const AttentionArgs attention{q.data_ptr<float>(), T, heads, kv_heads, hd, most_keys,
                                       static_cast<float>(w.scale), segments.data(), row_segment.data(),
                                       attended.data_ptr<float>()};
@@ -486,8 +495,8 @@ class Kernels {
             const int64_t s = row_segment[t];
             table_->rotate_rows(qkv.data_ptr<float>() + t * width, 1, heads, kv_heads, hd,
                                 cos.data_ptr<float>() + t * stride + angles, sin.data_ptr<float>() + t * stride + angles,
-                                stride, q.data_ptr<float>() + t * heads * hd, k[s], v[s], segments[s].capacity,
-                                row_position[t]);
+                                stride, q.data_ptr<float>() + t * heads * hd, k[s], v[s], segments[s].half,
+                                segments[s].capacity, row_position[t]);
           }
         });
         step_done(2);
@@ -614,8 +623,8 @@ class Kernels {
     TORCH_CHECK(cos.size(1) == hd && sin.sizes() == cos.sizes() && cos.size(0) >= first + T, "cos and sin must be [T, hd]");
     table_->rotate_rows(qkv.data_ptr<float>() + first * qkv.size(1), T, heads, kv_heads, hd,
                         cos.data_ptr<float>() + first * hd, sin.data_ptr<float>() + first * hd, hd,
-                        q.data_ptr<float>() + first * heads * hd, keys.data_ptr<float>(), values.data_ptr<float>(),
-                        keys.size(1), start);
+                        q.data_ptr<float>() + first * heads * hd, keys.data_ptr(), values.data_ptr(),
+                        half_cache(keys, values), keys.size(1), start);
   }
 
   void attend(const std::vector<Segment>& segments, const std::vector<int64_t>& row_segment, const at::Tensor& q,
@@ -623,7 +632,10 @@ class Kernels {
     const int64_t T = q.size(0), heads = q.size(1);
     TORCH_CHECK(heads % kv_heads == 0, "heads must be a multiple of kv_heads");
     int64_t most_keys = 0;
-    for (const Segment& s : segments) most_keys = std::max(most_keys, s.num_keys);
+    for (const Segment& s : segments) {
+      most_keys = std::max(most_keys, s.num_keys);
+      TORCH_CHECK(s.half == segments[0].half, "the caches of one call must be all fp32 or all fp16");
+    }
     const AttentionArgs args{q.data_ptr<float>(), T, heads, kv_heads, q.size(2), most_keys, static_cast<float>(scale),
                              segments.data(), row_segment.data(), out.data_ptr<float>()};
     at::parallel_for(0, T * heads, 1, [&](int64_t begin, int64_t end) { table_->attend(args, begin, end); });

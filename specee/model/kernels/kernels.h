@@ -20,6 +20,7 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <type_traits>
 #include <vector>
 
 #include "api.h"
@@ -499,17 +500,19 @@ inline F16 reduce_add_each(const F16* a) {
 #endif
 
 // One (row, head) of an attention call: key p of the keys it sees, in order, is row
-// index[p] (or first + p) of keys/values.
+// index[p] (or first + p) of keys/values, which hold fp32 (E = float) or IEEE halves (E = uint16_t).
+template <typename E>
 struct Query {
   const float* q;
   float* out;
   float* scores;
-  const float* keys;
-  const float* values;
+  const E* keys;
+  const E* values;
   int64_t count, first;
   const int64_t* index;
-  const float* key(int64_t p, int64_t hd) const { return keys + (index ? index[p] : first + p) * hd; }
-  const float* value(int64_t p, int64_t hd) const { return values + (index ? index[p] : first + p) * hd; }
+  int64_t slot(int64_t p) const { return index ? index[p] : first + p; }
+  const E* key(int64_t p, int64_t hd) const { return keys + slot(p) * hd; }
+  const E* value(int64_t p, int64_t hd) const { return values + slot(p) * hd; }
   bool same_keys(const Query& o) const { return keys == o.keys && first == o.first && index == o.index; }
 };
 
@@ -523,7 +526,7 @@ inline F16 key_products(const F16* qv, const float* key, int64_t chunks) {
 // The outputs of M queries that see the same keys: each query's values summed key by key, a
 // value loaded once for all M over the keys they all see, then each alone over the rest of its own.
 template <int M, int CHUNKS>
-void sum_values(const Query* qs, int64_t hd, const float* inverse) {
+void sum_values(const Query<float>* qs, int64_t hd, const float* inverse) {
   const int64_t chunks = CHUNKS > 0 ? CHUNKS : hd / LANES;
   int64_t common = qs[0].count;
   for (int j = 1; j < M; ++j) common = std::min(common, qs[j].count);
@@ -540,7 +543,7 @@ void sum_values(const Query* qs, int64_t hd, const float* inverse) {
     }
   }
   for (int j = 0; j < M; ++j) {
-    const Query& query = qs[j];
+    const Query<float>& query = qs[j];
     for (int64_t i = common; i < query.count; ++i) {
       const float* value = query.value(i, hd);
       const F16 weight = splat(query.scores[i]);
@@ -551,34 +554,10 @@ void sum_values(const Query* qs, int64_t hd, const float* inverse) {
   }
 }
 
-// Every query's arithmetic is that of a one-query call: scores of 16 keys at a time as each
-// key's halving tree (reduce_add_each), the rest one by one; a softmax; the values summed key
-// by key. The queries only share the loads: keys and values are read once for the batch while
-// they sit in L1 (which is why a pass over several rows, or the heads of one kv group, costs
-// little more than one).
-template <int CHUNKS>  // hd / LANES, or 0: hd / LANES at run time
-void attend_batch(Query* qs, int64_t n, int64_t hd, float scale) {
-  const int64_t chunks = CHUNKS > 0 ? CHUNKS : hd / LANES;
-  int64_t longest = 0;
-  for (int64_t j = 0; j < n; ++j) longest = std::max(longest, qs[j].count);
-  const F16 scaled = splat(scale);
-  for (int64_t p = 0; p < longest; p += LANES)
-    for (int64_t j = 0; j < n; ++j) {
-      const Query& query = qs[j];
-      if (p >= query.count) continue;
-      F16 qv[MAX_HEAD_CHUNKS];
-      for (int64_t c = 0; c < chunks; ++c) qv[c] = load(query.q + c * LANES);
-      if (p + LANES <= query.count) {
-        F16 acc[LANES];
-        for (int64_t k = 0; k < LANES; ++k) acc[k] = key_products(qv, query.key(p + k, hd), chunks);
-        store(query.scores + p, reduce_add_each(acc) * scaled);
-      } else {
-        for (int64_t i = p; i < query.count; ++i)
-          query.scores[i] = reduce_add(key_products(qv, query.key(i, hd), chunks)) * scale;
-      }
-    }
-  // Softmax with key i in lane i % 16 of the block i / 16.
-  float inverse[ATTEND_BATCH];
+// Each query's scores replaced by exp(score - the highest), its 1 / (their sum) in inverse[j]; key
+// i in lane i % 16 of the block i / 16.
+template <typename E>
+void softmax(const Query<E>* qs, int64_t n, float* inverse) {
   const float lowest = -std::numeric_limits<float>::infinity();
   for (int64_t j = 0; j < n; ++j) {
     float* scores = qs[j].scores;
@@ -594,6 +573,36 @@ void attend_batch(Query* qs, int64_t n, int64_t hd, float scale) {
     }
     inverse[j] = 1.0f / reduce_add(total);
   }
+}
+
+// Every query's arithmetic is that of a one-query call: scores of 16 keys at a time as each
+// key's halving tree (reduce_add_each), the rest one by one; a softmax; the values summed key
+// by key. The queries only share the loads: keys and values are read once for the batch while
+// they sit in L1 (which is why a pass over several rows, or the heads of one kv group, costs
+// little more than one).
+template <int CHUNKS>  // hd / LANES, or 0: hd / LANES at run time
+void attend_batch(Query<float>* qs, int64_t n, int64_t hd, float scale) {
+  const int64_t chunks = CHUNKS > 0 ? CHUNKS : hd / LANES;
+  int64_t longest = 0;
+  for (int64_t j = 0; j < n; ++j) longest = std::max(longest, qs[j].count);
+  const F16 scaled = splat(scale);
+  for (int64_t p = 0; p < longest; p += LANES)
+    for (int64_t j = 0; j < n; ++j) {
+      const Query<float>& query = qs[j];
+      if (p >= query.count) continue;
+      F16 qv[MAX_HEAD_CHUNKS];
+      for (int64_t c = 0; c < chunks; ++c) qv[c] = load(query.q + c * LANES);
+      if (p + LANES <= query.count) {
+        F16 acc[LANES];
+        for (int64_t k = 0; k < LANES; ++k) acc[k] = key_products(qv, query.key(p + k, hd), chunks);
+        store(query.scores + p, reduce_add_each(acc) * scaled);
+      } else {
+        for (int64_t i = p; i < query.count; ++i)
+          query.scores[i] = reduce_add(key_products(qv, query.key(i, hd), chunks)) * scale;
+      }
+    }
+  float inverse[ATTEND_BATCH];
+  softmax(qs, n, inverse);
   for (int64_t j0 = 0; j0 < n;) {  // runs of up to VALUE_QUERIES queries that see the same keys
     int64_t m = 1;
     while (m < VALUE_QUERIES && j0 + m < n && qs[j0 + m].same_keys(qs[j0])) ++m;
@@ -607,12 +616,134 @@ void attend_batch(Query* qs, int64_t n, int64_t hd, float scale) {
   }
 }
 
-inline void attend_queries(Query* qs, int64_t n, int64_t hd, float scale) {
+// Keys or values first .. first + count - 1 of `query` (from base: its keys or its values) as
+// fp32 rows of `into` [count][hd]: every half widens exactly.
+inline void widen(const Query<uint16_t>& query, const uint16_t* base, int64_t first, int64_t count, int64_t hd,
+                  float* into) {
+  for (int64_t i = 0; i < count; ++i) {
+    const uint16_t* row = base + query.slot(first + i) * hd;
+    for (int64_t d = 0; d < hd; d += LANES) store(into + i * hd + d, load_f16(row + d));
+  }
+}
+
+// sum_values over the keys begin .. end - 1 only, their values in `block` (the row of key i at
+// (i - begin) hd), the sums carried in `sums` [M][hd] from one block of keys to the next.
+template <int M, int CHUNKS>
+void sum_values_block(const Query<uint16_t>* qs, int64_t hd, const float* block, int64_t begin, int64_t end,
+                      float* sums) {
+  const int64_t chunks = CHUNKS > 0 ? CHUNKS : hd / LANES;
+  int64_t common = qs[0].count;
+  for (int j = 1; j < M; ++j) common = std::min(common, qs[j].count);
+  F16 acc[M][MAX_HEAD_CHUNKS];
+  for (int j = 0; j < M; ++j)
+    for (int64_t c = 0; c < chunks; ++c) acc[j][c] = load(sums + j * hd + c * LANES);
+  for (int64_t i = begin; i < std::min(end, common); ++i) {
+    const float* value = block + (i - begin) * hd;
+    F16 weights[M];
+    for (int j = 0; j < M; ++j) weights[j] = splat(qs[j].scores[i]);
+    for (int64_t c = 0; c < chunks; ++c) {
+      const F16 v = load(value + c * LANES);
+      for (int j = 0; j < M; ++j) acc[j][c] = fmadd(weights[j], v, acc[j][c]);
+    }
+  }
+  for (int j = 0; j < M; ++j) {
+    for (int64_t i = std::max(begin, common); i < std::min(end, qs[j].count); ++i) {
+      const float* value = block + (i - begin) * hd;
+      const F16 weight = splat(qs[j].scores[i]);
+      for (int64_t c = 0; c < chunks; ++c) acc[j][c] = fmadd(weight, load(value + c * LANES), acc[j][c]);
+    }
+    for (int64_t c = 0; c < chunks; ++c) store(sums + j * hd + c * LANES, acc[j][c]);
+  }
+}
+
+// A cache of halves: attend_batch's arithmetic, key for key, on the keys and values widened to
+// fp32 (so the bits of an fp32 cache holding the same halves). They are widened a block at a time
+// into L1, once for all the queries of the batch that see them: a pass of several rows pays for
+// the widening once, and reads half the bytes of an fp32 cache.
+template <int CHUNKS>
+void attend_batch_half(Query<uint16_t>* qs, int64_t n, int64_t hd, float scale) {
+  const int64_t chunks = CHUNKS > 0 ? CHUNKS : hd / LANES;
+  const int64_t span = std::max<int64_t>(LANES, 4096 / hd / LANES * LANES);  // keys widened at once for the values
+  thread_local std::vector<float> block_buffer, sums_buffer;
+  block_buffer.resize(span * hd);
+  sums_buffer.assign(n * hd, 0.0f);
+  float* const block = block_buffer.data();  // (a thread_local read once: each read is a call in a shared library)
+  float* const sums = sums_buffer.data();
+  int64_t longest = 0;
+  for (int64_t j = 0; j < n; ++j) longest = std::max(longest, qs[j].count);
+  const F16 scaled = splat(scale);
+  for (int64_t p = 0; p < longest; p += LANES) {
+    const Query<uint16_t>* held = nullptr;  // whose keys p .. p + held_count - 1 the block holds
+    int64_t held_count = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      const Query<uint16_t>& query = qs[j];
+      if (p >= query.count) continue;
+      const int64_t m = std::min(LANES, query.count - p);
+      if (held == nullptr || !held->same_keys(query) || held_count < m) {
+        widen(query, query.keys, p, m, hd, block);
+        held = &query;
+        held_count = m;
+      }
+      F16 qv[MAX_HEAD_CHUNKS];
+      for (int64_t c = 0; c < chunks; ++c) qv[c] = load(query.q + c * LANES);
+      if (m == LANES) {
+        F16 acc[LANES];
+        for (int64_t k = 0; k < LANES; ++k) acc[k] = key_products(qv, block + k * hd, chunks);
+        store(query.scores + p, reduce_add_each(acc) * scaled);
+      } else {
+        for (int64_t i = 0; i < m; ++i)
+          query.scores[p + i] = reduce_add(key_products(qv, block + i * hd, chunks)) * scale;
+      }
+    }
+  }
+  float inverse[ATTEND_BATCH];
+  softmax(qs, n, inverse);
+  for (int64_t begin = 0; begin < longest; begin += span) {
+    const Query<uint16_t>* held = nullptr;
+    int64_t held_count = 0;
+    for (int64_t j0 = 0; j0 < n;) {  // runs of up to VALUE_QUERIES queries that see the same keys
+      int64_t m = 1;
+      while (m < VALUE_QUERIES && j0 + m < n && qs[j0 + m].same_keys(qs[j0])) ++m;
+      int64_t need = 0;
+      for (int64_t j = j0; j < j0 + m; ++j) need = std::max(need, std::min(span, qs[j].count - begin));
+      if (need > 0) {
+        if (held == nullptr || !held->same_keys(qs[j0]) || held_count < need) {
+          widen(qs[j0], qs[j0].values, begin, need, hd, block);
+          held = qs + j0;
+          held_count = need;
+        }
+        const int64_t end = begin + need;
+        float* carried = sums + j0 * hd;
+        switch (m) {
+          case 1: sum_values_block<1, CHUNKS>(qs + j0, hd, block, begin, end, carried); break;
+          case 2: sum_values_block<2, CHUNKS>(qs + j0, hd, block, begin, end, carried); break;
+          case 3: sum_values_block<3, CHUNKS>(qs + j0, hd, block, begin, end, carried); break;
+          default: sum_values_block<4, CHUNKS>(qs + j0, hd, block, begin, end, carried); break;
+        }
+      }
+      j0 += m;
+    }
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    const F16 factor = splat(inverse[j]);
+    for (int64_t c = 0; c < chunks; ++c) store(qs[j].out + c * LANES, load(sums + j * hd + c * LANES) * factor);
+  }
+}
+
+template <int CHUNKS>
+void attend_batch_of(Query<float>* qs, int64_t n, int64_t hd, float scale) { attend_batch<CHUNKS>(qs, n, hd, scale); }
+template <int CHUNKS>
+void attend_batch_of(Query<uint16_t>* qs, int64_t n, int64_t hd, float scale) {
+  attend_batch_half<CHUNKS>(qs, n, hd, scale);
+}
+
+template <typename E>
+inline void attend_queries(Query<E>* qs, int64_t n, int64_t hd, float scale) {
   switch (hd / LANES) {
-    case 4: return attend_batch<4>(qs, n, hd, scale);
-    case 8: return attend_batch<8>(qs, n, hd, scale);
-    case 16: return attend_batch<16>(qs, n, hd, scale);
-    default: return attend_batch<0>(qs, n, hd, scale);
+    case 4: return attend_batch_of<4>(qs, n, hd, scale);
+    case 8: return attend_batch_of<8>(qs, n, hd, scale);
+    case 16: return attend_batch_of<16>(qs, n, hd, scale);
+    default: return attend_batch_of<0>(qs, n, hd, scale);
   }
 }
 
@@ -620,8 +751,10 @@ inline void attend_queries(Query* qs, int64_t n, int64_t hd, float scale) {
 // g group + j. So a thread's share of the items reads the keys and values of as few kv groups as
 // its share allows, each of them once for all its rows (a pass of several rows streams each layer's
 // cache once over the threads, not once a thread). Those of one kv group in consecutive rows of one
-// segment make a batch (up to ATTEND_BATCH), heads before rows.
-inline void attend(const AttentionArgs& a, int64_t begin, int64_t end) {
+// segment make a batch (up to ATTEND_BATCH), heads before rows. E: the cache's element (every
+// segment's alike).
+template <typename E>
+void attend_cache(const AttentionArgs& a, int64_t begin, int64_t end) {
   const int64_t heads = a.heads, hd = a.head_dim, group = heads / a.kv_heads, T = a.rows;
   const float scale = a.scale;
   if (begin >= end) return;
@@ -662,7 +795,7 @@ inline void attend(const AttentionArgs& a, int64_t begin, int64_t end) {
       indices[r] = order.data() + skip;
     }
   }
-  Query batch[ATTEND_BATCH];
+  Query<E> batch[ATTEND_BATCH];
   for (int64_t g = first_group; g <= last_group; ++g) {
     int64_t n = 0, segment = -1;
     for (int64_t t = first_row; t <= last_row; ++t) {
@@ -677,7 +810,8 @@ inline void attend(const AttentionArgs& a, int64_t begin, int64_t end) {
         const int64_t item = (g * T + t) * group + h - g * group;
         if (item < begin || item >= end) continue;
         batch[n] = {a.q + (t * heads + h) * hd, a.out + t * heads * hd + h * hd, scores.data() + n * (a.most_keys + LANES),
-                    s.keys + g * s.capacity * hd, s.values + g * s.capacity * hd, counts[r], firsts[r], indices[r]};
+                    static_cast<const E*>(s.keys) + g * s.capacity * hd,
+                    static_cast<const E*>(s.values) + g * s.capacity * hd, counts[r], firsts[r], indices[r]};
         if (++n == ATTEND_BATCH) {
           attend_queries(batch, n, hd, scale);
           n = 0;
@@ -688,26 +822,80 @@ inline void attend(const AttentionArgs& a, int64_t begin, int64_t end) {
   }
 }
 
+inline void attend(const AttentionArgs& a, int64_t begin, int64_t end) {
+  if (a.segments[0].half)
+    attend_cache<uint16_t>(a, begin, end);
+  else
+    attend_cache<float>(a, begin, end);
+}
+
+// x as an IEEE half, to nearest, ties to even (beyond the largest half: infinity; NaN: a quiet
+// NaN of its sign), in integers: every tier stores the same bits.
+inline uint16_t to_half(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, 4);
+  const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
+  bits &= 0x7fffffffu;
+  if (bits > 0x7f800000u) return sign | 0x7e00u;
+  if (bits >= 0x477ff000u) return sign | 0x7c00u;  // 65520 and up round past 65504
+  uint32_t kept, rest, tie;
+  if (bits >= 0x38800000u) {  // 2^-14 and up: a normal half
+    kept = (bits >> 13) - (112u << 10);
+    rest = bits & 0x1fffu;
+    tie = 0x1000u;
+  } else {  // a subnormal half (or zero): m 2^-24 with m = the 24-bit significand >> (126 - exponent)
+    if (bits < 0x33000000u) return sign;  // below 2^-25 (2^-25 itself ties to the even zero)
+    const uint32_t shift = 126u - (bits >> 23), significand = (bits & 0x7fffffu) | 0x800000u;
+    kept = significand >> shift;
+    rest = significand & ((1u << shift) - 1u);
+    tie = 1u << (shift - 1u);
+  }
+  if (rest > tie || (rest == tie && (kept & 1u))) ++kept;  // a carry into the exponent is right
+  return sign | static_cast<uint16_t>(kept);
+}
+
+template <typename E>
+inline void store_kv(E* dst, const float* src, int64_t n) {
+  if constexpr (std::is_same_v<E, float>) {
+    std::copy(src, src + n, dst);
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = to_half(src[i]);
+  }
+}
+
 // x * cos + (swapped halves) * sin, rounded as those separate operations round (PyTorch's rope).
-inline void rotate_rows(const float* x, int64_t T, int64_t heads, int64_t kv_heads, int64_t hd, const float* c,
-                        const float* sn, int64_t angle_stride, float* qp, float* kp, float* vp, int64_t capacity,
-                        int64_t start) {
+template <typename E>
+void rotate_into(const float* x, int64_t T, int64_t heads, int64_t kv_heads, int64_t hd, const float* c,
+                 const float* sn, int64_t angle_stride, float* qp, E* kp, E* vp, int64_t capacity, int64_t start) {
   const int64_t half = hd / 2, width = (heads + 2 * kv_heads) * hd;
+  float rotated[256];
   for (int64_t t = 0; t < T; ++t) {
     const float* row = x + t * width;
     const float* ct = c + t * angle_stride;
     const float* st = sn + t * angle_stride;
     for (int64_t h = 0; h < heads + kv_heads; ++h) {
       const float* src = row + h * hd;
-      float* dst = h < heads ? qp + (t * heads + h) * hd : kp + ((h - heads) * capacity + start + t) * hd;
+      float* dst = h < heads ? qp + (t * heads + h) * hd : rotated;
       for (int64_t d = 0; d < hd; ++d) {
         const float swapped = src[d < half ? d + half : d - half];
         dst[d] = src[d] * ct[d] + swapped * st[d];
       }
+      if (h >= heads) store_kv(kp + ((h - heads) * capacity + start + t) * hd, rotated, hd);
     }
     for (int64_t g = 0; g < kv_heads; ++g)
-      std::copy(row + (heads + kv_heads + g) * hd, row + (heads + kv_heads + g + 1) * hd, vp + (g * capacity + start + t) * hd);
+      store_kv(vp + (g * capacity + start + t) * hd, row + (heads + kv_heads + g) * hd, hd);
   }
+}
+
+inline void rotate_rows(const float* x, int64_t T, int64_t heads, int64_t kv_heads, int64_t hd, const float* c,
+                        const float* sn, int64_t angle_stride, float* qp, void* kp, void* vp, bool half,
+                        int64_t capacity, int64_t start) {
+  if (half)
+    rotate_into(x, T, heads, kv_heads, hd, c, sn, angle_stride, qp, static_cast<uint16_t*>(kp),
+                static_cast<uint16_t*>(vp), capacity, start);
+  else
+    rotate_into(x, T, heads, kv_heads, hd, c, sn, angle_stride, qp, static_cast<float*>(kp), static_cast<float*>(vp),
+                capacity, start);
 }
 
 // Each row times 1 / sqrt(mean(x^2) + eps), then the weight; squares summed in 16 lanes, then across.
