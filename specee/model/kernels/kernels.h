@@ -483,6 +483,7 @@ inline void matmul_tiles(const MatmulArgs& a, int64_t begin, int64_t end) {
 }
 
 constexpr int64_t MAX_HEAD_CHUNKS = 16;  // head_dim up to 256
+constexpr int64_t WIDENED_FLOATS = 4096;  // a cache of halves' keys or values widened at once: 16 KB
 constexpr int64_t ATTEND_BATCH = 24;     // queries that walk the keys together (their scores: 24 x keys floats)
 #if defined(__AVX512F__)  // queries whose value sums share one load of each value, as registers allow
 constexpr int64_t VALUE_QUERIES = 4;
@@ -663,12 +664,11 @@ void sum_values_block(const Query<uint16_t>* qs, int64_t hd, const float* block,
 template <int CHUNKS>
 void attend_batch_half(Query<uint16_t>* qs, int64_t n, int64_t hd, float scale) {
   const int64_t chunks = CHUNKS > 0 ? CHUNKS : hd / LANES;
-  const int64_t span = std::max<int64_t>(LANES, 4096 / hd / LANES * LANES);  // keys widened at once for the values
-  thread_local std::vector<float> block_buffer, sums_buffer;
-  block_buffer.resize(span * hd);
-  sums_buffer.assign(n * hd, 0.0f);
-  float* const block = block_buffer.data();  // (a thread_local read once: each read is a call in a shared library)
-  float* const sums = sums_buffer.data();
+  const int64_t span = WIDENED_FLOATS / hd / LANES * LANES;  // keys widened at once for the values (16 or more)
+  // Aligned to cache lines: a vector load that straddled two would cost two.
+  alignas(64) float block[WIDENED_FLOATS];
+  alignas(64) float sums[ATTEND_BATCH * MAX_HEAD_CHUNKS * LANES];
+  std::fill(sums, sums + n * hd, 0.0f);
   int64_t longest = 0;
   for (int64_t j = 0; j < n; ++j) longest = std::max(longest, qs[j].count);
   const F16 scaled = splat(scale);
