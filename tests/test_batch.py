@@ -43,10 +43,14 @@ def prefilled(model, prefix: list[int]):
     return cache
 
 
-@pytest.mark.parametrize("quantization,tier", [("eager", None), ("none", None)] + [
+@pytest.mark.parametrize("quantization,tier", [("eager", None), ("none", None), ("int4 fp16 cache", None)] + [
     pytest.param("int4", tier.values[0], id=f"int4-{tier.id}", marks=tier.marks) for tier in cpu_tier_params()])
 def test_several_sequences_in_one_pass_get_the_bits_they_get_alone(quantization, tier):
+    half = quantization.endswith("fp16 cache")
+    quantization = quantization.split()[0]
     model = tiny_model(seed=2) if quantization == "eager" else kernel_model(quantization, seed=2, tier=tier)
+    if half:
+        model.kv_cache_dtype = torch.float16
     tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
     # A prefill chunk scoring its last row, a chain after a prefix, a tree (a mask) after another.
     shapes = [([], [5, 9, 2, 7, 7, 1, 3], None, 6), ([4, 8, 15], [16, 23], None, 0),
@@ -74,6 +78,7 @@ def test_several_sequences_in_one_pass_get_the_bits_they_get_alone(quantization,
         filled = part.cache.length
         assert filled == len(shape[0]) + len(shape[1]) == part_alone.cache.length  # its own cache only
         assert torch.equal(part.cache.keys[:, :, :filled], part_alone.cache.keys[:, :, :filled])
+        assert part.cache.keys.dtype == (torch.float16 if half else torch.float32)
 
 
 def run_batch(engine, generations, prefill_chunk=4, join_at=None):

@@ -88,7 +88,7 @@ def test_every_benchmark_script_has_a_run_here():
     """A new script in benchmarks/ needs its run below (cluster_scaling.py's is in test_cluster.py, on
     that module's Ray cluster)."""
     covered = {"agent_loop.py", "cluster_scaling.py", "cuda_pass_cost.py", "cuda_penalties_logprobs.py", "formats.py",
-               "head_bounds.py", "multirow_cost.py", "paired_decode.py", "pass_profile.py",
+               "head_bounds.py", "kv_cache_dtype.py", "multirow_cost.py", "paired_decode.py", "pass_profile.py",
                "prefix_cache_budget.py", "prefix_cache_turns.py", "structured_output.py", "tier_rows.py"}
     assert {p.name for p in BENCHMARKS.glob("*.py")} <= covered
 
@@ -291,6 +291,17 @@ def test_tier_rows(tiny):
                            "--out-features", "64", "--repeats", "1", "--threads", "1", directory=directory)[1])
     assert set(report["ms"]) == set(tiers) and all(list(report["ms"][t]) == ["1", "4"] for t in tiers)
     assert all(0 < v < math.inf for v in numbers(report["ms"]))
+
+
+@pytest.mark.slow
+def test_kv_cache_dtype(tiny):
+    directory, model = tiny
+    report = last_json(run("kv_cache_dtype.py", "--model", model, "--contexts", "8,40", "--tokens", "1,3",
+                           "--repeats", "1", directory=directory)[1])
+    assert [(r["context"], r["rows"]) for r in report["results"]] == [(8, 1), (8, 3), (40, 1), (40, 3)]
+    for result in report["results"]:
+        assert set(result["ms"]) == {"fp32", "fp16"} and all(0 < ms < math.inf for ms in result["ms"].values())
+        assert result["fp16_over_fp32"] == pytest.approx(result["ms"]["fp16"] / result["ms"]["fp32"])
 
 
 @pytest.mark.slow

@@ -129,16 +129,18 @@ def test_the_memory_check_counts_two_bytes_an_element():
 def test_speculative_decoding_on_a_half_cache_gives_dense_decodings_tokens(default_engine):
     """On the default model with --kv-cache-dtype fp16: chains, trees and `auto` give dense
     decoding's tokens on the same cache, accepting and rejecting drafts; the answers differ from
-    the fp32 cache's somewhere (the halves change the numbers)."""
+    the fp32 cache's somewhere (the halves change the numbers); a prompt's K/V reused from the
+    prefix cache gives the same answer."""
     import specee
 
     from test_speculative_lossless import PROMPTS
 
     engine = specee.load(kv_cache_dtype="fp16", suffix_cache_tokens=0)  # no earlier answer to copy whole
     assert engine.model.kv_cache_dtype == torch.float16 and engine.model.new_cache(8).keys.dtype == torch.float16
-    differs = False
+    differs, answers = False, {}
     for prompt in PROMPTS[:4]:
         dense = engine.generate(prompt, max_tokens=64, ignore_eos=True, spec_method="none")
+        answers[prompt] = dense.token_ids
         for config in (dict(), dict(spec_method="prompt-lookup", tree="auto", tree_budget=12),
                        dict(spec_method="ngram")):
             result = engine.generate(prompt, max_tokens=64, ignore_eos=True, **config)
@@ -149,6 +151,8 @@ def test_speculative_decoding_on_a_half_cache_gives_dense_decodings_tokens(defau
         full = default_engine.generate(prompt, max_tokens=64, ignore_eos=True, spec_method="none")
         differs = differs or full.token_ids != dense.token_ids
     assert differs
+    again = engine.generate(PROMPTS[0], max_tokens=64, ignore_eos=True, spec_method="none")
+    assert again.stats.cached_tokens > 0 and again.token_ids == answers[PROMPTS[0]]  # its K/V from the prefix cache
 
 
 @pytest.mark.slow
