@@ -79,6 +79,14 @@ std::vector<float> normals(Random& rng, int64_t n, float scale) {
   return v;
 }
 
+// IEEE halves of either sign, magnitudes 2^-6 .. 2^4 (a cache of halves' keys and values).
+std::vector<uint16_t> halves(Random& rng, int64_t n) {
+  std::vector<uint16_t> v(n);
+  for (uint16_t& x : v)
+    x = static_cast<uint16_t>((rng.engine() & 1u) << 15 | (9u + rng.engine() % 11u) << 10 | (rng.engine() & 0x3ffu));
+  return v;
+}
+
 // ---- comparing ----------------------------------------------------------------------------------
 
 constexpr int64_t GUARD = 64;         // elements after each output that no kernel may write
@@ -106,6 +114,7 @@ std::string describe(float x) {
   return text;
 }
 std::string describe(int8_t x) { return std::to_string(x); }
+std::string describe(uint16_t x) { return hex_bits(&x, 2); }
 std::string describe(int32_t x) { return std::to_string(x); }
 
 // One case: its outputs compared; the first difference of each named.
@@ -332,15 +341,16 @@ struct SegmentSpec {
 
 struct SegmentData {
   std::vector<float> keys, values;
+  std::vector<uint16_t> half_keys, half_values;  // a cache of halves instead
   std::vector<int64_t> visible;
   std::vector<uint8_t> mask;
   Segment segment;
 };
 
 void check_attend(Random& rng, const std::string& name, int64_t hd, int64_t heads, int64_t kv_heads,
-                  const std::vector<SegmentSpec>& specs, float q_scale) {
+                  const std::vector<SegmentSpec>& specs, float q_scale, bool half = false) {
   Case c("attend " + name + " hd=" + std::to_string(hd) + " heads=" + std::to_string(heads) + "/" +
-         std::to_string(kv_heads));
+         std::to_string(kv_heads) + (half ? ", a cache of halves" : ""));
   std::vector<SegmentData> data(specs.size());
   std::vector<Segment> segments;
   std::vector<int64_t> row_segment;
@@ -351,6 +361,10 @@ void check_attend(Random& rng, const std::string& name, int64_t hd, int64_t head
     const int64_t num_keys = spec.past + spec.rows, capacity = num_keys + 5;  // slots past the keys: never read
     d.keys = normals(rng, kv_heads * capacity * hd, 1.0f);
     d.values = normals(rng, kv_heads * capacity * hd, 2.0f);
+    if (half) {
+      d.half_keys = halves(rng, kv_heads * capacity * hd);
+      d.half_values = halves(rng, kv_heads * capacity * hd);
+    }
     if (spec.tree) {
       // Each node sees itself and its ancestors (a random tree), and a few other tail keys at random.
       std::vector<int64_t> parent(spec.rows);
@@ -363,7 +377,9 @@ void check_attend(Random& rng, const std::string& name, int64_t hd, int64_t head
     } else {
       for (int64_t t = 0; t < spec.rows; ++t) d.visible.push_back(spec.past + t + 1);
     }
-    d.segment = {d.keys.data(), d.values.data(), capacity, spec.tree ? nullptr : d.visible.data(),
+    const void* keys = half ? static_cast<const void*>(d.half_keys.data()) : d.keys.data();
+    const void* values = half ? static_cast<const void*>(d.half_values.data()) : d.values.data();
+    d.segment = {keys, values, half, capacity, spec.tree ? nullptr : d.visible.data(),
                  spec.tree ? d.mask.data() : nullptr, spec.tree ? spec.past : 0, num_keys, rows, spec.window};
     segments.push_back(d.segment);
     row_segment.insert(row_segment.end(), spec.rows, static_cast<int64_t>(s));
@@ -404,13 +420,22 @@ void check_attend_all(Random& rng) {
       check_attend(rng, "sliding across blocks", hd, 6, kv_heads, {{false, 60, 9, 37}}, 1.0f);
     }
   check_attend(rng, "causal, one kv head", 256, 4, 1, {{false, 40, 6}, {true, 33, 5}}, 1.0f);  // Gemma 3's shape
+  // A cache of halves, widened a block at a time (a block of values is 64 keys at hd 64): causal
+  // and tree rows, several segments, a sliding layer, more queries than a batch.
+  for (int64_t hd : {64, 256}) {
+    check_attend(rng, "causal and tree", hd, 6, 3, {{false, 29, 3}, {true, 13, 6}}, 1.0f, true);
+    check_attend(rng, "sliding, causal and tree", hd, 6, 2, {{false, 70, 5, 20}, {true, 13, 6, 9}}, 1.0f, true);
+    check_attend(rng, "causal, many rows", hd, 6, 3, {{false, 130, 21}}, 1.0f, true);
+  }
 }
 
 // ---- rotate_rows, rms_norm, silu_mul, gelu_mul --------------------------------------------------
 
+template <typename E>  // the cache's element: float, or uint16_t (IEEE halves)
 void check_rotate(Random& rng, int64_t T, int64_t heads, int64_t kv_heads, int64_t hd) {
+  constexpr bool half = sizeof(E) == 2;
   Case c("rotate_rows T=" + std::to_string(T) + " heads=" + std::to_string(heads) + "/" + std::to_string(kv_heads) +
-         " hd=" + std::to_string(hd));
+         " hd=" + std::to_string(hd) + (half ? ", a cache of halves" : ""));
   const int64_t capacity = 16, start = 7;
   const std::vector<float> qkv = normals(rng, T * (heads + 2 * kv_heads) * hd, 3.0f);
   const int64_t stride = 2 * hd;  // two sets of angles per row (Gemma 3's), the second one taken
@@ -421,12 +446,12 @@ void check_rotate(Random& rng, int64_t T, int64_t heads, int64_t kv_heads, int64
     sin[i] = (i % hd) < hd / 2 ? -std::sin(angle) : std::sin(angle);
   }
   auto q_a = output<float>(T * heads * hd), q_b = output<float>(T * heads * hd);
-  auto k_a = output<float>(kv_heads * capacity * hd), k_b = output<float>(kv_heads * capacity * hd);
-  auto v_a = output<float>(kv_heads * capacity * hd), v_b = output<float>(kv_heads * capacity * hd);
+  auto k_a = output<E>(kv_heads * capacity * hd), k_b = output<E>(kv_heads * capacity * hd);
+  auto v_a = output<E>(kv_heads * capacity * hd), v_b = output<E>(kv_heads * capacity * hd);
   tested->rotate_rows(qkv.data(), T, heads, kv_heads, hd, cos.data() + hd, sin.data() + hd, stride, q_a.data(),
-                      k_a.data(), v_a.data(), capacity, start);
+                      k_a.data(), v_a.data(), half, capacity, start);
   portable->rotate_rows(qkv.data(), T, heads, kv_heads, hd, cos.data() + hd, sin.data() + hd, stride, q_b.data(),
-                        k_b.data(), v_b.data(), capacity, start);
+                        k_b.data(), v_b.data(), half, capacity, start);
   c.same("q", q_a, q_b, T * heads * hd);
   c.same("keys", k_a, k_b, kv_heads * capacity * hd);
   c.same("values", v_a, v_b, kv_heads * capacity * hd);
@@ -494,7 +519,10 @@ int main() {
   check_matmul_all(rng);
   check_attend_all(rng);
   for (int64_t hd : {64, 128})
-    for (int64_t kv_heads : {2, 3}) check_rotate(rng, 5, 6, kv_heads, hd);
+    for (int64_t kv_heads : {2, 3}) {
+      check_rotate<float>(rng, 5, 6, kv_heads, hd);
+      check_rotate<uint16_t>(rng, 5, 6, kv_heads, hd);
+    }
   check_rms_norm_all(rng);
   for (int64_t I : {1536, 40, 8}) {
     check_gate(rng, "silu_mul", &KernelTable::silu_mul, 3, I);
