@@ -483,6 +483,9 @@ inline void matmul_tiles(const MatmulArgs& a, int64_t begin, int64_t end) {
 }
 
 constexpr int64_t MAX_HEAD_CHUNKS = 16;  // head_dim up to 256
+// Attention asks for the keys and values this many bytes ahead of those it reads: a step at a long
+// context streams the cache from memory, and the hardware's prefetch alone leaves it waiting.
+constexpr int64_t PREFETCH_KV_BYTES = 4096;
 constexpr int64_t WIDENED_FLOATS = 4096;  // a cache of halves' keys or values widened at once: 16 KB
 constexpr int64_t ATTEND_BATCH = 24;     // queries that walk the keys together (their scores: 24 x keys floats)
 #if defined(__AVX512F__)  // queries whose value sums share one load of each value, as registers allow
@@ -517,6 +520,18 @@ struct Query {
   bool same_keys(const Query& o) const { return keys == o.keys && first == o.first && index == o.index; }
 };
 
+// Keys or values `hd` wide, PREFETCH_KV_BYTES ahead: how many positions.
+template <typename E>
+constexpr int64_t positions_ahead(int64_t hd) {
+  return std::max<int64_t>(1, PREFETCH_KV_BYTES / (hd * static_cast<int64_t>(sizeof(E))));
+}
+
+template <typename E>
+inline void prefetch_row(const E* row, int64_t hd) {
+  for (int64_t byte = 0; byte < hd * static_cast<int64_t>(sizeof(E)); byte += 64)
+    prefetch(reinterpret_cast<const char*>(row) + byte);
+}
+
 // q . key before its scale, a chunk of 16 features at a time (each key's own sum, as a one-key call makes it).
 inline F16 key_products(const F16* qv, const float* key, int64_t chunks) {
   F16 a = splat(0.0f);
@@ -534,8 +549,11 @@ void sum_values(const Query<float>* qs, int64_t hd, const float* inverse) {
   F16 acc[M][MAX_HEAD_CHUNKS];
   for (int j = 0; j < M; ++j)
     for (int64_t c = 0; c < chunks; ++c) acc[j][c] = splat(0.0f);
+  const int64_t ahead = positions_ahead<float>(hd);
+  const bool in_order = qs[0].index == nullptr;  // (a masked order is not worth predicting)
   for (int64_t i = 0; i < common; ++i) {
     const float* value = qs[0].value(i, hd);
+    if (in_order && i + ahead < common) prefetch_row(qs[0].value(i + ahead, hd), hd);
     F16 weights[M];
     for (int j = 0; j < M; ++j) weights[j] = splat(qs[j].scores[i]);
     for (int64_t c = 0; c < chunks; ++c) {
@@ -587,6 +605,7 @@ void attend_batch(Query<float>* qs, int64_t n, int64_t hd, float scale) {
   int64_t longest = 0;
   for (int64_t j = 0; j < n; ++j) longest = std::max(longest, qs[j].count);
   const F16 scaled = splat(scale);
+  const int64_t ahead = positions_ahead<float>(hd);
   for (int64_t p = 0; p < longest; p += LANES)
     for (int64_t j = 0; j < n; ++j) {
       const Query<float>& query = qs[j];
@@ -594,6 +613,8 @@ void attend_batch(Query<float>* qs, int64_t n, int64_t hd, float scale) {
       F16 qv[MAX_HEAD_CHUNKS];
       for (int64_t c = 0; c < chunks; ++c) qv[c] = load(query.q + c * LANES);
       if (p + LANES <= query.count) {
+        if (j == 0 && query.index == nullptr && p + ahead + LANES <= query.count)  // the batch's first reader
+          for (int64_t k = 0; k < LANES; ++k) prefetch_row(query.key(p + ahead + k, hd), hd);
         F16 acc[LANES];
         for (int64_t k = 0; k < LANES; ++k) acc[k] = key_products(qv, query.key(p + k, hd), chunks);
         store(query.scores + p, reduce_add_each(acc) * scaled);
@@ -621,8 +642,10 @@ void attend_batch(Query<float>* qs, int64_t n, int64_t hd, float scale) {
 // fp32 rows of `into` [count][hd]: every half widens exactly.
 inline void widen(const Query<uint16_t>& query, const uint16_t* base, int64_t first, int64_t count, int64_t hd,
                   float* into) {
+  const int64_t ahead = positions_ahead<uint16_t>(hd);
   for (int64_t i = 0; i < count; ++i) {
     const uint16_t* row = base + query.slot(first + i) * hd;
+    if (query.index == nullptr && first + i + ahead < query.count) prefetch_row(row + ahead * hd, hd);
     for (int64_t d = 0; d < hd; d += LANES) store(into + i * hd + d, load_f16(row + d));
   }
 }
