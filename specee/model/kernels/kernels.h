@@ -539,10 +539,22 @@ inline F16 key_products(const F16* qv, const float* key, int64_t chunks) {
   return a;
 }
 
+// acc[j] += query j's weight for key i times `value` (the key's fp32 row), for M queries at once.
+template <int M, typename E>
+inline void add_weighted(const Query<E>* qs, int64_t i, const float* value, int64_t chunks,
+                         F16 (*acc)[MAX_HEAD_CHUNKS]) {
+  F16 weights[M];
+  for (int j = 0; j < M; ++j) weights[j] = splat(qs[j].scores[i]);
+  for (int64_t c = 0; c < chunks; ++c) {
+    const F16 v = load(value + c * LANES);
+    for (int j = 0; j < M; ++j) acc[j][c] = fmadd(weights[j], v, acc[j][c]);
+  }
+}
+
 // The outputs of M queries that see the same keys: each query's values summed key by key, a
 // value loaded once for all M over the keys they all see, then each alone over the rest of its own.
 template <int M, int CHUNKS>
-void sum_values(const Query<float>* qs, int64_t hd, const float* inverse) {
+void sum_values(const Query<float>* qs, int64_t hd, const float* inverse, bool lead) {
   const int64_t chunks = CHUNKS > 0 ? CHUNKS : hd / LANES;
   int64_t common = qs[0].count;
   for (int j = 1; j < M; ++j) common = std::min(common, qs[j].count);
@@ -550,24 +562,17 @@ void sum_values(const Query<float>* qs, int64_t hd, const float* inverse) {
   for (int j = 0; j < M; ++j)
     for (int64_t c = 0; c < chunks; ++c) acc[j][c] = splat(0.0f);
   const int64_t ahead = positions_ahead<float>(hd);
-  const bool in_order = qs[0].index == nullptr;  // (a masked order is not worth predicting)
+  // The call's first run on these values asks for them ahead (the others find them in cache); a
+  // masked order is not worth predicting.
+  const bool ask = lead && qs[0].index == nullptr;
   for (int64_t i = 0; i < common; ++i) {
     const float* value = qs[0].value(i, hd);
-    if (in_order && i + ahead < common) prefetch_row(qs[0].value(i + ahead, hd), hd);
-    F16 weights[M];
-    for (int j = 0; j < M; ++j) weights[j] = splat(qs[j].scores[i]);
-    for (int64_t c = 0; c < chunks; ++c) {
-      const F16 v = load(value + c * LANES);
-      for (int j = 0; j < M; ++j) acc[j][c] = fmadd(weights[j], v, acc[j][c]);
-    }
+    if (ask && i + ahead < common) prefetch_row(qs[0].value(i + ahead, hd), hd);
+    add_weighted<M>(qs, i, value, chunks, acc);
   }
   for (int j = 0; j < M; ++j) {
     const Query<float>& query = qs[j];
-    for (int64_t i = common; i < query.count; ++i) {
-      const float* value = query.value(i, hd);
-      const F16 weight = splat(query.scores[i]);
-      for (int64_t c = 0; c < chunks; ++c) acc[j][c] = fmadd(weight, load(value + c * LANES), acc[j][c]);
-    }
+    for (int64_t i = common; i < query.count; ++i) add_weighted<1>(qs + j, i, query.value(i, hd), chunks, acc + j);
     const F16 factor = splat(inverse[j]);
     for (int64_t c = 0; c < chunks; ++c) store(query.out + c * LANES, acc[j][c] * factor);
   }
@@ -600,7 +605,7 @@ void softmax(const Query<E>* qs, int64_t n, float* inverse) {
 // they sit in L1 (which is why a pass over several rows, or the heads of one kv group, costs
 // little more than one).
 template <int CHUNKS>  // hd / LANES, or 0: hd / LANES at run time
-void attend_batch(Query<float>* qs, int64_t n, int64_t hd, float scale) {
+void attend_batch(Query<float>* qs, int64_t n, int64_t hd, float scale, bool lead) {
   const int64_t chunks = CHUNKS > 0 ? CHUNKS : hd / LANES;
   int64_t longest = 0;
   for (int64_t j = 0; j < n; ++j) longest = std::max(longest, qs[j].count);
@@ -613,7 +618,7 @@ void attend_batch(Query<float>* qs, int64_t n, int64_t hd, float scale) {
       F16 qv[MAX_HEAD_CHUNKS];
       for (int64_t c = 0; c < chunks; ++c) qv[c] = load(query.q + c * LANES);
       if (p + LANES <= query.count) {
-        if (j == 0 && query.index == nullptr && p + ahead + LANES <= query.count)  // the batch's first reader
+        if (lead && j == 0 && query.index == nullptr && p + ahead + LANES <= query.count)  // the first reader
           for (int64_t k = 0; k < LANES; ++k) prefetch_row(query.key(p + ahead + k, hd), hd);
         F16 acc[LANES];
         for (int64_t k = 0; k < LANES; ++k) acc[k] = key_products(qv, query.key(p + k, hd), chunks);
@@ -629,10 +634,10 @@ void attend_batch(Query<float>* qs, int64_t n, int64_t hd, float scale) {
     int64_t m = 1;
     while (m < VALUE_QUERIES && j0 + m < n && qs[j0 + m].same_keys(qs[j0])) ++m;
     switch (m) {
-      case 1: sum_values<1, CHUNKS>(qs + j0, hd, inverse + j0); break;
-      case 2: sum_values<2, CHUNKS>(qs + j0, hd, inverse + j0); break;
-      case 3: sum_values<3, CHUNKS>(qs + j0, hd, inverse + j0); break;
-      default: sum_values<4, CHUNKS>(qs + j0, hd, inverse + j0); break;
+      case 1: sum_values<1, CHUNKS>(qs + j0, hd, inverse + j0, lead && j0 == 0); break;
+      case 2: sum_values<2, CHUNKS>(qs + j0, hd, inverse + j0, lead && j0 == 0); break;
+      case 3: sum_values<3, CHUNKS>(qs + j0, hd, inverse + j0, lead && j0 == 0); break;
+      default: sum_values<4, CHUNKS>(qs + j0, hd, inverse + j0, lead && j0 == 0); break;
     }
     j0 += m;
   }
@@ -640,12 +645,13 @@ void attend_batch(Query<float>* qs, int64_t n, int64_t hd, float scale) {
 
 // Keys or values first .. first + count - 1 of `query` (from base: its keys or its values) as
 // fp32 rows of `into` [count][hd]: every half widens exactly.
+// lead: ask for the next ones ahead (the first batch on these keys).
 inline void widen(const Query<uint16_t>& query, const uint16_t* base, int64_t first, int64_t count, int64_t hd,
-                  float* into) {
+                  float* into, bool lead) {
   const int64_t ahead = positions_ahead<uint16_t>(hd);
   for (int64_t i = 0; i < count; ++i) {
     const uint16_t* row = base + query.slot(first + i) * hd;
-    if (query.index == nullptr && first + i + ahead < query.count) prefetch_row(row + ahead * hd, hd);
+    if (lead && query.index == nullptr && first + i + ahead < query.count) prefetch_row(row + ahead * hd, hd);
     for (int64_t d = 0; d < hd; d += LANES) store(into + i * hd + d, load_f16(row + d));
   }
 }
@@ -661,21 +667,10 @@ void sum_values_block(const Query<uint16_t>* qs, int64_t hd, const float* block,
   F16 acc[M][MAX_HEAD_CHUNKS];
   for (int j = 0; j < M; ++j)
     for (int64_t c = 0; c < chunks; ++c) acc[j][c] = load(sums + j * hd + c * LANES);
-  for (int64_t i = begin; i < std::min(end, common); ++i) {
-    const float* value = block + (i - begin) * hd;
-    F16 weights[M];
-    for (int j = 0; j < M; ++j) weights[j] = splat(qs[j].scores[i]);
-    for (int64_t c = 0; c < chunks; ++c) {
-      const F16 v = load(value + c * LANES);
-      for (int j = 0; j < M; ++j) acc[j][c] = fmadd(weights[j], v, acc[j][c]);
-    }
-  }
+  for (int64_t i = begin; i < std::min(end, common); ++i) add_weighted<M>(qs, i, block + (i - begin) * hd, chunks, acc);
   for (int j = 0; j < M; ++j) {
-    for (int64_t i = std::max(begin, common); i < std::min(end, qs[j].count); ++i) {
-      const float* value = block + (i - begin) * hd;
-      const F16 weight = splat(qs[j].scores[i]);
-      for (int64_t c = 0; c < chunks; ++c) acc[j][c] = fmadd(weight, load(value + c * LANES), acc[j][c]);
-    }
+    for (int64_t i = std::max(begin, common); i < std::min(end, qs[j].count); ++i)
+      add_weighted<1>(qs + j, i, block + (i - begin) * hd, chunks, acc + j);
     for (int64_t c = 0; c < chunks; ++c) store(sums + j * hd + c * LANES, acc[j][c]);
   }
 }
@@ -685,7 +680,7 @@ void sum_values_block(const Query<uint16_t>* qs, int64_t hd, const float* block,
 // into L1, once for all the queries of the batch that see them: a pass of several rows pays for
 // the widening once, and reads half the bytes of an fp32 cache.
 template <int CHUNKS>
-void attend_batch_half(Query<uint16_t>* qs, int64_t n, int64_t hd, float scale) {
+void attend_batch_half(Query<uint16_t>* qs, int64_t n, int64_t hd, float scale, bool lead) {
   const int64_t chunks = CHUNKS > 0 ? CHUNKS : hd / LANES;
   const int64_t span = WIDENED_FLOATS / hd / LANES * LANES;  // keys widened at once for the values (16 or more)
   // Aligned to cache lines: a vector load that straddled two would cost two.
@@ -703,7 +698,7 @@ void attend_batch_half(Query<uint16_t>* qs, int64_t n, int64_t hd, float scale) 
       if (p >= query.count) continue;
       const int64_t m = std::min(LANES, query.count - p);
       if (held == nullptr || !held->same_keys(query) || held_count < m) {
-        widen(query, query.keys, p, m, hd, block);
+        widen(query, query.keys, p, m, hd, block, lead);
         held = &query;
         held_count = m;
       }
@@ -731,7 +726,7 @@ void attend_batch_half(Query<uint16_t>* qs, int64_t n, int64_t hd, float scale) 
       for (int64_t j = j0; j < j0 + m; ++j) need = std::max(need, std::min(span, qs[j].count - begin));
       if (need > 0) {
         if (held == nullptr || !held->same_keys(qs[j0]) || held_count < need) {
-          widen(qs[j0], qs[j0].values, begin, need, hd, block);
+          widen(qs[j0], qs[j0].values, begin, need, hd, block, lead);
           held = qs + j0;
           held_count = need;
         }
@@ -754,19 +749,22 @@ void attend_batch_half(Query<uint16_t>* qs, int64_t n, int64_t hd, float scale) 
 }
 
 template <int CHUNKS>
-void attend_batch_of(Query<float>* qs, int64_t n, int64_t hd, float scale) { attend_batch<CHUNKS>(qs, n, hd, scale); }
+void attend_batch_of(Query<float>* qs, int64_t n, int64_t hd, float scale, bool lead) {
+  attend_batch<CHUNKS>(qs, n, hd, scale, lead);
+}
 template <int CHUNKS>
-void attend_batch_of(Query<uint16_t>* qs, int64_t n, int64_t hd, float scale) {
-  attend_batch_half<CHUNKS>(qs, n, hd, scale);
+void attend_batch_of(Query<uint16_t>* qs, int64_t n, int64_t hd, float scale, bool lead) {
+  attend_batch_half<CHUNKS>(qs, n, hd, scale, lead);
 }
 
+// lead: the first batch of the call on these keys (the later ones find them in cache).
 template <typename E>
-inline void attend_queries(Query<E>* qs, int64_t n, int64_t hd, float scale) {
+inline void attend_queries(Query<E>* qs, int64_t n, int64_t hd, float scale, bool lead) {
   switch (hd / LANES) {
-    case 4: return attend_batch_of<4>(qs, n, hd, scale);
-    case 8: return attend_batch_of<8>(qs, n, hd, scale);
-    case 16: return attend_batch_of<16>(qs, n, hd, scale);
-    default: return attend_batch_of<0>(qs, n, hd, scale);
+    case 4: return attend_batch_of<4>(qs, n, hd, scale, lead);
+    case 8: return attend_batch_of<8>(qs, n, hd, scale, lead);
+    case 16: return attend_batch_of<16>(qs, n, hd, scale, lead);
+    default: return attend_batch_of<0>(qs, n, hd, scale, lead);
   }
 }
 
@@ -821,10 +819,12 @@ void attend_cache(const AttentionArgs& a, int64_t begin, int64_t end) {
   Query<E> batch[ATTEND_BATCH];
   for (int64_t g = first_group; g <= last_group; ++g) {
     int64_t n = 0, segment = -1;
+    bool lead = true;  // the first batch on these keys: it asks for them ahead
     for (int64_t t = first_row; t <= last_row; ++t) {
-      if (a.row_segment[t] != segment && n > 0) {  // another sequence's keys
-        attend_queries(batch, n, hd, scale);
+      if (a.row_segment[t] != segment) {  // another sequence's keys
+        if (n > 0) attend_queries(batch, n, hd, scale, lead);
         n = 0;
+        lead = true;
       }
       segment = a.row_segment[t];
       const Segment& s = a.segments[segment];
@@ -836,12 +836,13 @@ void attend_cache(const AttentionArgs& a, int64_t begin, int64_t end) {
                     static_cast<const E*>(s.keys) + g * s.capacity * hd,
                     static_cast<const E*>(s.values) + g * s.capacity * hd, counts[r], firsts[r], indices[r]};
         if (++n == ATTEND_BATCH) {
-          attend_queries(batch, n, hd, scale);
+          attend_queries(batch, n, hd, scale, lead);
           n = 0;
+          lead = false;
         }
       }
     }
-    if (n > 0) attend_queries(batch, n, hd, scale);
+    if (n > 0) attend_queries(batch, n, hd, scale, lead);
   }
 }
 
