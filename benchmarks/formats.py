@@ -7,13 +7,16 @@ from the first). Per format:
 - decode ms per token (dense, greedy, fixed length) and the weight bandwidth it achieves;
 - prefill seconds of a ~1,000-token prompt (real text, the same tokens for every system);
 - peak RSS after loading, decoding and prefilling;
-- quality against fp32: perplexity of held-out text (Spec-Bench prompts, read as plain text, never
-  used to train or tune anything), teacher-forced top-1 agreement with fp32 on that text, greedy
-  agreement (tokens before the first divergence from fp32's greedy output, and outputs identical),
-  and MMLU accuracy (greedy, short answers).
+- quality: perplexity of held-out text (Spec-Bench prompts, read as plain text, never used to
+  train or tune anything), teacher-forced top-1 agreement on that text with the reference (fp32
+  weights, "none", unless `--reference` names another system), greedy agreement with it (tokens
+  before the first divergence from its greedy output, and outputs identical), and MMLU accuracy
+  (greedy, short answers).
 
 A format runs on specee's compiled CPU kernels, in the best CPU tier; "<format>:<tier>" in a tier
-this CPU runs (avx512, avxvnni, avx2, neon, portable), "<format>:eager" on PyTorch's own kernels.
+this CPU runs (avx512, avxvnni, avx2, neon, portable), "<format>:eager" on PyTorch's own kernels;
+"<format>+kv-fp16" on an fp16 KV cache (`--kv-cache-dtype fp16`: its quality cost beside the fp32
+cache's row of the same format).
 `--model FILE.gguf` runs every system on that file instead (the random-weight files of
 `scripts/make_random_gguf.py` have no quality to measure: `--no-quality`); a child's load time is
 that of a load after the first (the first writes specee's caches, untimed).
@@ -22,6 +25,7 @@ that of a load after the first (the first writes specee's caches, untimed).
     PYTHONPATH=. python benchmarks/formats.py --formats int4:avx2,int4:portable,int4:eager --no-quality
     PYTHONPATH=. python benchmarks/formats.py --model random-1b-Q4_K_M.gguf --formats gguf --rounds 3 --no-quality
     PYTHONPATH=. python benchmarks/formats.py --model gemma-3-270m-q4_k_m.gguf --formats none,int8,int4,gguf
+    PYTHONPATH=. python benchmarks/formats.py --formats gguf,gguf+kv-fp16 --reference gguf --rounds 1 --no-llama-cpp
 """
 from __future__ import annotations
 
@@ -76,15 +80,23 @@ def median_s(fn, repeats: int = 3) -> float:
     return statistics.median(times)
 
 
+KV_FP16 = "+kv-fp16"  # a system name's suffix: the format on an fp16 KV cache
+
+
+def load_arguments(system: str) -> dict:
+    """`specee.load`'s options for `system`: a format, on the compiled kernels (in the tier
+    "<format>:<tier>" names) or "<format>:eager" on PyTorch's own, "+kv-fp16" on an fp16 cache."""
+    name, fp16 = (system[:-len(KV_FP16)], True) if system.endswith(KV_FP16) else (system, False)
+    quantization, _, path = name.partition(":")
+    return {"quantization": quantization, "compile": path != "eager",
+            "cpu_tier": path if path not in ("", "eager") else None, "kv_cache_dtype": "fp16" if fp16 else "fp32"}
+
+
 def measure_ours(system: str, inputs: dict, with_quality: bool, model: str | None) -> dict:
-    """`system`: a format, on the compiled kernels (in the tier "<format>:<tier>" names), or
-    "<format>:eager" on PyTorch's own."""
     import specee
 
-    quantization, _, path = system.partition(":")
     started = time.perf_counter()
-    engine = specee.load(model, quantization=quantization, compile=path != "eager",
-                         cpu_tier=path if path not in ("", "eager") else None)
+    engine = specee.load(model, **load_arguments(system))
     load_s = time.perf_counter() - started
     model, long_prompt = engine.model, inputs["long_prompt"]
     # Dense decoding: one pass per token, whatever the engine's default (`auto` speculates).
@@ -106,6 +118,7 @@ def measure_ours(system: str, inputs: dict, with_quality: bool, model: str | Non
     result = {"decode_ms": decode_s / (DECODE_TOKENS - 1) * 1e3, "prefill_s": median_s(prefill),
               "weight_mb": model.weight_bytes / 1e6, "peak_rss_mb": peak_rss_mb(), "load_s": load_s,
               "spec_method": "none", "method_passes": method_passes,
+              "kv_cache_dtype": str(model.new_cache(1).keys.dtype).removeprefix("torch."),  # what the cache holds
               "drafted": sum(stats.draft_tokens_proposed for stats in runs)}
     if with_quality:
         result["quality"] = quality_of(engine, inputs["spec_bench"])
@@ -190,9 +203,7 @@ def run_child(system: str, inputs: Path, with_quality: bool, model: str | None) 
 
 
 def run_child_load_only(system: str, model: str) -> None:
-    quantization, _, path = system.partition(":")
-    code = (f"import specee; specee.load({model!r}, quantization={quantization!r}, compile={path != 'eager'}, "
-            f"cpu_tier={path if path not in ('', 'eager') else None!r})")
+    code = f"import specee; specee.load({model!r}, **{load_arguments(system)!r})"
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
 
 
@@ -202,11 +213,11 @@ def agreement(reference: list[list[int]], other: list[list[int]]) -> tuple[float
     return sum(shares) / len(shares), sum(a == b for a, b in zip(reference, other))
 
 
-def table(results: dict, bandwidth: float) -> str:
-    reference = results.get("none", {}).get("quality")
+def table(results: dict, bandwidth: float, reference_name: str = "none") -> str:
+    reference = results.get(reference_name, {}).get("quality")
     lines = ["| system | weights MB | decode ms/token | tok/s | vs llama.cpp | weights GB/s (machine "
              f"{bandwidth:.1f}) | prefill {PREFILL_TOKENS} tokens s | vs llama.cpp | peak RSS MB | vs llama.cpp | "
-             "load s | ppl | top-1 = fp32 | greedy before divergence | greedy identical | MMLU |",
+             f"load s | ppl | top-1 = {reference_name} | greedy before divergence | greedy identical | MMLU |",
              "|" + "---|" * 16]
     llama = results.get("llama.cpp")
     for system, r in results.items():
@@ -242,6 +253,8 @@ def main() -> None:
     parser.add_argument("--inputs", help=argparse.SUPPRESS)
     parser.add_argument("--quality", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model", help="a GGUF file to run every system on (default: the default model)")
+    parser.add_argument("--reference",
+                        help="the system whose outputs the agreement columns compare with (default none: fp32)")
     parser.add_argument("--spec-bench", default="spec-bench",
                         help="Spec-Bench's question.jsonl (default: the copy beside the checkout)")
     args = parser.parse_args()
@@ -255,6 +268,8 @@ def main() -> None:
     except (DatasetMissing, ValueError) as missing:
         parser.error(f"{missing} (--spec-bench names Spec-Bench's file; --no-quality skips MMLU)")
     systems = args.formats.split(",") + ([] if args.no_llama_cpp else ["llama.cpp"])
+    if args.reference is not None and (args.reference not in systems or args.reference == "llama.cpp"):
+        parser.error(f"--reference {args.reference} is not one of --formats ({args.formats})")
     if args.model:
         for system in systems[:-1] if not args.no_llama_cpp else systems:  # first loads write the caches
             run_child_load_only(system, args.model)
@@ -270,11 +285,11 @@ def main() -> None:
                            for key in ("decode_ms", "prefill_s", "weight_mb", "peak_rss_mb", "load_s")}
         results[system]["quality"] = rs[0].get("quality")
         if "spec_method" in rs[0]:  # specee's formats: what every round decoded with
-            results[system] |= {"spec_method": rs[0]["spec_method"], "drafted": sum(r["drafted"] for r in rs),
+            results[system] |= {"spec_method": rs[0]["spec_method"], "kv_cache_dtype": rs[0]["kv_cache_dtype"], "drafted": sum(r["drafted"] for r in rs),
                                 "method_passes": {m: sum(r["method_passes"].get(m, 0) for r in rs)
                                                   for m in {m for r in rs for m in r["method_passes"]}}}
     bandwidth = read_bandwidth_gb_s()
-    print(table(results, bandwidth))
+    print(table(results, bandwidth, args.reference or "none"))
     print(json.dumps({"threads": torch.get_num_threads(), "bandwidth_gb_s": bandwidth,
                       "results": {s: {k: v for k, v in r.items() if k != "quality"} for s, r in results.items()}}))
 

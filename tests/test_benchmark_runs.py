@@ -88,8 +88,8 @@ def test_every_benchmark_script_has_a_run_here():
     """A new script in benchmarks/ needs its run below (cluster_scaling.py's is in test_cluster.py, on
     that module's Ray cluster)."""
     covered = {"agent_loop.py", "cluster_scaling.py", "cuda_pass_cost.py", "cuda_penalties_logprobs.py", "formats.py",
-               "head_bounds.py", "kv_cache_dtype.py", "multirow_cost.py", "paired_decode.py", "pass_profile.py",
-               "prefix_cache_budget.py", "prefix_cache_turns.py", "structured_output.py", "tier_rows.py"}
+               "head_bounds.py", "kv_cache_dtype.py", "kv_cache_quality.py", "multirow_cost.py", "paired_decode.py",
+               "pass_profile.py", "prefix_cache_budget.py", "prefix_cache_turns.py", "structured_output.py", "tier_rows.py"}
     assert {p.name for p in BENCHMARKS.glob("*.py")} <= covered
 
 
@@ -162,15 +162,17 @@ def test_structured_output_times_each_mode_as_named(tiny):
 
 
 @pytest.mark.slow
-def test_formats_times_dense_decoding(tiny):
+def test_formats_times_dense_decoding_on_each_cache(tiny):
     directory, model = tiny
-    report = last_json(run("formats.py", "--model", model, "--formats", "gguf", "--rounds", "1", "--no-quality",
-                           "--no-llama-cpp", directory=directory)[1])
-    assert list(report["results"]) == ["gguf"]
-    gguf = report["results"]["gguf"]
-    assert gguf["spec_method"] == "none"
-    assert_dense(gguf)
-    assert all(gguf[k] > 0 and math.isfinite(gguf[k]) for k in ("decode_ms", "prefill_s", "weight_mb", "peak_rss_mb"))
+    report = last_json(run("formats.py", "--model", model, "--formats", "gguf,gguf+kv-fp16", "--rounds", "1",
+                           "--no-quality", "--no-llama-cpp", directory=directory)[1])
+    assert list(report["results"]) == ["gguf", "gguf+kv-fp16"]
+    for system, cache in (("gguf", "float32"), ("gguf+kv-fp16", "float16")):
+        result = report["results"][system]
+        assert result["spec_method"] == "none" and result["kv_cache_dtype"] == cache, result
+        assert_dense(result)
+        assert all(result[k] > 0 and math.isfinite(result[k])
+                   for k in ("decode_ms", "prefill_s", "weight_mb", "peak_rss_mb"))
 
 
 @pytest.mark.slow
@@ -181,6 +183,15 @@ def test_formats_names_the_data_it_lacks_before_any_run(tiny, tmp_path):
                           "--spec-bench", str(missing), directory=directory, ok=False)
     assert code == 2 and str(missing) in stderr and "--spec-bench" in stderr, stderr
     assert "Traceback" not in stderr and "round 1" not in stderr  # said at once, no child started
+
+
+@pytest.mark.slow
+def test_formats_refuses_a_reference_it_does_not_run(tiny):
+    directory, model = tiny
+    code, _, stderr = run("formats.py", "--model", model, "--formats", "gguf", "--reference", "gguf+kv-fp16",
+                          "--no-quality", "--no-llama-cpp", directory=directory, ok=False)
+    assert code == 2 and "--reference gguf+kv-fp16 is not one of --formats (gguf)" in stderr, stderr
+    assert "Traceback" not in stderr and "round 1" not in stderr
 
 
 @pytest.mark.slow
@@ -302,6 +313,25 @@ def test_kv_cache_dtype(tiny):
     for result in report["results"]:
         assert set(result["ms"]) == {"fp32", "fp16"} and all(0 < ms < math.inf for ms in result["ms"].values())
         assert result["fp16_over_fp32"] == pytest.approx(result["ms"]["fp16"] / result["ms"]["fp32"])
+
+
+@pytest.mark.slow
+def test_kv_cache_quality(tiny):
+    directory, model = tiny
+    questions = directory / "questions.jsonl"
+    text = "The cache keeps every key and value of the context, and the pass reads them again. "
+    prompts = [("long", text * 4), ("long", text * 4), ("short", "A few words.")]
+    questions.write_text("\n".join(json.dumps({"question_id": i, "category": category, "turns": [turn]})
+                                   for i, (category, turn) in enumerate(prompts)))
+    report = last_json(run("kv_cache_quality.py", "--model", model, "--length", "96", "--noise", "0.3", "--seeds", "2",
+                           "--spec-bench", questions, directory=directory)[1])
+    results = report["results"]
+    assert results.pop("tokens") == 95  # the long category's 96 tokens score 95; the short one is left out
+    assert list(results) == ["fp32", "fp16", "fp32, embeddings x (1 + 0.3 N), seed 1",
+                             "fp32, embeddings x (1 + 0.3 N), seed 2"]
+    assert [r["cache"] for r in results.values()] == ["float32", "float16", "float32", "float32"]
+    assert results["fp32"]["top1_equal_fp32"] == 1.0 and all(1 < r["ppl"] < math.inf for r in results.values())
+    assert all(r["top1_equal_fp32"] < 1 for name, r in results.items() if "seed" in name)  # the noise reached the pass
 
 
 @pytest.mark.slow
