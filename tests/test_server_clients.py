@@ -70,3 +70,19 @@ def test_litellm_completion_plain_and_with_tools(server, model_id, monkeypatch):
     [call] = called.choices[0].message.tool_calls
     assert called.choices[0].finish_reason == "tool_calls" and call.function.name == "add"
     assert set(json.loads(call.function.arguments)) == {"a", "b"}
+
+
+def test_bench_serve_reads_the_servers_own_seconds_through_the_openai_client(server, model_id):
+    """`specee bench-serve` measures the server's overhead within each request: its time less the
+    prefill and decode seconds the server reports in the usage chunk's `specee.stats`."""
+    import time
+
+    from specee.eval.serve_bench import Target, open_client, stream_chat, user
+
+    target = Target("specee dense", "specee serve", server.url, model=model_id,
+                    extra_body={"specee": {"spec_method": "none"}})
+    start = time.perf_counter()
+    reply = stream_chat(open_client(server.url), target, user("Say something."), 8)
+    wall = time.perf_counter() - start
+    assert reply.completion_tokens > 0 and reply.prompt_tokens > 0
+    assert 0 < reply.engine_s < wall
