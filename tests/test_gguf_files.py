@@ -17,8 +17,8 @@ FORMATS = {"Q4_0": (4, 32), "Q4_1": (4, 32), "Q4_K": (4, 32), "Q5_0": (5, 32), "
 # Bytes a weight of the K-quants as they run, from their layouts: codes, an int8 (or two) per group
 # and an fp16 (or two) per 256 weights. The file's: Q4_K 4.5 bits, Q5_K 5.5, Q6_K 6.5625.
 K_QUANT_BYTES = {"Q4_K": 4 / 8 + 2 / 32 + 4 / 256, "Q5_K": 5 / 8 + 2 / 32 + 4 / 256, "Q6_K": 6 / 8 + 1 / 16 + 2 / 256}
-Q5_0_BYTES = 5 / 8 + 4 / 32  # the file's 5-bit codes and an fp32 scale per 32; the file's: 5.5 bits
-Q8_0_BYTES = 1 + 4 / 32  # its codes (plus 128) and an fp32 scale per 32; the file's: 8.5 bits
+Q5_0_BYTES = 5 / 8 + 2 / 32  # the file's 5-bit codes and fp16 scale per 32: 5.5 bits, as the file
+Q8_0_BYTES = 1 + 2 / 32  # its codes (plus 128) and its fp16 scale per 32: 8.5 bits, as the file
 Q4_K_M = {"default": "Q4_K", "attn_v": "Q6_K", "ffn_down": "Q6_K", "token_embd": "Q6_K"}
 
 

@@ -181,25 +181,29 @@ def assert_runs_as(layer, weight, same_bits, portable, rows_back: torch.Tensor) 
 def test_q5_0_runs_as_its_five_bit_codes_with_one_scale_a_group(kernels, portable):
     """Offsets -16 times the scales over 5-bit codes (a GGUF file's Q5_0) run as those codes in 5 bits
     with one scale a group: the values of the 8-bit form, the bits of the same codes as 8-bit codes
-    with fp32 pairs, in every tier, in 6 bits a weight instead of 10."""
+    with fp32 pairs, in every tier, in 5.5 bits a weight (the file's: an fp16 scale) instead of 10."""
     g = torch.Generator().manual_seed(4)
     scales = (torch.rand(72, 256 // 32, generator=g) * 1e-2).half().float()
     weight = GroupedInt8Weight(torch.randint(0, 32, (72, 256), generator=g, dtype=torch.uint8), scales, -16 * scales, 32)
     layer = quantized_linear(weight, kernels=kernels)
     assert (layer.bits, layer.centered) == (5, True)
-    assert layer.weight_bytes == 80 * 256 * (5 / 8 + 4 / 32)  # 72 features padded to whole tiles of 16
+    assert layer.weight_bytes == 80 * 256 * (5 / 8 + 2 / 32)  # 72 features padded to whole tiles of 16
     pairs = IntegerLinear.from_codes(weight.codes, torch.stack((scales, -16 * scales), -1), 8, 32, kernels)
     assert_runs_as(layer, weight, pairs, portable, torch.tensor([0, 15, 16, 71, 40]))
     # Other offsets (Q8_0's -128 d, a minimum's) keep 8-bit codes.
     assert quantized_linear(GroupedInt8Weight(weight.codes, scales, -128 * scales, 32), kernels=kernels).bits == 8
     assert quantized_linear(GroupedInt8Weight(weight.codes, scales, scales * 0.3, 32), kernels=kernels).bits == 8
+    # Scales fp16 does not hold (not a GGUF file's) keep their fp32 pairs: the same values, in 10 bits.
+    finer = scales + 1e-7
+    assert GroupedInt8Weight(weight.codes, finer, -16 * finer, 32).centered_five() is None
 
 
 def test_q8_0_runs_as_its_codes_with_one_scale_a_group(kernels, portable):
     """Offsets -k times the scales for a whole k (a GGUF file's Q8_0: k = 128; Q5_0 fused beside it:
-    16) run as the codes plus 128 - k with one fp32 scale a group and the offset -128 times it: the
-    values of the 8-bit form, the bits of the same codes with fp32 pairs, in every tier, in 9 bits a
-    weight instead of 10. An all-zero group (scale 0) fits; a minimum (Q5_1's) does not."""
+    16) run as the codes plus 128 - k with one fp16 scale a group (the file's) and the offset -128
+    times it: the values of the 8-bit form, the bits of the same codes with fp32 pairs, in every
+    tier, in 8.5 bits a weight, as the file holds them, instead of 10. An all-zero group (scale 0)
+    fits; a minimum (Q5_1's) does not, nor scales that fp16 does not hold."""
     g = torch.Generator().manual_seed(5)
     scales = (torch.rand(72, 256 // 32, generator=g) * 1e-2).half().float()
     scales[5, 2] = 0.0
@@ -209,12 +213,16 @@ def test_q8_0_runs_as_its_codes_with_one_scale_a_group(kernels, portable):
     weight = GroupedInt8Weight(codes, scales, -k * scales, 32)
     layer = quantized_linear(weight, kernels=kernels)
     assert (layer.bits, layer.group_size, layer.centered) == (8, 32, True)
-    assert layer.weight_bytes == 80 * 256 * (1 + 4 / 32)  # 72 features padded to whole tiles of 16
+    assert layer.weight_bytes == 80 * 256 * (1 + 2 / 32)  # 72 features padded to whole tiles of 16
     shifted = (codes.to(torch.int16) + (128 - k).to(torch.int16).repeat_interleave(32, 1)).to(torch.uint8)
     pairs = IntegerLinear.from_codes(shifted, torch.stack((scales, -128 * scales), -1), 8, 32, kernels)
     assert_runs_as(layer, weight, pairs, portable, torch.tensor([0, 15, 16, 39, 40, 71]))
     minimum = GroupedInt8Weight(codes, scales, scales * 0.3, 32)
     assert minimum.centered_eight() is None and not quantized_linear(minimum, kernels=kernels).centered
+    finer = scales + 1e-7
+    assert GroupedInt8Weight(codes, finer, -k * finer, 32).centered_eight() is None
+    with pytest.raises(ValueError, match="fp16 values"):
+        IntegerLinear.from_centered(shifted, finer, kernels, bits=8)
     codes[41, 0] = 200  # in a row with k = 16: above 255 once shifted by 112
     assert GroupedInt8Weight(codes, scales, -k * scales, 32).centered_eight() is None
 

@@ -105,12 +105,12 @@ def test_weights_read_per_token_shrink(default_engine, engines):
     fp32 = default_engine.model.weight_bytes
     assert engines["int8"].model.weight_bytes < fp32 / 3.5
     assert engines["int4"].model.weight_bytes < fp32 / 5
-    # The same int4 layers (Q4_1's codes); the Q8_0 head as its codes with an fp32 scale per 32.
+    # The same int4 layers (Q4_1's codes); the Q8_0 head as the file holds it: its codes and fp16 scale per 32.
     gguf, int4 = engines["gguf"].model, engines["int4"].model
     layers = range(gguf.config.num_hidden_layers)
     assert gguf.layers_bytes(layers) == int4.layers_bytes(layers)
     head_weights = gguf.config.vocab_size * gguf.config.hidden_size
-    assert gguf.lm_head.weight_bytes == head_weights * (1 + 4 / 32)
+    assert gguf.lm_head.weight_bytes == head_weights * (1 + 2 / 32)
     assert int4.lm_head.weight_bytes == head_weights + gguf.config.vocab_size * 8
 
 

@@ -25,7 +25,7 @@ def pass_bytes(fmt: str) -> int:
     int4_layers = LAYERS * (LAYER_WEIGHTS // 2 + LAYER_WEIGHTS // 32 * 4 + NORMS)  # bf16 scale + zero per 32
     int8_head = HEAD_WEIGHTS + VOCAB * 8  # an fp32 scale and zero a row
     return {
-        "gguf": int4_layers + HEAD_WEIGHTS + HEAD_WEIGHTS // 32 * 4 + FINAL_NORM,  # Q4_1 layers, Q8_0 head (a scale per 32)
+        "gguf": int4_layers + HEAD_WEIGHTS + HEAD_WEIGHTS // 32 * 2 + FINAL_NORM,  # Q4_1 layers, Q8_0 head (an fp16 scale per 32)
         "int4": int4_layers + int8_head + FINAL_NORM,
         "int8": LAYERS * (LAYER_WEIGHTS + LAYER_ROWS * 8 + NORMS) + int8_head + FINAL_NORM,
     }[fmt]

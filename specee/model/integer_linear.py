@@ -67,6 +67,12 @@ def eight_bit_blocks(blocks: torch.Tensor) -> torch.Tensor:
                       (low[..., :128] >> 4) | highs[2], (low[..., 128:] >> 4) | highs[3]), dim=-1)
 
 
+def fp16_values(values: torch.Tensor) -> bool:
+    """Whether every value is an fp16 value (fp16 keeps it exactly)."""
+    values = values.float()
+    return torch.equal(values.half().float(), values)
+
+
 def per_tile(values: torch.Tensor) -> torch.Tensor:
     """[N, ...] per-feature values -> [N / 16, ..., 16], padded with zeros."""
     N = values.shape[0]
@@ -132,7 +138,7 @@ class IntegerLinear(nn.Module):
                     and torch.equal(multipliers[..., 0], multipliers[..., 1]))
         if centered:
             factors, multipliers = factors[..., :1], multipliers[..., :1]
-        if not torch.equal(factors.half().float(), factors):
+        if not fp16_values(factors):
             raise ValueError("superblock factors must be fp16 values (a GGUF file's K-quant scales are)")
         factors = factors.half()
         tile_factors = per_tile(factors)  # [tiles, S, 2 or 1, 16]
@@ -145,16 +151,19 @@ class IntegerLinear(nn.Module):
     @classmethod
     def from_centered(cls, codes: torch.Tensor, scales: torch.Tensor, kernels, bias: torch.Tensor | None = None,
                       bits: int = 5) -> "IntegerLinear":
-        """Codes [N, K] below 2 ** bits with w = (code - 2 ** (bits - 1)) * scale, one fp32 scale per
-        feature and group of 32 ([N, K / 32]): 5-bit codes (a GGUF file's Q5_0, its own codes) or
-        8-bit ones (Q8_0, its codes plus 128), one scale per group and no offset."""
+        """Codes [N, K] below 2 ** bits with w = (code - 2 ** (bits - 1)) * scale, one scale per feature
+        and group of 32 ([N, K / 32], fp16 values, as a GGUF file's Q5_0 and Q8_0 have them, kept in
+        fp16): 5-bit codes (Q5_0, its own codes) or 8-bit ones (Q8_0, its codes plus 128), one scale
+        per group and no offset."""
         if codes.shape[1] % BLOCK:
             raise ValueError(f"in_features {codes.shape[1]} must be a multiple of {BLOCK}")
         if bits not in (5, 8):
             raise ValueError(f"centered codes are 5 or 8 bits; got {bits}")
         if codes.numel() and int(codes.max()) >= 2**bits:
             raise ValueError(f"{bits}-bit codes must be below {2**bits}; got {int(codes.max())}")
-        return cls(pack_codes(codes, bits), per_tile(scales.float()), codes.shape[0], bits, BLOCK, kernels, bias)
+        if not fp16_values(scales):
+            raise ValueError("centered scales must be fp16 values (a GGUF file's Q5_0 and Q8_0 scales are)")
+        return cls(pack_codes(codes, bits), per_tile(scales.half()), codes.shape[0], bits, BLOCK, kernels, bias)
 
     @property
     def superblock_scales(self) -> bool:
@@ -205,7 +214,7 @@ class IntegerLinear(nn.Module):
         if self.superblock_scales:
             scales_zeros = self._superblock_scales_offsets(tiles, lanes)  # [n, G, 2]
         elif self.centered:  # one scale per group, the offset -32 or -128 times it
-            scales = self.scales_zeros[tiles, :, lanes]  # [n, G]
+            scales = self.scales_zeros[tiles, :, lanes].float()  # [n, G]
             scales_zeros = torch.stack((scales, -2 ** (self.bits - 1) * scales), dim=-1)
         else:
             scales_zeros = self.scales_zeros[tiles, ..., lanes].float()  # [n, G, 2] or [n, 2]

@@ -21,13 +21,14 @@ RUNTIME_BYTES = 400 * 2**20  # PyTorch, the kernels, the tokenizer and a pass's 
 # Bytes per weight in each format the matrices run in: int4 codes with a bf16 scale and zero point
 # per 32; int8 codes with an fp32 scale and offset per group of 16 or 32 (or per row); 4-, 5- or 6-bit
 # codes with an int8 pair per group under an fp16 pair per 256 (superblock scales: Q4_K, Q5_K), or
-# an int8 under an fp16 (centered: Q6_K); 5-bit codes with an fp32 scale per 32 (Q5_0).
+# an int8 under an fp16 (centered: Q6_K); 5- or 8-bit codes with an fp16 scale per 32 (Q5_0, Q8_0).
 INT4_BYTES = 0.5 + 4 / 32
 GROUPED_INT8_BYTES = {16: 1 + 8 / 16, 32: 1 + 8 / 32}
 SUPERBLOCK_BYTES = {(4, 32): 0.5 + 2 / 32 + 4 / 256, (5, 32): 0.625 + 2 / 32 + 4 / 256, (6, 16): 0.75 + 2 / 16 + 4 / 256,
                     (6, 32): 0.75 + 2 / 32 + 4 / 256}
 CENTERED_BYTES = 0.75 + 1 / 16 + 2 / 256
-FIVE_BIT_GROUPED_BYTES = 0.625 + 4 / 32  # 5-bit codes, an fp32 scale per 32 (Q5_0)
+FIVE_BIT_GROUPED_BYTES = 0.625 + 2 / 32  # 5-bit codes, an fp16 scale per 32 (Q5_0)
+EIGHT_BIT_CENTERED_BYTES = 1 + 2 / 32  # 8-bit codes, an fp16 scale per 32 (Q8_0)
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ def gguf_weight_bytes(path: Path, quantization: str, dtype: torch.dtype) -> tupl
             bits, group = gguf_blocks.CODE_BITS[t.tensor_type], gguf_blocks.GROUP_SIZES[t.tensor_type]
             per_weight = (CENTERED_BYTES if t.tensor_type == gguf_blocks.Type.Q6_K
                           else FIVE_BIT_GROUPED_BYTES if t.tensor_type == gguf_blocks.Type.Q5_0
+                          else EIGHT_BIT_CENTERED_BYTES if t.tensor_type == gguf_blocks.Type.Q8_0
                           else SUPERBLOCK_BYTES[gguf_blocks.factored_code_width(bits, group), group] if factored
                           else INT4_BYTES if bits == 4 else GROUPED_INT8_BYTES[group])
         else:  # quantized as it is read: int4 (int8 for the head and embedding, or asked for)

@@ -23,7 +23,7 @@ from .llama import Transformer
 from .quantize import QuantizedEmbedding, mark_quantized
 from .rope import inverse_frequencies
 
-PACKED_VERSION = 7  # bump when the tiles' layout or this file's contents change
+PACKED_VERSION = 8  # bump when the tiles' layout or this file's contents change
 EMBEDDING_MATRIX = "embed_tokens.matrix"  # an untied quantized embedding's own matrix
 
 

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .cpu_packing import PackedLinear
-from .integer_linear import BLOCK as INPUT_BLOCK, SUPERBLOCK, IntegerLinear
+from .integer_linear import BLOCK as INPUT_BLOCK, SUPERBLOCK, IntegerLinear, fp16_values
 from .fingerprint import weights_fingerprint
 
 QUANTIZATIONS = ("auto", "none", "int8", "int4", "gguf")
@@ -43,12 +43,12 @@ QUANTIZATIONS = ("auto", "none", "int8", "int4", "gguf")
 KERNEL_ROW_COST = {"amx": 0.15, "avx512": 0.15, "avxvnni": 0.2, "avx2": 0.2, "neon": 0.2, "portable": 1.0}
 ATEN_ROW_COST = 0.17
 # Those were measured on the default model in its default format (the file's own blocks), whose
-# row makes 134,479,872 multiply-adds and whose pass reads 98,346,240 bytes. A row costs its
+# row makes 134,479,872 multiply-adds and whose pass reads 96,576,768 bytes. A row costs its
 # multiply-adds; a one-row pass, the time to read the weights: a model with fewer multiply-adds per
 # byte (Gemma 3 270M: 0.84, its int8 head of 262,144 rows ~60% of the bytes) pays less for a row,
 # in proportion (BENCHMARKS.md, "Multi-row cost of a 262k vocabulary"). The ratio is kept exact,
 # so the default model's price is the measured one to the last bit, never a hair under a threshold.
-REFERENCE_MULTIPLY_ADDS_PER_BYTE = 134_479_872 / 98_346_240
+REFERENCE_MULTIPLY_ADDS_PER_BYTE = 134_479_872 / 96_576_768
 INT4_GROUP_SIZES = (32, 64, 128)
 # The default model comes as Q4_1 (groups of 32): groups of 32 keep its values almost exactly,
 # groups of 64 cannot, and moved its logits far more (BENCHMARKS.md).
@@ -120,18 +120,20 @@ class GroupedInt8Weight:
 
     def centered_five(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(codes, scales) with w = (code - 16) * scale, where the codes are below 32 and every offset
-        is -16 times its scale in groups of 32 (a GGUF file's Q5_0, its own codes); else None."""
+        is -16 times its scale in groups of 32 and every scale an fp16 value (a GGUF file's Q5_0, its
+        own codes); else None."""
         if self.group_size != INPUT_BLOCK or not self.codes.numel() or int(self.codes.max()) >= 32:
             return None
-        if not torch.equal(self.offsets, -16 * self.scales):
+        if not torch.equal(self.offsets, -16 * self.scales) or not fp16_values(self.scales):
             return None
         return self.codes, self.scales
 
     def centered_eight(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(codes, scales) with w = (code - 128) * scale, the same values, where in groups of 32 every
         offset is -k times its scale for a whole k in 0..128 that leaves the codes plus 128 - k below
-        256 (a GGUF file's Q8_0: k = 128, the same codes; Q5_0 fused beside Q8_0: k = 16); else None."""
-        if self.group_size != INPUT_BLOCK or not self.codes.numel():
+        256, every scale an fp16 value (a GGUF file's Q8_0: k = 128, the same codes; Q5_0 fused beside
+        Q8_0: k = 16); else None."""
+        if self.group_size != INPUT_BLOCK or not self.codes.numel() or not fp16_values(self.scales):
             return None
         k = torch.where(self.scales == 0, 128.0, -self.offsets / self.scales)  # a zero scale takes any k: 128
         whole = torch.equal(k, k.round()) and bool(((k >= 0) & (k <= 128)).all())

@@ -7,7 +7,7 @@
 
 namespace specee {
 
-constexpr int KERNEL_API_VERSION = 12;
+constexpr int KERNEL_API_VERSION = 13;
 
 // MatmulArgs::superblock_scales: how the scales are stored (see below): as pairs per group, as
 // superblock records with offsets or centered ones, or (6-bit codes) as one scale per group, centered.
@@ -18,11 +18,11 @@ constexpr int64_t NO_SUPERBLOCKS = 0, SUPERBLOCKS = 1, CENTERED_SUPERBLOCKS = 2,
 // - bits 4, group_size 32, 64 or 128: scales_zeros [tiles, K / group, 2, 16] bf16 (s, z), w = (code - 8) s + z;
 //   or, group_size 32, SUPERBLOCKS records as below, w = code s + m (a GGUF file's Q4_K);
 // - bits 5, group_size 32: 5-bit codes, 320 bytes a block (kernels.h's unpack_five), SUPERBLOCKS
-//   records as below (a GGUF file's Q5_K); or, CENTERED_GROUPS, fp32 [tiles, K / 32, 16] (d),
+//   records as below (a GGUF file's Q5_K); or, CENTERED_GROUPS, fp16 [tiles, K / 32, 16] (d),
 //   w = (code - 16) d (a GGUF file's Q5_0, its own codes);
 // - bits 8, group_size 0: one scale and offset per feature, [tiles, 2, 16] fp32, w = code s + m;
 // - bits 8, group_size 16 or 32: a scale and offset per feature and group, [tiles, K / group, 2, 16]
-//   fp32, w = code s + m (a GGUF file's Q5_1 blocks, exactly); or, CENTERED_GROUPS (group 32), fp32
+//   fp32, w = code s + m (a GGUF file's Q5_1 blocks, exactly); or, CENTERED_GROUPS (group 32), fp16
 //   [tiles, K / 32, 16] (d), w = (code - 128) d (a GGUF file's Q8_0, its codes plus 128);
 // - bits 6, group_size 16 or 32: 6-bit codes, 384 bytes a block (kernels.h's unpack_six), whose
 //   scale and offset are fp16 factors per 256 inputs times int8 multipliers per group, per tile and

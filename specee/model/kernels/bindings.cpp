@@ -37,18 +37,22 @@ void check_format(int64_t bits, int64_t group_size) {
 
 // Which scales a matrix of K inputs has (api.h): superblock records come as bytes (uint8), with
 // 6-bit codes, or 4- and 5-bit codes in groups of 32, the record's size saying whether they are
-// centered; 5-bit codes otherwise take one fp32 scale per group of 32 (centered), and 8-bit codes
-// in groups of 32 either that (centered) or a scale and an offset.
+// centered; 5-bit codes otherwise take one fp16 scale per group of 32 (centered), and 8-bit codes
+// in groups of 32 either that (centered) or an fp32 scale and offset.
 int64_t superblock_kind(const at::Tensor& scales_zeros, int64_t bits, int64_t group_size, int64_t K) {
   const bool records = scales_zeros.scalar_type() == at::kByte;
   TORCH_CHECK(scales_zeros.is_contiguous(), "scales must be contiguous");
   const int64_t per_tile = scales_zeros.numel() / std::max<int64_t>(1, scales_zeros.size(0));
   if (bits == 5 && !records) {
-    TORCH_CHECK(scales_zeros.scalar_type() == at::kFloat && group_size == BLOCK && per_tile == K / BLOCK * LANES,
-                "5-bit codes take superblock records (uint8) or one fp32 scale per group of 32 and lane");
+    TORCH_CHECK(scales_zeros.scalar_type() == at::kHalf && group_size == BLOCK && per_tile == K / BLOCK * LANES,
+                "5-bit codes take superblock records (uint8) or one fp16 scale per group of 32 and lane");
     return specee::CENTERED_GROUPS;
   }
-  if (bits == 8 && group_size == BLOCK && !records && per_tile == K / BLOCK * LANES) return specee::CENTERED_GROUPS;
+  if (bits == 8 && scales_zeros.scalar_type() == at::kHalf) {
+    TORCH_CHECK(group_size == BLOCK && per_tile == K / BLOCK * LANES,
+                "fp16 scales of 8-bit codes are one per group of 32 and lane (centered)");
+    return specee::CENTERED_GROUPS;
+  }
   TORCH_CHECK(records || bits != 6, "6-bit codes take superblock records (uint8)");
   TORCH_CHECK(!records || bits == 6 || bits == 5 || (bits == 4 && group_size == BLOCK),
               "superblock scales (uint8) are for 5- and 6-bit codes and 4-bit codes in groups of 32");

@@ -111,7 +111,7 @@ inline void quantize_rows(const float* x, int64_t T, int64_t K, int8_t* codes, f
 // The weight formats of MatmulArgs: 4-bit codes with bf16 scales and zeros per group; 8-bit codes
 // with fp32 scales and offsets per row or group; 4-, 5- or 6-bit codes (SUPER) whose scales and offsets
 // are fp16 factors per superblock times int8 multipliers per group (CENTERED16: the offset is -32
-// times the scale); or 5- or 8-bit codes with an fp32 scale per group of 32 and the offset -16 or
+// times the scale); or 5- or 8-bit codes with an fp16 scale per group of 32 and the offset -16 or
 // -128 times it (CENTERED32).
 enum class Format {
   INT4, INT4_SUPER32, INT5_SUPER32, INT5_CENTERED32, INT8_ROW, INT8_GROUP32, INT8_GROUP16, INT8_CENTERED32,
@@ -228,13 +228,13 @@ void dots_ahead(const uint8_t* block, int64_t count, const int8_t* q, int64_t K,
 #endif
 
 // The scale and offset of group g at lanes lane .. lane + PART_LANES - 1 of a tile, for the grouped
-// formats: fp32 ([G][s x16, m x16]), or SUPER: per superblock of 256 inputs a record
+// formats: fp32 ([G][s x16, m x16]; CENTERED32: fp16 [G][d x16]), or SUPER: per superblock of 256 inputs a record
 // (superblock_bytes), s = D sc and m = M mc (CENTERED: m = (-32 D) sc), exact products (a GGUF
 // file's Q6_K and Q5_K scales: an fp16 times a small integer).
 template <Format FORMAT>
 inline void grouped_scale_offset(const uint8_t* scales_zeros, int64_t group, int64_t lane, Part& s, Part& m) {
   if constexpr (FORMAT == Format::INT5_CENTERED32 || FORMAT == Format::INT8_CENTERED32) {  // [G][d x16]
-    s = part_load(reinterpret_cast<const float*>(scales_zeros) + group * LANES + lane);
+    s = part_load_f16(reinterpret_cast<const uint16_t*>(scales_zeros) + group * LANES + lane);
     m = part_splat(FORMAT == Format::INT8_CENTERED32 ? -128.0f : -16.0f) * s;
   } else if constexpr (FORMAT == Format::INT6_CENTERED16) {
     constexpr int64_t GROUPS = SUPERBLOCK / LANES;
