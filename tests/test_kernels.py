@@ -223,6 +223,9 @@ def test_q8_0_runs_as_its_codes_with_one_scale_a_group(kernels, portable):
     assert GroupedInt8Weight(codes, finer, -k * finer, 32).centered_eight() is None
     with pytest.raises(ValueError, match="fp16 values"):
         IntegerLinear.from_centered(shifted, finer, kernels, bits=8)
+    # fp32 scales in the centered shape (packed before fp16 scales) are refused, not read as pairs.
+    with pytest.raises(RuntimeError, match="8-bit codes take an fp32 scale and offset"):
+        kernels.integer_linear(rows(2, 256, seed=0), layer.packed, layer.scales_zeros.float(), 72, 8, 32)
     codes[41, 0] = 200  # in a row with k = 16: above 255 once shifted by 112
     assert GroupedInt8Weight(codes, scales, -k * scales, 32).centered_eight() is None
 

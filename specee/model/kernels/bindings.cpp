@@ -56,7 +56,13 @@ int64_t superblock_kind(const at::Tensor& scales_zeros, int64_t bits, int64_t gr
   TORCH_CHECK(records || bits != 6, "6-bit codes take superblock records (uint8)");
   TORCH_CHECK(!records || bits == 6 || bits == 5 || (bits == 4 && group_size == BLOCK),
               "superblock scales (uint8) are for 5- and 6-bit codes and 4-bit codes in groups of 32");
-  if (!records) return specee::NO_SUPERBLOCKS;
+  if (!records) {  // pairs: an fp32 centered scale (before packed cache v8) must not be read as pairs
+    TORCH_CHECK(bits != 8 || (scales_zeros.scalar_type() == at::kFloat &&
+                              per_tile == (group_size ? K / group_size : 1) * 2 * LANES),
+                "8-bit codes take an fp32 scale and offset per group (or row) and lane, or one fp16 scale per "
+                "group of 32 and lane");
+    return specee::NO_SUPERBLOCKS;
+  }
   TORCH_CHECK(K % SUPERBLOCK == 0, "superblock scales take a multiple of 256 inputs; got ", K);
   const int64_t groups = SUPERBLOCK / group_size;
   if (per_tile == K / SUPERBLOCK * (2 * LANES * 2 + groups * 2 * LANES)) return specee::SUPERBLOCKS;
