@@ -285,7 +285,8 @@ def main() -> None:
                            for key in ("decode_ms", "prefill_s", "weight_mb", "peak_rss_mb", "load_s")}
         results[system]["quality"] = rs[0].get("quality")
         if "spec_method" in rs[0]:  # specee's formats: what every round decoded with
-            results[system] |= {"spec_method": rs[0]["spec_method"], "kv_cache_dtype": rs[0]["kv_cache_dtype"], "drafted": sum(r["drafted"] for r in rs),
+            results[system] |= {"spec_method": rs[0]["spec_method"], "kv_cache_dtype": rs[0]["kv_cache_dtype"],
+                                "drafted": sum(r["drafted"] for r in rs),
                                 "method_passes": {m: sum(r["method_passes"].get(m, 0) for r in rs)
                                                   for m in {m for r in rs for m in r["method_passes"]}}}
     bandwidth = read_bandwidth_gb_s()
