@@ -15,8 +15,9 @@ from the first). Per format:
 
 A format runs on specee's compiled CPU kernels, in the best CPU tier; "<format>:<tier>" in a tier
 this CPU runs (avx512, avxvnni, avx2, neon, portable), "<format>:eager" on PyTorch's own kernels;
-"<format>+kv-fp16" on an fp16 KV cache (`--kv-cache-dtype fp16`: its quality cost beside the fp32
-cache's row of the same format).
+every system on an fp32 KV cache, so the formats differ only in their weights, and "<format>+kv-fp16"
+on an fp16 one (`--kv-cache-dtype fp16`, what quantized weights keep by default: its cost beside
+the fp32 cache's row of the same format).
 `--model FILE.gguf` runs every system on that file instead (the random-weight files of
 `scripts/make_random_gguf.py` have no quality to measure: `--no-quality`); a child's load time is
 that of a load after the first (the first writes specee's caches, untimed).

@@ -121,7 +121,7 @@ class SharedPrefill:
 def load_engine(model=None, dtype: str = "fp32", device: str = "cpu", threads: int | None = None,
                 quantization: str = "auto", compile: bool = True, cpu_tier: str | None = None,
                 ctx_size: int | None = None, prefix_cache_mb: float | None = None,
-                suffix_cache_tokens: int | None = None, kv_cache_dtype: str = "fp32") -> "Engine":
+                suffix_cache_tokens: int | None = None, kv_cache_dtype: str = "auto") -> "Engine":
     parts = load_parts(model, dtype=dtype, device=device, threads=threads, quantization=quantization,
                        compile=compile, cpu_tier=cpu_tier, ctx_size=ctx_size, kv_cache_dtype=kv_cache_dtype)
     return Engine(parts.model, parts.tokenizer, source=parts.source, quantization=parts.quantization,

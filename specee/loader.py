@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from .model.cpu_packing import pack_linears
-from .model.kernel_install import with_kernels
+from .model.kernel_install import attends_on_kernels, with_kernels
 from .model.kernels import cpu_kernels
 from .model.llama import Transformer
 from .model.errors import ModelLoadError
@@ -21,6 +21,7 @@ from .tokenizer import Tokenizer
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 KV_CACHE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
+KV_CACHE_CHOICES = ("auto", *KV_CACHE_DTYPES)
 DEFAULT_CONTEXT = 4096  # llama.cpp's default context too
 DEVICES = ("cpu", "cuda")
 
@@ -54,7 +55,7 @@ def parse_device(name: str) -> torch.device:
 
 def load_parts(model=None, dtype: str = "fp32", device: str = "cpu", threads: int | None = None,
                quantization: str = "auto", compile: bool = True, cpu_tier: str | None = None,
-               ctx_size: int | None = None, kv_cache_dtype: str = "fp32") -> ModelParts:
+               ctx_size: int | None = None, kv_cache_dtype: str = "auto") -> ModelParts:
     """`quantization`: auto (on the CPU kernels a GGUF file's own blocks, else int4:
     `automatic_quantization`; none off the CPU), none, int8, int4 (quantize the loaded weights), or
     gguf (keep a GGUF file's own quantized tensors);
@@ -63,7 +64,7 @@ def load_parts(model=None, dtype: str = "fp32", device: str = "cpu", threads: in
     best this CPU runs, or $SPECEE_CPU_TIER); False: PyTorch's own. `ctx_size`: the context a
     generation may fill (default the model's, at most DEFAULT_CONTEXT); on the CPU, a model whose
     weights and full KV cache will not fit in the memory available is refused before it loads.
-    `kv_cache_dtype`: fp32, or fp16 (the compiled CPU kernels only)."""
+    `kv_cache_dtype`: fp32, fp16 (the compiled CPU kernels only), or auto (`kv_cache_element`)."""
     torch_dtype, torch_device = parse_dtype(dtype), parse_device(device)
     if ctx_size is not None and (not isinstance(ctx_size, int) or ctx_size <= 0):
         raise ValueError(f"ctx_size must be a positive integer, got {ctx_size}")
@@ -81,7 +82,6 @@ def load_parts(model=None, dtype: str = "fp32", device: str = "cpu", threads: in
                              "Hugging Face directory: pass the .gguf file, or use --quantization int8 or int4")
     config = read_config(directory)
     kernels = cpu_kernels(cpu_tier) if compile and torch_device.type == "cpu" else None
-    kv_dtype = parse_kv_cache_dtype(kv_cache_dtype, kernels)
     if quantization == "auto":
         quantization = automatic_quantization(config, torch_device)
         if gguf and quantization != "none" and kernels is not None:
@@ -89,6 +89,8 @@ def load_parts(model=None, dtype: str = "fp32", device: str = "cpu", threads: in
 
             # The file's own blocks: off the kernels grouped int8 would run dense, so int4 stays.
             quantization = "gguf" if file_is_quantized(source) else quantization
+    kernels_attend = kernels is not None and attends_on_kernels(config, torch_device)
+    kv_dtype = kv_cache_element(kv_cache_dtype, kernels_attend, quantization)
     context = context_length(config, ctx_size)
     if torch_device.type == "cpu":
         check_fits(estimate_memory(source, directory, gguf, quantization, torch_dtype, config, context,
@@ -106,21 +108,23 @@ def load_parts(model=None, dtype: str = "fp32", device: str = "cpu", threads: in
     if torch_device.type == "cpu":
         pack_linears(net)  # the dense matrices left, if any
     net = with_kernels(net, kernels)
-    if kv_dtype != torch.float32 and not net.uses_kernels:
-        raise ValueError(f"--kv-cache-dtype fp16 runs on specee's compiled CPU kernels, which this {dtype} model does "
-                         "not run on: use fp32")
     net.kv_cache_dtype = kv_dtype
     return ModelParts(net, Tokenizer(directory, config.eos_token_ids), source, quantization, context)
 
 
-def parse_kv_cache_dtype(name: str, kernels) -> torch.dtype:
-    """The CPU cache's element: fp32, or fp16 where the passes run on the compiled kernels (the
-    only attention here that reads halves)."""
-    if name not in KV_CACHE_DTYPES:
-        raise ValueError(f"unknown KV cache dtype {name!r} (choose from {', '.join(KV_CACHE_DTYPES)})")
-    if name == "fp16" and kernels is None:
+def kv_cache_element(name: str, kernels_attend: bool, quantization: str) -> torch.dtype:
+    """The CPU cache's element: fp32, or fp16 where attention runs on the compiled kernels (the
+    only attention here that reads halves). auto: fp16 where quantized weights attend on the
+    kernels, as llama.cpp's default cache (its measured cost in quality is nil: BENCHMARKS.md, "What
+    an fp16 KV cache costs in quality"; half the bytes a step reads at long contexts), else fp32, so
+    a model in fp32 weights keeps the Hugging Face reference's answers."""
+    if name not in KV_CACHE_CHOICES:
+        raise ValueError(f"unknown KV cache dtype {name!r} (choose from {', '.join(KV_CACHE_CHOICES)})")
+    if name == "auto":
+        return torch.float16 if kernels_attend and quantization != "none" else torch.float32
+    if name == "fp16" and not kernels_attend:
         raise ValueError("--kv-cache-dtype fp16 runs on specee's compiled CPU kernels, and this load has none "
-                         "(--no-compile, a GPU, or no C++ compiler): use fp32")
+                         "(--no-compile, a GPU, no C++ compiler, or heads not a multiple of 16): use fp32")
     return KV_CACHE_DTYPES[name]
 
 

@@ -139,7 +139,8 @@ class LoadOptions:
     the model's context, at most 4096). `prefix_cache_mb`: the prefix cache's memory (default on the
     CPU kernels: the model's K/V for 8192 tokens, at most an eighth of the available memory and
     1 GiB; else 0 = off). `suffix_cache_tokens`: what `auto`'s suffix cache of earlier requests keeps
-    (None: its default). `kv_cache_dtype`: fp32, or fp16 on the CPU kernels. The help texts are the flags'."""
+    (None: its default). `kv_cache_dtype`: fp32, fp16 on the CPU kernels, or auto (fp16 where quantized
+    weights run on them). The help texts are the flags'."""
 
     model: Any = option(help="GGUF file or Hugging Face model directory (default: SmolLM2-135M-Instruct)")
     dtype: str = option("fp32", "fp32 or bf16 (default fp32)")
@@ -166,10 +167,11 @@ class LoadOptions:
         help="tokens of earlier prompts and answers the server-wide suffix cache keeps for `auto` to draft from "
              "(default 262144, about 16 MB; 0 = off)", parse=non_negative_int)
     kv_cache_dtype: str = option(
-        "fp32", "the KV cache's element on the CPU: fp32, or fp16 (half its memory, and half the bytes a step reads "
-                "at long contexts, on specee's compiled kernels; each key and value rounded to fp16, as llama.cpp's "
-                "default cache; speculative decoding matches dense decoding on the same cache) (default {default})",
-        choices=("fp32", "fp16"))
+        "auto", "the KV cache's element on the CPU: fp32, fp16 (half its memory, and half the bytes a step reads at long "
+                "contexts; specee's compiled kernels only; each key and value rounded to fp16, as llama.cpp's default "
+                "cache; speculative decoding matches dense decoding on the same cache), or auto (fp16 where quantized "
+                "weights run on the compiled kernels, else fp32) (default {default})",
+        choices=("auto", "fp32", "fp16"))  # loader.KV_CACHE_CHOICES, without importing torch
     cpu_tier: str | None = option(
         help="which instruction set specee's kernels use: auto (the best this CPU runs; or $SPECEE_CPU_TIER), or a "
              "lower tier to run and time it; every tier gives the same bits", choices=("auto",) + TIER_NAMES)

@@ -4,6 +4,7 @@ cache holding the same halves, in every tier, for every row of a pass as for the
 speculative decoding on it stays lossless against dense decoding on it."""
 from __future__ import annotations
 
+import dataclasses
 import random
 import subprocess
 import sys
@@ -106,14 +107,33 @@ def test_every_tier_gives_the_portable_tiers_logits_on_a_half_cache(tier):
     assert not torch.equal(logits["portable"], full)  # the halves are not the fp32 values
 
 
-def test_a_cache_of_halves_is_refused_without_the_compiled_kernels(kernels):
-    from specee.loader import parse_kv_cache_dtype
+def test_a_cache_of_halves_is_refused_without_the_compiled_kernels():
+    from specee.loader import kv_cache_element
 
     with pytest.raises(ValueError, match="compiled CPU kernels"):
-        parse_kv_cache_dtype("fp16", None)
+        kv_cache_element("fp16", False, "gguf")
     with pytest.raises(ValueError, match="unknown KV cache dtype"):
-        parse_kv_cache_dtype("fp8", kernels)
-    assert parse_kv_cache_dtype("fp16", kernels) == torch.float16 and parse_kv_cache_dtype("fp32", None) == torch.float32
+        kv_cache_element("fp8", True, "gguf")
+    assert kv_cache_element("fp16", True, "none") == torch.float16
+    assert kv_cache_element("fp32", True, "gguf") == kv_cache_element("fp32", False, "none") == torch.float32
+
+
+@pytest.mark.parametrize("attend, quantization, expected", [
+    (True, "gguf", torch.float16), (True, "int4", torch.float16), (True, "int8", torch.float16),
+    (True, "none", torch.float32),  # fp32 weights keep the Hugging Face reference's answers
+    (False, "gguf", torch.float32), (False, "none", torch.float32)])  # no attention that reads halves
+def test_auto_keeps_halves_where_quantized_weights_attend_on_the_kernels(attend, quantization, expected):
+    from specee.loader import kv_cache_element
+
+    assert kv_cache_element("auto", attend, quantization) == expected
+
+
+def test_the_options_offer_the_loaders_cache_dtypes():
+    from specee.loader import KV_CACHE_CHOICES
+    from specee.options import LoadOptions
+
+    field = next(f for f in dataclasses.fields(LoadOptions) if f.name == "kv_cache_dtype")
+    assert tuple(field.metadata["choices"]) == KV_CACHE_CHOICES and field.default == "auto"
 
 
 def test_the_memory_check_counts_two_bytes_an_element():
@@ -156,11 +176,17 @@ def test_speculative_decoding_on_a_half_cache_gives_dense_decodings_tokens(defau
 
 
 @pytest.mark.slow
-def test_the_command_line_takes_the_flag_and_says_so():
-    done = subprocess.run([sys.executable, "-m", "specee", "generate", "Say hi.", "--max-tokens", "4",
-                           "--kv-cache-dtype", "fp16"], capture_output=True, text=True, timeout=300)
+def test_the_command_line_keeps_halves_by_default_and_says_so():
+    """The default model in its default format (the file's blocks, on the kernels) keeps an fp16
+    cache; --kv-cache-dtype fp32 keeps floats; fp16 off the kernels is refused."""
+    done = subprocess.run([sys.executable, "-m", "specee", "generate", "Say hi.", "--max-tokens", "4"],
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "KV cache fp16 up to 0.09 GiB" in done.stderr
+    floats = subprocess.run([sys.executable, "-m", "specee", "generate", "Say hi.", "--max-tokens", "4",
+                             "--kv-cache-dtype", "fp32"], capture_output=True, text=True, timeout=300)
+    assert floats.returncode == 0, floats.stderr
+    assert "KV cache up to 0.18 GiB" in floats.stderr
     refused = subprocess.run([sys.executable, "-m", "specee", "generate", "Say hi.", "--kv-cache-dtype", "fp16",
                               "--no-compile"], capture_output=True, text=True, timeout=300)
     assert refused.returncode != 0 and "Traceback" not in refused.stderr

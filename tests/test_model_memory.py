@@ -58,8 +58,9 @@ def test_a_model_that_cannot_fit_is_refused_before_it_loads(gguf_path, monkeypat
     from specee.model.loading import read_config, resolve_model_dir
 
     directory = resolve_model_dir(gguf_path)
-    needed = memory.estimate_memory(gguf_path, directory, True, "gguf", torch.float32, read_config(directory), 512)
-    assert needed.kv_cache == 2 * 2 * 2 * 64 * 4 * 512  # keys and values, layers, KV heads, head_dim, fp32
+    # The file's blocks on the kernels keep an fp16 cache (--kv-cache-dtype auto).
+    needed = memory.estimate_memory(gguf_path, directory, True, "gguf", torch.float32, read_config(directory), 512, 2)
+    assert needed.kv_cache == 2 * 2 * 2 * 64 * 2 * 512  # keys and values, layers, KV heads, head_dim, fp16
     monkeypatch.setattr(memory, "available_bytes", lambda: needed.total - needed.kv_cache // 2)
     with pytest.raises(ModelLoadError, match=r"KV cache for 512 tokens"):
         specee.load(gguf_path, threads=1)
@@ -70,7 +71,7 @@ def test_the_cli_says_the_context_and_refuses_what_cannot_fit(gguf_path, capsys,
     code = main(["generate", "Hello", "--model", str(gguf_path), "--ctx-size", "64", "--max-tokens", "2", "--threads", "1"])
     err = capsys.readouterr().err
     assert code == 0 and "tiny.gguf loaded in" in err and "gguf weights" in err
-    assert "context 64 tokens (KV cache up to 0.00 GiB); 1 threads (--threads)" in err
+    assert "context 64 tokens (KV cache fp16 up to 0.00 GiB); 1 threads (--threads)" in err
     monkeypatch.setattr(cores, "physical_cores", lambda: 1)
     assert main(["generate", "Hello", "--model", str(gguf_path), "--ctx-size", "64", "--max-tokens", "2"]) == 0
     assert "; 1 threads (this machine's physical cores; --threads to change)" in capsys.readouterr().err

@@ -14,7 +14,7 @@ from .thread_governor import ThreadGovernor
 def with_kernels(model: Transformer, kernels) -> Transformer:
     """`model` attending through `kernels` where they fit (fp32 cache on the CPU, heads of a
     multiple of 16), its norms and gates on them where its rows fit; None: through PyTorch's."""
-    fits = model.device.type == "cpu" and model.config.head_dim % 16 == 0
+    fits = attends_on_kernels(model.config, model.device)
     for layer in model.layers:
         layer.self_attn.kernels = kernels if fits else None
     c = model.config
@@ -29,6 +29,11 @@ def with_kernels(model: Transformer, kernels) -> Transformer:
     for index, layer in enumerate(model.layers):
         layer.fused = None if model.fused_stack is None else (*model.fused_stack, index)
     return model
+
+
+def attends_on_kernels(config, device: torch.device) -> bool:
+    """Whether a model of `config` on `device` attends through the kernels (their heads are a multiple of 16)."""
+    return device.type == "cpu" and config.head_dim % 16 == 0
 
 
 def rows_on_kernels(module: nn.Module, kernels) -> nn.Module:
