@@ -46,7 +46,8 @@ def profile(model, tokens: int, context: int, repeats: int) -> dict:
     cache = model.new_cache(context + tokens)
     ids = torch.randint(0, config.vocab_size, (context + tokens,), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
-        model.hidden(ids[:context], torch.arange(context), cache)
+        if context:  # a pass after no context at all is a prompt's first chunk
+            model.hidden(ids[:context], torch.arange(context), cache)
         positions = torch.arange(context, context + tokens)
 
         def layers():
@@ -105,6 +106,8 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=10)
     args = parser.parse_args()
+    if args.context < 0:
+        parser.error("--context: the cached tokens before the pass, 0 or more")
     model = load_parts(args.model, quantization=args.quantization, compile=True, cpu_tier=args.cpu_tier).model
     rows = []
     for threads in (int(t) for t in args.threads.split(",")):
