@@ -38,14 +38,16 @@ def gemma():
 
 
 @pytest.fixture(scope="module")
-def eagle_head(gemma, tmp_path_factory):
+def eagle_head(gemma, dense, tmp_path_factory):
+    """Over a reduced vocabulary, as `specee train eagle` makes one: the tokens the model emits
+    (here its answers to PROMPTS). Scoring all 262,144 would make each draft step cost half a pass."""
     from helpers import pass_through_head
     from specee.drafters.eagle import EagleArtifact
     from specee.model.fingerprint import weights_fingerprint
 
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("eagle") / "head.pt"
-    vocab = torch.arange(gemma.model.config.vocab_size)
+    vocab = torch.tensor(sorted({token for answer in dense.values() for token in answer}))
     EagleArtifact(pass_through_head(gemma.model.config).state_dict(), vocab, weights_fingerprint(gemma.model)).save(path)
     return str(path)
 
