@@ -15,6 +15,7 @@ from specee.batch import Batch
 from specee.cli import main
 from specee.drafters.auto import (COSTLY_DRAFT_LIMIT, MARGIN, SUFFIX_DRAFT_LIMIT, SUFFIX_STREAK_LIMIT, AutoDrafter, Choice,
                                   RowPrice)
+from specee.drafters.dense_guard import FIRST_REST
 from specee.drafters.ngram import NgramModel
 from specee.drafters.prompt_lookup import PromptLookup
 from specee.drafters.suffix_cache import SuffixCache
@@ -353,6 +354,60 @@ def test_a_few_slow_passes_barely_move_the_row_price(seed):
     for r in rows:
         price.record(r, 0.010 * (1 + 0.6 * r))
     assert price.cost == pytest.approx(0.6, rel=0.05)
+
+
+class Clock:
+    """Stands in for the drafter's clock: each reading is `tick` seconds after the one before."""
+
+    def __init__(self, tick: float) -> None:
+        self.now, self.tick = 0.0, tick
+
+    def __call__(self) -> float:
+        self.now += self.tick
+        return self.now
+
+
+def decode_against(auto: AutoDrafter, stats: GenerationStats, text: list[int], start: int, steps: int) -> list[bool]:
+    """Step `auto` through `text` from `start` as verification would (a draft is accepted as far as
+    it agrees with the text), each pass 10 ms; returns whether each step consulted the drafters."""
+    auto.reset(text[:start])
+    auto.clock = Clock(0.0001)  # a consultation reads it twice choosing and twice scoring: 0.2 ms
+    consulted, end = [], start
+    for _ in range(steps):
+        draft = auto.propose(text[:end], 8)
+        accepted = 0
+        while accepted < len(draft.tokens) and draft.tokens[accepted] == text[end + accepted]:
+            accepted += 1
+        consulted.append(not auto.last.resting)
+        stats.verify_s += 0.010
+        end += accepted + 1
+        auto.update(text[:end], accepted)
+    return consulted
+
+
+def test_in_a_shared_pass_consultations_that_find_nothing_rest_once_their_time_cost_a_dense_step():
+    """0.2 ms of each 10 ms pass, which 8 members share, is 16% of this member's token: after
+    seven consultations that found nothing worth a row the balance is past a dense step lost, and
+    the consultations (and the scoring of copies) rest for longer after each probe that finds nothing.
+    Alone, the consultation is the pass's own business: it never rests for its time."""
+    rng = random.Random(0)
+    text = [rng.randrange(100, 110) for _ in range(200)]  # short matches everywhere, none worth a crowded row
+    crowded, crowded_stats = drafter(passes=Sharing(7, 7))
+    consulted = decode_against(crowded, crowded_stats, text, 40, 60)
+    assert all(consulted[:7]) and not consulted[7]
+    assert 8 <= sum(consulted) <= 12  # then probes after rests of 4, 8, 16, 32 passes
+    alone, alone_stats = drafter()
+    assert sum(decode_against(alone, alone_stats, text, 40, 60)) > 2 * sum(consulted)  # (its own guard rests failing copies)
+    assert alone.consulting.balance == 0 and alone.consulting.rest_length == FIRST_REST  # never judged, never rested
+    assert sum(crowded.lookup.reliability.trials) < sum(alone.lookup.reliability.trials) / 2
+
+
+def test_in_a_shared_pass_consultations_whose_drafts_pay_go_on():
+    text = PATTERN * 12
+    auto, stats = drafter(passes=Sharing(1, 1))
+    consulted = decode_against(auto, stats, text, len(PATTERN), 20)
+    assert all(consulted) and auto.consulting.balance > 0
+    assert stats.drafters["prompt-lookup"]["accepted"] > 20
 
 
 def test_in_a_batch_auto_answers_as_alone_and_drafts_less(engine):

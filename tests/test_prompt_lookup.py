@@ -53,3 +53,17 @@ def test_candidates_rank_every_continuation_by_frequency_latest_first_on_ties():
     reliability = PRIOR_HIT_RATE[0]  # a 1-token match, nothing observed yet
     assert PromptLookup().candidates(context, 3) == [(5, 0.5 * reliability), (9, 0.25 * reliability), (7, 0.25 * reliability)]
     assert PromptLookup().match(context) == (1, [1, 3, 5, 7])
+
+
+def test_an_unscored_update_indexes_the_new_tokens_without_scoring_their_copies():
+    scored, unscored = PromptLookup(), PromptLookup()
+    text = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
+    for lookup in (scored, unscored):
+        lookup.reset(text[:4])
+    scored.update(text, 0)
+    unscored.update(text, 0, score=False)
+    # Every new token after the first (whose [4] had not occurred before) followed a match, and was its copy.
+    assert sum(scored.reliability.trials) == sum(scored.reliability.hits) == 5
+    assert sum(unscored.reliability.trials) == 0
+    # Both indexed every token: the copy after [1, 2] is the same.
+    assert unscored.propose(text, 2).tokens == scored.propose(text, 2).tokens == [3, 4]

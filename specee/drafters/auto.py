@@ -11,7 +11,11 @@ the table's probability, the suffix cache's rate for its match length) times thi
 calibration: accepted over expected draft tokens of that drafter so far. So a request whose
 copies keep failing stops drafting, and one whose text becomes copyable (a match appears) starts
 again; a guard (dense_guard.py) rests drafting when the latest drafted passes gave fewer tokens per
-unit of cost than dense steps. Given a draft model (`--draft-model`), it consults that model where
+unit of cost than dense steps. In a pass shared with other generations, consulting the drafters is
+itself a cost: every member waits for each one's Python between passes, and a full batch finds
+little worth a row. A second guard there keeps a balance of what the drafts gained against that
+time and their rows, and rests the consultations (and prompt lookup's scoring of its copies) once
+they have lost a dense step's worth. Given a draft model (`--draft-model`), it consults that model where
 the free drafters offer nothing worth a row, each node paying for its row and its draft pass
 (model_offer.py). Every draft is verified by the target, so the output is dense decoding's,
 whatever it chooses.
@@ -29,12 +33,13 @@ change the answer, so `auto` drafts nothing there: it always gives dense decodin
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from ..verification.draft import Draft
 from .base import Proposer
 from .copy_reliability import MAX_MATCH
-from .dense_guard import DenseGuard
+from .dense_guard import BalanceGuard, DenseGuard
 from .draft_model import DraftModel, draft_weights
 from .model_offer import ModelOffer
 from .ngram import NgramModel
@@ -138,6 +143,7 @@ class Choice:
 
 class AutoDrafter(Proposer):
     margin = MARGIN
+    clock = staticmethod(time.perf_counter)  # times the consultations (a test's clock may stand in)
 
     def __init__(self, lookup: PromptLookup, table: NgramModel | None, row_cost: float,
                  max_tokens: int = DRAFT_LIMIT, history: SuffixCache | None = None,
@@ -166,6 +172,8 @@ class AutoDrafter(Proposer):
         self.pending: Choice | None = None  # the choice verification has not yet answered
         self.price = RowPrice(row_cost)
         self.guard = DenseGuard()
+        self.consulting = BalanceGuard()  # in shared passes: consulting must pay for its own time
+        self.consult_s = 0.0  # this step's seconds of choosing and of scoring copies
         self.timed = 0.0  # the stats' verification seconds already read
 
     def reset(self, prompt: list[int], sampler=None) -> None:
@@ -186,6 +194,8 @@ class AutoDrafter(Proposer):
         self.copy_streak = self.suffix_streak = False
         self.price = RowPrice(self.row_cost)
         self.guard = DenseGuard()
+        self.consulting = BalanceGuard()
+        self.consult_s = 0.0
         self.timed = 0.0
 
     def watch(self, passes, stats) -> None:
@@ -303,12 +313,17 @@ class AutoDrafter(Proposer):
         return Offer("draft", tokens, reach, estimated, node_cost)
 
     def propose(self, context: list[int], max_tokens: int) -> Draft:
-        if self.guard.open:
-            suffix_limit = self.suffix_streak_tokens if self.suffix_streak else self.suffix_max_tokens
-            choice = self.choose(context, min(max_tokens, self.max_tokens), min(max_tokens, suffix_limit))
-        else:
+        if not self.guard.open:
             self.guard.rest()
             choice = Choice("none", [], 0.0, 0.0, 1.0, resting=True)
+        elif not self.consulting.open and self.sharing()[0]:
+            self.consulting.rest()
+            choice = Choice("none", [], 0.0, 0.0, 1.0, resting=True)
+        else:
+            began = self.clock()
+            suffix_limit = self.suffix_streak_tokens if self.suffix_streak else self.suffix_max_tokens
+            choice = self.choose(context, min(max_tokens, self.max_tokens), min(max_tokens, suffix_limit))
+            self.consult_s = self.clock() - began
         if self.last is not None and choice.source != self.last.source and self.stats is not None:
             self.stats.record_switch(lambda: self.explain(context, choice))
         self.last = self.pending = choice
@@ -328,8 +343,13 @@ class AutoDrafter(Proposer):
                 "sharing": list(self.sharing(coming=True)), "resting": choice.resting}
 
     def update(self, context: list[int], num_accepted: int) -> None:
-        self.lookup.update(context, num_accepted)
         choice, self.pending = self.pending, None  # None: a pass auto did not draft (a grammar's)
+        consulted = choice is not None and not choice.resting
+        began = self.clock()
+        # A resting consultation in a shared pass leaves the copies unscored; one alone always scores.
+        self.lookup.update(context, num_accepted, score=consulted or self.consulting.open)
+        if consulted:
+            self.consult_s += self.clock() - began
         drafted = 0 if choice is None else len(choice.tokens)
         branch = None if choice is None else choice.branch
         rows = drafted + (len(branch.tokens) if branch is not None else 0)
@@ -369,6 +389,17 @@ class AutoDrafter(Proposer):
             alone = sharing == (0, 0)  # a pass of its own: its time is its rows'
             if choice is not None and alone and not self.reproducible:
                 self.price.record(rows, seconds)
+            if consulted and not alone and seconds > 0:
+                self.judge_consulting(num_accepted, cost if drafted else 1.0, sharing[0], seconds)
+        self.consult_s = 0.0
+
+    def judge_consulting(self, accepted: int, cost: float, others: int, seconds: float) -> None:
+        """A consultation in a shared pass: the pass gave this member accepted + 1 tokens and cost
+        `cost` dense steps; the consultation's time delayed the pass (`seconds`, as this member
+        waited for it) for every member. Both are charged at the whole batch's rate of tokens, a
+        dense step bringing each of the others + 1 members one."""
+        delay = self.consult_s / seconds
+        self.consulting.record(accepted, 1 + (others + 1) * (cost - 1 + delay), shared=True)
 
     def take_bytes_read(self) -> int:
         return super().take_bytes_read() + (self.model.take_bytes_read() if self.model is not None else 0)

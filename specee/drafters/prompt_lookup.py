@@ -106,19 +106,21 @@ class PromptLookup(Proposer):
         reliability, ranked = self.copies(context, k)
         return [(token, share * reliability) for token, share in ranked]
 
-    def update(self, context: list[int], num_accepted: int) -> None:
+    def update(self, context: list[int], num_accepted: int, score: bool = True) -> None:
         """Score the copy this drafter would have offered before each newly committed token (how
-        reliable copies are in this text), then index the new tokens."""
+        reliable copies are in this text), then index the new tokens; `score` False only indexes
+        them (a caller resting its drafters spends nothing on what it will not ask)."""
         if self._scored is None:  # never reset: start with the tokens of this step
             self._scored = max(0, len(context) - num_accepted - 1)
         if self.index.covered(context) != self._scored:  # a text not indexed (never reset, or another)
             self.index.reset(context[: self._scored])
         text = self.index.tokens  # the text before each new token in turn, indexed token by token
         for token in context[self._scored :]:
-            n, follows = self.match(text)
-            if n:
-                best = ranked_continuations(text, follows, 1)[0][0]
-                self.reliability.record(self.match_length(text, follows, n), best == token)
+            if score:
+                n, follows = self.match(text)
+                if n:
+                    best = ranked_continuations(text, follows, 1)[0][0]
+                    self.reliability.record(self.match_length(text, follows, n), best == token)
             self.index.append(token)
             self._whole = None
         self._scored = len(context)
