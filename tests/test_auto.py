@@ -396,6 +396,13 @@ def test_in_a_shared_pass_consultations_that_find_nothing_rest_once_their_time_c
     consulted = decode_against(crowded, crowded_stats, text, 40, 60)
     assert all(consulted[:7]) and not consulted[7]
     assert 8 <= sum(consulted) <= 12  # then probes after rests of 4, 8, 16, 32 passes
+    # The next request of the same strategy starts resting (the others found consulting a loss here),
+    # but probes its own text after the first rest; that probe found nothing either: a longer rest.
+    assert crowded.consult_record.rest_length > 4 * FIRST_REST
+    joining = AutoDrafter(PromptLookup(), None, 0.2, consult_record=crowded.consult_record)
+    joining.watch(Sharing(7, 7), GenerationStats())
+    later = decode_against(joining, joining.stats, text, 40, 20)
+    assert later == [False] * FIRST_REST + [True] + [False] * 2 * FIRST_REST + [True] + [False] * 6
     alone, alone_stats = drafter()
     assert sum(decode_against(alone, alone_stats, text, 40, 60)) > 2 * sum(consulted)  # (its own guard rests failing copies)
     assert alone.consulting.balance == 0 and alone.consulting.rest_length == FIRST_REST  # never judged, never rested

@@ -15,7 +15,8 @@ unit of cost than dense steps. In a pass shared with other generations, consulti
 itself a cost: every member waits for each one's Python between passes, and a full batch finds
 little worth a row. A second guard there keeps a balance of what the drafts gained against that
 time and their rows, and rests the consultations (and prompt lookup's scoring of its copies) once
-they have lost a dense step's worth. Given a draft model (`--draft-model`), it consults that model where
+they have lost a dense step's worth; where it stands is shared by the strategy's requests, so a
+short request joining a full batch starts where the others left off. Given a draft model (`--draft-model`), it consults that model where
 the free drafters offer nothing worth a row, each node paying for its row and its draft pass
 (model_offer.py). Every draft is verified by the target, so the output is dense decoding's,
 whatever it chooses.
@@ -39,7 +40,7 @@ from dataclasses import dataclass
 from ..verification.draft import Draft
 from .base import Proposer
 from .copy_reliability import MAX_MATCH
-from .dense_guard import BalanceGuard, DenseGuard
+from .dense_guard import FIRST_REST, BalanceGuard, DenseGuard, GuardRecord
 from .draft_model import DraftModel, draft_weights
 from .model_offer import ModelOffer
 from .ngram import NgramModel
@@ -148,7 +149,7 @@ class AutoDrafter(Proposer):
     def __init__(self, lookup: PromptLookup, table: NgramModel | None, row_cost: float,
                  max_tokens: int = DRAFT_LIMIT, history: SuffixCache | None = None,
                  suffix_max_tokens: int | None = None, model: ModelOffer | None = None,
-                 suffix_streak_tokens: int | None = None) -> None:
+                 suffix_streak_tokens: int | None = None, consult_record: GuardRecord | None = None) -> None:
         self.lookup = lookup
         self.table = table
         self.model = model  # the user's draft model, consulted where the free drafters offer nothing
@@ -173,6 +174,7 @@ class AutoDrafter(Proposer):
         self.price = RowPrice(row_cost)
         self.guard = DenseGuard()
         self.consulting = BalanceGuard()  # in shared passes: consulting must pay for its own time
+        self.consult_record = consult_record or GuardRecord()  # ... as the strategy's requests found it
         self.consult_s = 0.0  # this step's seconds of choosing and of scoring copies
         self.timed = 0.0  # the stats' verification seconds already read
 
@@ -195,6 +197,11 @@ class AutoDrafter(Proposer):
         self.price = RowPrice(self.row_cost)
         self.guard = DenseGuard()
         self.consulting = BalanceGuard()
+        # Where the strategy's requests found consulting in shared passes a loss, this one starts
+        # resting too, but only for the first rest: its own text may copy, and its probe finds out.
+        # (A seeded request never shares a pass: it is never judged.)
+        if not self.reproducible:
+            self.consulting.resume(min(self.consult_record.rest_length, 2 * FIRST_REST))
         self.consult_s = 0.0
         self.timed = 0.0
 
@@ -399,7 +406,10 @@ class AutoDrafter(Proposer):
         waited for it) for every member. Both are charged at the whole batch's rate of tokens, a
         dense step bringing each of the others + 1 members one."""
         delay = self.consult_s / seconds
+        rest_length = self.consulting.rest_length
         self.consulting.record(accepted, 1 + (others + 1) * (cost - 1 + delay), shared=True)
+        if self.consulting.rest_length != rest_length:  # a rest began, or a probe paid: news for the others
+            self.consult_record.rest_length = self.consulting.rest_length
 
     def take_bytes_read(self) -> int:
         return super().take_bytes_read() + (self.model.take_bytes_read() if self.model is not None else 0)
@@ -453,8 +463,9 @@ def _auto_method(config, artifacts) -> Drafting:
         limit = suffix_limit = streak_limit = 0  # drafts would not be lossless here: every pass is a dense step
     history = artifacts.suffix_cache  # the engine's, shared by all its generations
     make_model = draft_model_offer(config, artifacts)
+    consult_record = GuardRecord()  # shared by the requests of this strategy (the server builds one per configuration)
     return Drafting(lambda: AutoDrafter(PromptLookup(num_draft_tokens=max(limit, suffix_limit, 1)), table, row_cost, limit, history,
-                                        suffix_limit, make_model(), streak_limit),
+                                        suffix_limit, make_model(), streak_limit, consult_record),
                     num_draft_tokens=max(limit, streak_limit, 1), adaptive=False)
 
 

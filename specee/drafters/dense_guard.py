@@ -9,6 +9,7 @@ then one drafted pass probes again; a probe that pays ends the rest and resets i
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 
 # Drafted passes judged together, and the share of their cost their tokens must reach (none of
 # their drafts accepted rests drafting too, however cheap the rows). Copies accepted a third of the
@@ -100,3 +101,12 @@ class BalanceGuard(DenseGuard):
         if self.balance < -LOSS_TO_REST:
             self._start_rest()
             self.balance = 0.0
+
+
+@dataclass
+class GuardRecord:
+    """What an engine's requests learned under one guard: the rest it would take next (FIRST_REST:
+    it paid lately, or was never judged). Requests share it, so a new one starts where the latest
+    stands (`DenseGuard.resume`) instead of learning again what the others learned."""
+
+    rest_length: int = FIRST_REST

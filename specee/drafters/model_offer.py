@@ -8,7 +8,7 @@ sampled request keeps the bytes' ratio, so its answer never depends on timing). 
 own (dense_guard.py's BalanceGuard) stops consulting the model once its consultations lost about a
 dense step's worth (tokens gained minus their cost, draft passes included): a draft model that
 cannot pay on this text is dropped within a few passes, and probed again later. Where that guard
-stands is the engine's, shared by its requests (`DraftRecord`): after a few requests that found
+stands is the engine's, shared by its requests (`GuardRecord`): after a few requests that found
 the draft model losing, the next start resting too, and one whose probe pays opens it for the
 next. The draft model reads only the prompt's last CONTEXT_WINDOW tokens, then everything after
 them: its cache must first take in every token it has not seen, and a long prompt taken in whole
@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass
 from statistics import median
 
 from ..artifact_store import ArtifactLoader, register_artifact
-from .dense_guard import FIRST_REST, BalanceGuard
+from .dense_guard import BalanceGuard, GuardRecord
 from .draft_model import DraftModel
 
 # Draft passes whose seconds give the draft's price (the latest ones: the context grows).
@@ -31,19 +30,11 @@ TIMED_PASSES = 16
 CONTEXT_WINDOW = 128
 
 
-@dataclass
-class DraftRecord:
-    """What an engine's requests learned of a draft model: the rest its guard would take next
-    (FIRST_REST: it paid lately, or was never judged). The one artifact requests write to."""
-
-    rest_length: int = FIRST_REST
-
-
 class ModelOffer:
-    def __init__(self, draft: DraftModel, bytes_share: float, record: DraftRecord | None = None) -> None:
+    def __init__(self, draft: DraftModel, bytes_share: float, record: GuardRecord | None = None) -> None:
         self.draft = draft
         self.bytes_share = bytes_share  # a draft pass's weight bytes over a target pass's
-        self.record = record or DraftRecord()
+        self.record = record or GuardRecord()
         self.seconds: deque[float] = deque(maxlen=TIMED_PASSES)
         self.guard = BalanceGuard()
         self.shared = True  # reads and writes the record
@@ -106,5 +97,5 @@ class ModelOffer:
         return self.draft.take_bytes_read()
 
 
-register_artifact(ArtifactLoader("draft-record", lambda spec, store: DraftRecord(),
+register_artifact(ArtifactLoader("draft-record", lambda spec, store: GuardRecord(),
                                  "auto's record of a draft model needs --draft-model"))
