@@ -88,7 +88,7 @@ def test_every_benchmark_script_has_a_run_here():
     """A new script in benchmarks/ needs its run below (cluster_scaling.py's is in test_cluster.py, on
     that module's Ray cluster)."""
     covered = {"agent_loop.py", "cluster_scaling.py", "cuda_pass_cost.py", "cuda_penalties_logprobs.py", "formats.py",
-               "head_bounds.py", "kv_cache_dtype.py", "kv_cache_quality.py", "multirow_cost.py", "paired_decode.py",
+               "batch_auto.py", "head_bounds.py", "kv_cache_dtype.py", "kv_cache_quality.py", "multirow_cost.py", "paired_decode.py",
                "pass_profile.py", "prefix_cache_budget.py", "prefix_cache_turns.py", "structured_output.py", "tier_rows.py"}
     assert {p.name for p in BENCHMARKS.glob("*.py")} <= covered
 
@@ -352,3 +352,21 @@ def test_pass_profile(tiny):
         assert 0 < sum(t["work"] + t["wait"] for t in steps.values()) < 10 * ms["layers"]
     code, _, stderr = run("pass_profile.py", "--model", model, "--context", "-1", directory=directory, ok=False)
     assert code == 2 and "--context: the cached tokens before the pass, 0 or more" in stderr, stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_batch_auto_times_auto_against_dense_in_a_batch_with_the_same_answers(tiny):
+    directory, model = tiny
+    report = last_json(run("batch_auto.py", "--model", model, "--rounds", "2", "--width", "3", "--requests", "5",
+                           "--max-tokens", "6", directory=directory)[1])
+    assert report["spec_method"] == {"dense": "none", "auto": "auto"} and report["differ"] == 0
+    dense, auto = report["modes"]["dense"], report["modes"]["auto"]
+    assert_dense(dense)
+    assert set(auto["method_passes"]) <= {"prompt-lookup", "ngram", "none"}  # the suffix cache is off
+    assert dense["tokens"] == auto["tokens"] > 0 and dense["passes"] >= 6  # 5 requests of up to 6 tokens, 3 at a time
+    # Each mode's run is its passes and its Python between them; the modeled times are priced on one line.
+    for mode in (dense, auto):
+        assert 0 < mode["pass_s"] < mode["wall_s"] and mode["python_s"] == pytest.approx(mode["wall_s"] - mode["pass_s"])
+    assert 0 < report["wall_ratio"] < math.inf
+    # Passes of 3, 2 and 1 rows as the batch drains: a line to price them on.
+    assert report["line"]["row_s"] != 0 and report["modeled_ratio"] == pytest.approx(dense["modeled_s"] / auto["modeled_s"])
