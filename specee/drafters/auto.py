@@ -16,9 +16,9 @@ itself a cost: every member waits for each one's Python between passes, and a fu
 little worth a row. A second guard there keeps a balance of what the drafts gained against that
 time and their rows, and rests the consultations (and prompt lookup's scoring of its copies) once
 they have lost a dense step's worth; where it stands is shared by the strategy's requests, so a
-short request joining a full batch starts where the others left off. Given a draft model (`--draft-model`), it consults that model where
-the free drafters offer nothing worth a row, each node paying for its row and its draft pass
-(model_offer.py). Every draft is verified by the target, so the output is dense decoding's,
+short request joining a full batch starts where the others left off. Given a draft model
+(`--draft-model`), it consults that model where the free drafters offer nothing worth a row, each
+node paying for its row and its draft pass (model_offer.py). Every draft is verified by the target, so the output is dense decoding's,
 whatever it chooses.
 
 A row's price, as a share of a one-row pass, starts at the model's `extra_row_cost` and follows
