@@ -1,5 +1,5 @@
 """`auto` against dense in a continuous batch, in one process: the short requests `specee bench-serve`
-sends (`serve_bench.PROMPTS` in turn) run as `batch.run_together` runs them, --width at a time, the modes
+sends (`serve_bench.PROMPTS` in turn) through `batch.run_together`, --width at a time, the modes
 taking turns (rotated each round) after a warm-up; greedy, stopping at EOS or --max-tokens, the
 suffix cache off (a round would copy the answers of the rounds before it). Every pass is timed.
 Per mode: passes and rows a run, the passes' seconds, the Python between passes (the members'
@@ -19,7 +19,7 @@ import statistics
 import time
 
 import specee
-from specee.batch import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK, Batch
+from specee.batch import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK, Batch, run_together
 from specee.engine import Generation
 from specee.eval.bench import rotated
 from specee.eval.serve_bench import PROMPTS
@@ -30,24 +30,28 @@ MODES = {"dense": "none", "auto": "auto"}
 LINE_ROWS = 24
 
 
+class TimedBatch(Batch):
+    """A batch that adds each pass's (mode, rows, seconds) to `log`."""
+
+    def __init__(self, model, mode: str, log: list[tuple[str, int, float]]) -> None:
+        super().__init__(model, DEFAULT_PREFILL_CHUNK)
+        self.mode, self.log = mode, log
+
+    def run_pass(self) -> int:
+        began = time.perf_counter()
+        rows = super().run_pass()
+        self.log.append((self.mode, rows, time.perf_counter() - began))
+        return rows
+
+
 def run(engine, strategy, mode: str, prompts: list[str], width: int, max_tokens: int,
         log: list[tuple[str, int, float]]) -> dict:
-    """The requests through one batch, as `batch.run_together` runs them, each pass's (mode, rows,
-    seconds) added to `log`."""
+    """The requests through one batch (`batch.run_together`), each pass's (mode, rows, seconds)
+    added to `log`."""
     generations = [Generation(engine, prompt, max_tokens=max_tokens, strategy=strategy) for prompt in prompts]
-    passes = []
-    shared = Batch(engine.model, DEFAULT_PREFILL_CHUNK)
-    waiting = list(reversed(generations))
+    passes: list[tuple[str, int, float]] = []
     began = time.perf_counter()
-    while waiting or shared.members:
-        while waiting and len(shared.members) < width:
-            shared.add(waiting.pop())
-        for _, made in shared.advance():
-            if isinstance(made, Exception):
-                raise made
-        started = time.perf_counter()
-        rows = shared.run_pass()
-        passes.append((mode, rows, time.perf_counter() - started))
+    run_together(engine.model, generations, width, batch=TimedBatch(engine.model, mode, passes))
     wall = time.perf_counter() - began
     log += passes
     results = [generation.result for generation in generations]

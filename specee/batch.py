@@ -216,12 +216,13 @@ class Batch:
 
 
 def run_together(model: Transformer, generations: list[Generation], width: int = DEFAULT_MAX_BATCH,
-                 prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK) -> list[Result]:
+                 prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK, batch: Batch | None = None) -> list[Result]:
     """Run `generations` in one continuous batch of at most `width` at a time (a new one joins as
     one ends), as `specee serve` would; returns their results in order. Offline work on many
     prompts (a training corpus of the model's own answers) goes several times faster than one
-    generation at a time, with the same tokens."""
-    batch = Batch(model, prefill_chunk)
+    generation at a time, with the same tokens. `batch`: an empty one to run them in (a benchmark's,
+    which times its passes); default a new one of `model` with `prefill_chunk`."""
+    batch = batch or Batch(model, prefill_chunk)
     waiting = list(reversed(generations))
     while waiting or batch.members:
         while waiting and len(batch.members) < width:
