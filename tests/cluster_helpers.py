@@ -2,6 +2,8 @@
 `specee serve --replicas 2` on it, for tests/test_cluster*.py. One specee application runs on a
 cluster at a time (Serve has one HTTP proxy and the app takes the root route)."""
 import os
+import random
+import socket
 import sys
 import time
 
@@ -9,13 +11,35 @@ import httpx
 import openai
 
 from serve_helpers import ROOT
-from specee.eval.server_process import ChildServer, free_port
+from specee.eval.server_process import ChildServer
 from tiers import require_slow
 
 ENV = dict(os.environ, PYTHONPATH=str(ROOT))
 PROMPTS = ["Name three colours.", "What is 2+2?", "Write a haiku about rain.", "Say hello in French."]
 # Six 128-character blocks of the router's table in common: prefix routing's threshold is two.
 SYSTEM = "You are a terse assistant for a hardware shop; answer in one line. " * 12
+
+
+# Ray's processes bind ports the kernel picks (its ephemeral range, 32768 and up here) and its
+# workers take 10002-19999: a Serve port from the kernel's free_port() was taken by one of them
+# between the test's pick and the proxy's bind ("Failed to bind to address"). Serve ports come
+# from between the two.
+SERVE_PORTS = range(20000, 32768)
+
+
+def serve_port() -> int:
+    """A port for Ray Serve's HTTP proxy that no Ray process draws for itself, free now."""
+    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    for port in random.sample(SERVE_PORTS, 200):
+        if port >= low:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port for Ray Serve below the ephemeral range")
 
 
 def ray_cluster_fixture():
@@ -27,7 +51,7 @@ def ray_cluster_fixture():
     cluster.wait_for_nodes()
     # Ray Serve keeps the first HTTP address it was started with on a cluster (for a while after
     # `serve shutdown`, too): every application here uses the same one.
-    cluster.serve_port = free_port()
+    cluster.serve_port = serve_port()
     yield cluster
     cluster.shutdown()
 

@@ -16,10 +16,10 @@ import pytest
 import yaml
 
 from cluster_helpers import (ENV, PROMPTS, ROOT, SYSTEM, Replicated, answers, client, counter, ray_cluster_fixture,
-                             wait_for)
+                             serve_port, wait_for)
 from helpers import tiny_model_directory
 from serve_helpers import running_server
-from specee.eval.server_process import ChildServer, free_port
+from specee.eval.server_process import ChildServer
 
 pytestmark = pytest.mark.slow
 ray_cluster = pytest.fixture(scope="module")(ray_cluster_fixture)
@@ -166,7 +166,7 @@ def test_ctrl_c_in_a_terminal_stops_a_local_ray_gracefully(tiny_replicated, tiny
     they must outlive it long enough for the replicas to stop in order, and then go. The module's
     cluster runs meanwhile, its CPUs taken by its replicas: without --address the command starts a Ray of its own
     rather than join the cluster `ray start` left on this machine (where its replica would wait)."""
-    port = free_port()
+    port = serve_port()  # its own Ray's processes take kernel-picked ports
     command = [sys.executable, "-m", "specee.cli", "serve", "--port", str(port), "--model", tiny, "--replicas", "1",
                "--threads", "1"]  # no --address: a local Ray that stops with the command
     server = subprocess.Popen(command, cwd=ROOT, env=ENV, start_new_session=True, stdout=subprocess.DEVNULL,
