@@ -55,14 +55,20 @@ def run(engine, strategy, mode: str, prompts: list[str], width: int, max_tokens:
     wall = time.perf_counter() - began
     log += passes
     results = [generation.result for generation in generations]
-    method_passes: dict[str, int] = {}
-    for result in results:
-        for method, count in result.stats.method_passes.items():
-            method_passes[method] = method_passes.get(method, 0) + count
+    method_passes = merged(result.stats.method_passes for result in results)
     return {"wall_s": wall, "pass_s": sum(s for _, _, s in passes), "passes": len(passes),
             "rows": sum(r for _, r, _ in passes), "tokens": sum(len(r.token_ids) for r in results),
             "answers": [r.token_ids for r in results], "method_passes": method_passes,
             "drafted": sum(r.stats.draft_tokens_proposed for r in results)}
+
+
+def merged(counts) -> dict[str, int]:
+    """Passes by method, summed over several counts of them."""
+    total: dict[str, int] = {}
+    for count in counts:
+        for method, passes in count.items():
+            total[method] = total.get(method, 0) + passes
+    return total
 
 
 def pass_line(log: list[tuple[str, int, float]], large: bool = False) -> tuple[float, float] | None:
@@ -75,12 +81,10 @@ def pass_line(log: list[tuple[str, int, float]], large: bool = False) -> tuple[f
     return intercept, slope
 
 
-def priced(log: list[tuple[str, int, float]], mode: str) -> float | None:
-    """`mode`'s passes in `log`, each priced on its line (None: no line for the decode steps; a large
-    pass without a line of its own keeps its measured time)."""
-    small, large = pass_line(log), pass_line(log, large=True)
-    if small is None:
-        return None
+def priced(log: list[tuple[str, int, float]], mode: str, small: tuple[float, float],
+           large: tuple[float, float] | None) -> float:
+    """`mode`'s passes in `log`, each priced on its line (`pass_line`'s, for the decode steps and for
+    larger passes; a large pass without a line keeps its measured time)."""
     total = 0.0
     for m, rows, seconds in log:
         if m == mode:
@@ -115,17 +119,14 @@ def main() -> None:
         differ += runs["auto"][-1]["answers"] != runs["dense"][-1]["answers"]
         print(f"round {round_}: " + "  ".join(
             f"{mode} {runs[mode][-1]['wall_s']:.3f} s ({runs[mode][-1]['passes']} passes)" for mode in MODES))
-    line = pass_line(log)
+    line, large_line = pass_line(log), pass_line(log, large=True)
     report = {"spec_method": MODES, "rounds": args.rounds, "width": args.width, "differ": differ, "modes": {}}
     for mode, done in runs.items():
         python_s = statistics.fmean(r["wall_s"] - r["pass_s"] for r in done)
         modeled = None
         if line is not None:
-            modeled = priced(log, mode) / args.rounds + python_s
-        method_passes: dict[str, int] = {}
-        for r in done:
-            for method, count in r["method_passes"].items():
-                method_passes[method] = method_passes.get(method, 0) + count
+            modeled = priced(log, mode, line, large_line) / args.rounds + python_s
+        method_passes = merged(r["method_passes"] for r in done)
         report["modes"][mode] = {
             "passes": statistics.fmean(r["passes"] for r in done), "rows": statistics.fmean(r["rows"] for r in done),
             "pass_s": statistics.fmean(r["pass_s"] for r in done), "python_s": python_s,
