@@ -71,12 +71,17 @@ def test_hand_computed_backoff():
 
 
 def test_save_load_round_trip(model, tmp_path):
+    """A loaded table gives the saved one's answers, and arrives prepared for `best` (a server's
+    first request would otherwise build its dicts)."""
     path = tmp_path / "table.pt"
     model.save(path, fingerprint="smollm2-135m:abc")
     loaded = NgramModel.load(path, fingerprint="smollm2-135m:abc")
+    assert loaded.prepared and not model.prepared
     for context in CONTEXTS.values():
         assert torch.equal(loaded.distribution(context), model.distribution(context))
         assert loaded.top_k(context, 4) == model.top_k(context, 4)
+        assert loaded.best(context) == model.best(context)
+    assert model.prepared  # `best` prepares a table that was not
 
 
 def test_load_rejects_other_fingerprint_and_version(model, tmp_path):

@@ -76,7 +76,7 @@ class NgramModel:
         by_prob = np.argsort(-self.unigram, kind="stable")
         self._unigram_level = Level(by_prob, self.unigram[by_prob], backoff=0.0)
         self._best: dict[tuple[int, ...], tuple[int, float]] = {}
-        self._seen_best: list[dict] | None = None  # built by `best` at first use (seen_best)
+        self._seen_best: list[dict] | None = None  # built by `prepare` (seen_best)
 
     @staticmethod
     def train(
@@ -160,12 +160,23 @@ class NgramModel:
             self._best[key] = found
         return found
 
-    def _quick_best(self, key: tuple[int, ...]) -> tuple[int, float] | None:
-        """`best` from `seen_best`'s dicts (None for a table too large for them); a seen context
-        whose shorter ones might win is answered by `_find_best` once, then from its dict."""
+    def prepare(self) -> "NgramModel":
+        """Build what `best` reads (`seen_best`'s dicts, none for a table over SEEN_BEST_LIMIT), once.
+        Loading does it, so that a server's first request does not wait for it (the default
+        model's table: about 0.1 s)."""
         if self._seen_best is None:
             small = sum(len(table.contexts) for table in self.tables) <= SEEN_BEST_LIMIT
             self._seen_best = self.seen_best() if small else []
+        return self
+
+    @property
+    def prepared(self) -> bool:
+        return self._seen_best is not None
+
+    def _quick_best(self, key: tuple[int, ...]) -> tuple[int, float] | None:
+        """`best` from `seen_best`'s dicts (None for a table too large for them); a seen context
+        whose shorter ones might win is answered by `_find_best` once, then from its dict."""
+        self.prepare()
         if not self._seen_best:
             return None
         for k in range(min(self.order, len(key) + 1), 1, -1):
@@ -263,10 +274,12 @@ class NgramModel:
 
     @staticmethod
     def load(path: str | Path, fingerprint: str) -> "NgramModel":
-        """Load a table trained for the tokenizer with `fingerprint`; anything else is a ValueError."""
+        """Load a table trained for the tokenizer with `fingerprint`, prepared for `best`; anything
+        else is a ValueError."""
         saved = HEADER.load(path, fingerprint)
         tables = [OrderTable(**{name: tensor.numpy() for name, tensor in table.items()}) for table in saved["tables"]]
-        return NgramModel(saved["order"], saved["vocab_size"], saved["unigram"].numpy(), tables, saved.get("calibration"))
+        table = NgramModel(saved["order"], saved["vocab_size"], saved["unigram"].numpy(), tables, saved.get("calibration"))
+        return table.prepare()
 
 
 _UNSEEN = object()
