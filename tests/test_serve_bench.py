@@ -272,7 +272,7 @@ def test_each_mode_keeps_its_fastest_round(monkeypatch):
 
     monkeypatch.setattr(serve_bench, "run_load", run_load)
     config = ServeBenchConfig(concurrency=[1, 2], modes=["dense", "auto"], rounds=2)
-    summaries, _, _ = serve_bench.bench_specee(None, config, [])
+    summaries, _, [_, paired] = serve_bench.bench_specee(None, config, [])
     assert len(ran) == 8 and len(set(ran)) == 4  # every mode at every concurrency, twice
     best = {}
     for (system, clients), speed in zip(ran, [1.0, 2.0, 3.0, 4.0, 8.0, 0.5, 0.25, 9.0]):
@@ -280,6 +280,15 @@ def test_each_mode_keeps_its_fastest_round(monkeypatch):
     assert [(s.system, s.clients) for s in summaries] == [("specee dense", 1), ("specee dense", 2),
                                                            ("specee auto", 1), ("specee auto", 2)]
     assert [s.tokens_per_s for s in summaries] == pytest.approx([best[s.system, s.clients] for s in summaries])
+    # Besides the fastest rounds, each round's ratio of auto to dense, round by round.
+    rounds = {}
+    for (system, clients), speed in zip(ran, [1.0, 2.0, 3.0, 4.0, 8.0, 0.5, 0.25, 9.0]):
+        rounds.setdefault((system, clients), []).append(speed)
+    ratios = {c: [a / d for a, d in zip(rounds["specee auto", c], rounds["specee dense", c])] for c in (1, 2)}
+    assert ratios == {1: [2.0, 0.0625], 2: [0.75, 0.25 / 9]}  # the order rotates with each turn
+    assert paired == ("paired rounds (geometric mean of 2 rounds' ratios, range): "
+                      f"auto / dense {math.sqrt(0.125):.3f}x at 1 clients (0.06-2.00); "
+                      f"auto / dense {math.sqrt(0.75 * 0.25 / 9):.3f}x at 2 clients (0.03-0.75)")
 
 
 class CountedServer(FakeServer):

@@ -35,7 +35,7 @@ def add_parser(sub) -> None:
                       "scripts/build_llama_server.sh installs it; without one, llama-cpp-python's server if installed)")
     load.add_argument("--rounds", type=positive_int, default=1,
                       help="run specee's modes at every concurrency N times, interleaved, each keeping its fastest "
-                           "round (default 1)")
+                           "round, and note each mode against the first round by round (default 1)")
     load.add_argument("--out", default="bench-serve.json",
                       help="JSON output file, the plot beside it; a folder: bench-serve.json in it (default bench-serve.json)")
 

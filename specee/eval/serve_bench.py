@@ -316,6 +316,7 @@ def bench_specee(engine: Engine, config: ServeBenchConfig,
     name = "specee serve" + (f" --max-batch {config.max_batch}" if config.max_batch else "")
     modes = [mode for mode in config.modes if mode in MODES]
     best: dict[tuple[str, int], LoadSummary] = {}
+    speeds: dict[tuple[str, int], list[float]] = {}  # every round's tokens/s
     # The modes interleave: each concurrency runs every mode in turn (rotated from one concurrency
     # and round to the next), and a mode keeps its fastest round.
     for turn, (_, clients) in enumerate((r, c) for r in range(config.rounds) for c in config.concurrency):
@@ -324,12 +325,32 @@ def bench_specee(engine: Engine, config: ServeBenchConfig,
                 tag = f"[run {next(_run_tags)}]" if config.url else None
                 run = run_load(replace(base, system=f"specee {mode}", extra_body={"specee": MODES[mode]}), clients,
                                config, tag)
+            speeds.setdefault((mode, clients), []).append(run.tokens_per_s)
             if (mode, clients) not in best or run.tokens_per_s > best[mode, clients].tokens_per_s:
                 best[mode, clients] = run
     summaries = [best[mode, clients] for mode in modes for clients in config.concurrency]
     with specee_server(config, flags, name) as base:
         overhead = measure_overhead(base, engine, config.max_tokens)
-    return summaries, overhead, [answers_note(summaries, shared=config.url is not None)] if len(modes) > 1 else []
+    if len(modes) == 1:
+        return summaries, overhead, []
+    notes = [answers_note(summaries, shared=config.url is not None)]
+    if config.rounds > 1:
+        notes.append(paired_note(speeds, modes, config.concurrency))
+    return summaries, overhead, notes
+
+
+def paired_note(speeds: dict[tuple[str, int], list[float]], modes: list[str], concurrency: list[int]) -> str:
+    """Each mode against the first, round by round: the geometric mean of the rounds' ratios of
+    tokens/s and their range. A round runs the modes back to back, so the machine's drift between
+    rounds (a run's speed moves by 20% or more on a shared VM) falls on both sides of each ratio;
+    the table's fastest rounds are each mode's luckiest run."""
+    base, parts = modes[0], []
+    for mode in modes[1:]:
+        for clients in concurrency:
+            ratios = [m / b for m, b in zip(speeds[mode, clients], speeds[base, clients])]
+            mean = math.exp(sum(map(math.log, ratios)) / len(ratios))
+            parts.append(f"{mode} / {base} {mean:.3f}x at {clients} clients ({min(ratios):.2f}-{max(ratios):.2f})")
+    return f"paired rounds (geometric mean of {len(ratios)} rounds' ratios, range): " + "; ".join(parts)
 
 
 @contextmanager
