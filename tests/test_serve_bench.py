@@ -289,6 +289,9 @@ def test_each_mode_keeps_its_fastest_round(monkeypatch):
     assert paired == ("paired rounds (geometric mean of 2 rounds' ratios, range): "
                       f"auto / dense {math.sqrt(0.125):.3f}x at 1 clients (0.06-2.00); "
                       f"auto / dense {math.sqrt(0.75 * 0.25 / 9):.3f}x at 2 clients (0.03-0.75)")
+    # A round in which a mode served nothing (every request failed) reads 0, not a traceback.
+    assert serve_bench.paired_note({("dense", 1): [2.0, 0.0], ("auto", 1): [1.0, 3.0]}, ["dense", "auto"], [1]) == (
+        "paired rounds (geometric mean of 2 rounds' ratios, range): auto / dense 0.000x at 1 clients (0.00-0.50)")
 
 
 class CountedServer(FakeServer):

@@ -347,8 +347,8 @@ def paired_note(speeds: dict[tuple[str, int], list[float]], modes: list[str], co
     base, parts = modes[0], []
     for mode in modes[1:]:
         for clients in concurrency:
-            ratios = [m / b for m, b in zip(speeds[mode, clients], speeds[base, clients])]
-            mean = math.exp(sum(map(math.log, ratios)) / len(ratios))
+            ratios = [m / b if b else 0.0 for m, b in zip(speeds[mode, clients], speeds[base, clients])]
+            mean = math.exp(sum(map(math.log, ratios)) / len(ratios)) if min(ratios) > 0 else 0.0  # a run gave nothing
             parts.append(f"{mode} / {base} {mean:.3f}x at {clients} clients ({min(ratios):.2f}-{max(ratios):.2f})")
     return f"paired rounds (geometric mean of {len(ratios)} rounds' ratios, range): " + "; ".join(parts)
 
