@@ -345,12 +345,13 @@ def paired_note(speeds: dict[tuple[str, int], list[float]], modes: list[str], co
     rounds (a run's speed moves by 20% or more on a shared VM) falls on both sides of each ratio;
     the table's fastest rounds are each mode's luckiest run."""
     base, parts = modes[0], []
+    rounds = len(speeds[base, concurrency[0]])
     for mode in modes[1:]:
         for clients in concurrency:
             ratios = [m / b if b else 0.0 for m, b in zip(speeds[mode, clients], speeds[base, clients])]
             mean = math.exp(sum(map(math.log, ratios)) / len(ratios)) if min(ratios) > 0 else 0.0  # a run gave nothing
             parts.append(f"{mode} / {base} {mean:.3f}x at {clients} clients ({min(ratios):.2f}-{max(ratios):.2f})")
-    return f"paired rounds (geometric mean of {len(ratios)} rounds' ratios, range): " + "; ".join(parts)
+    return f"paired rounds (geometric mean of {rounds} rounds' ratios, range): " + "; ".join(parts)
 
 
 @contextmanager
