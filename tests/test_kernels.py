@@ -315,11 +315,18 @@ def test_attention_equals_pytorch_and_each_row_alone(kernels):
         assert torch.equal(alone[0], out[t]), f"row {t}"
 
 
-def test_a_tree_row_attends_as_it_would_after_its_path_was_compacted(kernels):
+# A short prefix; one several blocks of keys long (a half cache widens 64 keys at a time), not a
+# multiple of 16; the same with a sliding window, whose rows' keys start past the prefix's first.
+@pytest.mark.parametrize("past, window", [(50, 0), (150, 0), (150, 100)])
+@pytest.mark.parametrize("half", [False, True], ids=["fp32", "fp16"])
+def test_a_tree_row_attends_as_it_would_after_its_path_was_compacted(kernels, past, window, half):
     """A tree's row sees the prefix and its ancestors, scattered among the draft's slots; after
-    acceptance the path is compacted next to the prefix. Both must give the same bits."""
-    past, T = 50, 16
+    acceptance the path is compacted next to the prefix. Both must give the same bits, on either
+    cache: the rows share the prefix's loads, each adding its own ancestors alone."""
+    T = 16
     q, keys, values = attention_inputs(T, past, seed=1)
+    if half:
+        keys, values = keys.half(), values.half()
     parents = [-1] + [int(torch.randint(0, i, (1,), generator=torch.Generator().manual_seed(i))) for i in range(1, T)]
     mask = torch.zeros(T, T, dtype=torch.uint8)
     for i in range(T):
@@ -328,13 +335,13 @@ def test_a_tree_row_attends_as_it_would_after_its_path_was_compacted(kernels):
             mask[i, node] = 1
             node = parents[node]
     assert mask.sum(1).max() > 2, "the tree must have paths deeper than one node"
-    out = kernels.attention(q, keys, values, torch.empty(0, dtype=torch.long), mask, past, past + T, 0, SCALE)
+    out = kernels.attention(q, keys, values, torch.empty(0, dtype=torch.long), mask, past, past + T, window, SCALE)
     for i in range(T):
         index = torch.cat((torch.arange(past), past + mask[i].nonzero().flatten()))
         compact_k, compact_v = torch.zeros_like(keys), torch.zeros_like(values)
         compact_k[:, :len(index)], compact_v[:, :len(index)] = keys[:, index], values[:, index]
         alone = kernels.attention(q[i:i + 1].contiguous(), compact_k, compact_v, torch.tensor([len(index)]), NO_MASK, 0,
-                                  len(index), 0, SCALE)
+                                  len(index), window, SCALE)
         assert torch.equal(alone[0], out[i]), f"row {i}"
 
 
