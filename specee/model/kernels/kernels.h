@@ -520,11 +520,14 @@ struct Query {
   int64_t slot(int64_t p) const { return index ? index[p] : first + p; }
   const E* key(int64_t p, int64_t hd) const { return keys + slot(p) * hd; }
   const E* value(int64_t p, int64_t hd) const { return values + slot(p) * hd; }
-  // How many leading keys this query and o see alike (the same rows, in the same places), which
-  // one load can serve for both.
-  int64_t shared_keys(const Query& o) const {
+  // The leading places p at which this query and o read the same row (however many keys each
+  // sees), which one load can serve for both: all of them where both read first, first + 1, ...
+  // or one order; else as far as both orders run from first.
+  int64_t alike(const Query& o) const {
     if (keys != o.keys || first != o.first) return 0;
-    return index == o.index ? std::min(count, o.count) : std::min({run, o.run, count, o.count});
+    constexpr int64_t every = std::numeric_limits<int64_t>::max();
+    if (index == o.index) return every;
+    return std::min(index ? run : every, o.index ? o.run : every);
   }
 };
 
@@ -565,7 +568,7 @@ template <int M, int CHUNKS>
 void sum_values(const Query<float>* qs, int64_t hd, const float* inverse, bool lead) {
   const int64_t chunks = CHUNKS > 0 ? CHUNKS : hd / LANES;
   int64_t common = qs[0].count;
-  for (int j = 1; j < M; ++j) common = std::min(common, qs[0].shared_keys(qs[j]));
+  for (int j = 1; j < M; ++j) common = std::min({common, qs[j].count, qs[0].alike(qs[j])});
   F16 acc[M][MAX_HEAD_CHUNKS];
   for (int j = 0; j < M; ++j)
     for (int64_t c = 0; c < chunks; ++c) acc[j][c] = splat(0.0f);
@@ -640,7 +643,7 @@ void attend_batch(Query<float>* qs, int64_t n, int64_t hd, float scale, bool lea
   softmax(qs, n, inverse);
   for (int64_t j0 = 0; j0 < n;) {  // runs of up to VALUE_QUERIES queries that see some keys alike
     int64_t m = 1;
-    while (m < VALUE_QUERIES && j0 + m < n && qs[j0].shared_keys(qs[j0 + m]) > 0) ++m;
+    while (m < VALUE_QUERIES && j0 + m < n && qs[j0].alike(qs[j0 + m]) > 0) ++m;
     switch (m) {
       case 1: sum_values<1, CHUNKS>(qs + j0, hd, inverse + j0, lead && j0 == 0); break;
       case 2: sum_values<2, CHUNKS>(qs + j0, hd, inverse + j0, lead && j0 == 0); break;
@@ -705,7 +708,7 @@ void attend_batch_half(Query<uint16_t>* qs, int64_t n, int64_t hd, float scale, 
       const Query<uint16_t>& query = qs[j];
       if (p >= query.count) continue;
       const int64_t m = std::min(LANES, query.count - p);
-      if (held == nullptr || held_count < m || held->shared_keys(query) < p + m) {
+      if (held == nullptr || held_count < m || held->alike(query) < p + m) {
         widen(query, query.keys, p, m, hd, block, lead);
         held = &query;
         held_count = m;
@@ -730,12 +733,12 @@ void attend_batch_half(Query<uint16_t>* qs, int64_t n, int64_t hd, float scale, 
     for (int64_t j0 = 0; j0 < n;) {  // runs of up to VALUE_QUERIES queries that see this block's keys alike
       int64_t m = 1;
       while (m < VALUE_QUERIES && j0 + m < n &&
-             qs[j0].shared_keys(qs[j0 + m]) >= std::min(begin + span, qs[j0 + m].count))
+             qs[j0].alike(qs[j0 + m]) >= std::min(begin + span, qs[j0 + m].count))
         ++m;
       int64_t need = 0;
       for (int64_t j = j0; j < j0 + m; ++j) need = std::max(need, std::min(span, qs[j].count - begin));
       if (need > 0) {
-        if (held == nullptr || held_count < need || held->shared_keys(qs[j0]) < begin + need) {
+        if (held == nullptr || held_count < need || held->alike(qs[j0]) < begin + need) {
           widen(qs[j0], qs[j0].values, begin, need, hd, block, lead);
           held = qs + j0;
           held_count = need;
