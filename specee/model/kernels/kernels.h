@@ -505,8 +505,6 @@ inline F16 reduce_add_each(const F16* a) {
 
 // One (row, head) of an attention call: key p of the keys it sees, in order, is row
 // index[p] (or first + p) of keys/values, which hold fp32 (E = float) or IEEE halves (E = uint16_t).
-// Its first `run` keys are rows first, first + 1, ... (all of them without an index; a tree's row:
-// the cached keys before the draft's own, which every row of the pass sees).
 template <typename E>
 struct Query {
   const float* q;
@@ -516,19 +514,10 @@ struct Query {
   const E* values;
   int64_t count, first;
   const int64_t* index;
-  int64_t run;
   int64_t slot(int64_t p) const { return index ? index[p] : first + p; }
   const E* key(int64_t p, int64_t hd) const { return keys + slot(p) * hd; }
   const E* value(int64_t p, int64_t hd) const { return values + slot(p) * hd; }
-  // The leading places p at which this query and o read the same row (however many keys each
-  // sees), which one load can serve for both: all of them where both read first, first + 1, ...
-  // or one order; else as far as both orders run from first.
-  int64_t alike(const Query& o) const {
-    if (keys != o.keys || first != o.first) return 0;
-    constexpr int64_t every = std::numeric_limits<int64_t>::max();
-    if (index == o.index) return every;
-    return std::min(index ? run : every, o.index ? o.run : every);
-  }
+  bool same_keys(const Query& o) const { return keys == o.keys && first == o.first && index == o.index; }
 };
 
 // Keys or values `hd` wide, PREFETCH_KV_BYTES ahead: how many positions.
@@ -568,17 +557,17 @@ template <int M, int CHUNKS>
 void sum_values(const Query<float>* qs, int64_t hd, const float* inverse, bool lead) {
   const int64_t chunks = CHUNKS > 0 ? CHUNKS : hd / LANES;
   int64_t common = qs[0].count;
-  for (int j = 1; j < M; ++j) common = std::min({common, qs[j].count, qs[0].alike(qs[j])});
+  for (int j = 1; j < M; ++j) common = std::min(common, qs[j].count);
   F16 acc[M][MAX_HEAD_CHUNKS];
   for (int j = 0; j < M; ++j)
     for (int64_t c = 0; c < chunks; ++c) acc[j][c] = splat(0.0f);
   const int64_t ahead = positions_ahead<float>(hd);
-  // The call's first run on these values asks for them ahead (the others find them in cache),
-  // where they lie in order (a masked order is not worth predicting).
-  const int64_t ask = lead ? std::min(common, qs[0].run) : 0;
+  // The call's first run on these values asks for them ahead (the others find them in cache); a
+  // masked order is not worth predicting.
+  const bool ask = lead && qs[0].index == nullptr;
   for (int64_t i = 0; i < common; ++i) {
     const float* value = qs[0].value(i, hd);
-    if (i + ahead < ask) prefetch_row(qs[0].value(i + ahead, hd), hd);
+    if (ask && i + ahead < common) prefetch_row(qs[0].value(i + ahead, hd), hd);
     add_weighted<M>(qs, i, value, chunks, acc);
   }
   for (int j = 0; j < M; ++j) {
@@ -629,7 +618,7 @@ void attend_batch(Query<float>* qs, int64_t n, int64_t hd, float scale, bool lea
       F16 qv[MAX_HEAD_CHUNKS];
       for (int64_t c = 0; c < chunks; ++c) qv[c] = load(query.q + c * LANES);
       if (p + LANES <= query.count) {
-        if (lead && j == 0 && p + ahead + LANES <= query.run)  // the first reader, where the keys lie in order
+        if (lead && j == 0 && query.index == nullptr && p + ahead + LANES <= query.count)  // the first reader
           for (int64_t k = 0; k < LANES; ++k) prefetch_row(query.key(p + ahead + k, hd), hd);
         F16 acc[LANES];
         for (int64_t k = 0; k < LANES; ++k) acc[k] = key_products(qv, query.key(p + k, hd), chunks);
@@ -641,9 +630,9 @@ void attend_batch(Query<float>* qs, int64_t n, int64_t hd, float scale, bool lea
     }
   float inverse[ATTEND_BATCH];
   softmax(qs, n, inverse);
-  for (int64_t j0 = 0; j0 < n;) {  // runs of up to VALUE_QUERIES queries that see some keys alike
+  for (int64_t j0 = 0; j0 < n;) {  // runs of up to VALUE_QUERIES queries that see the same keys
     int64_t m = 1;
-    while (m < VALUE_QUERIES && j0 + m < n && qs[j0].alike(qs[j0 + m]) > 0) ++m;
+    while (m < VALUE_QUERIES && j0 + m < n && qs[j0 + m].same_keys(qs[j0])) ++m;
     switch (m) {
       case 1: sum_values<1, CHUNKS>(qs + j0, hd, inverse + j0, lead && j0 == 0); break;
       case 2: sum_values<2, CHUNKS>(qs + j0, hd, inverse + j0, lead && j0 == 0); break;
@@ -662,7 +651,7 @@ inline void widen(const Query<uint16_t>& query, const uint16_t* base, int64_t fi
   const int64_t ahead = positions_ahead<uint16_t>(hd);
   for (int64_t i = 0; i < count; ++i) {
     const uint16_t* row = base + query.slot(first + i) * hd;
-    if (lead && first + i + ahead < query.run) prefetch_row(row + ahead * hd, hd);
+    if (lead && query.index == nullptr && first + i + ahead < query.count) prefetch_row(row + ahead * hd, hd);
     for (int64_t d = 0; d < hd; d += LANES) store(into + i * hd + d, load_f16(row + d));
   }
 }
@@ -708,7 +697,7 @@ void attend_batch_half(Query<uint16_t>* qs, int64_t n, int64_t hd, float scale, 
       const Query<uint16_t>& query = qs[j];
       if (p >= query.count) continue;
       const int64_t m = std::min(LANES, query.count - p);
-      if (held == nullptr || held_count < m || held->alike(query) < p + m) {
+      if (held == nullptr || !held->same_keys(query) || held_count < m) {
         widen(query, query.keys, p, m, hd, block, lead);
         held = &query;
         held_count = m;
@@ -730,15 +719,13 @@ void attend_batch_half(Query<uint16_t>* qs, int64_t n, int64_t hd, float scale, 
   for (int64_t begin = 0; begin < longest; begin += span) {
     const Query<uint16_t>* held = nullptr;
     int64_t held_count = 0;
-    for (int64_t j0 = 0; j0 < n;) {  // runs of up to VALUE_QUERIES queries that see this block's keys alike
+    for (int64_t j0 = 0; j0 < n;) {  // runs of up to VALUE_QUERIES queries that see the same keys
       int64_t m = 1;
-      while (m < VALUE_QUERIES && j0 + m < n &&
-             qs[j0].alike(qs[j0 + m]) >= std::min(begin + span, qs[j0 + m].count))
-        ++m;
+      while (m < VALUE_QUERIES && j0 + m < n && qs[j0 + m].same_keys(qs[j0])) ++m;
       int64_t need = 0;
       for (int64_t j = j0; j < j0 + m; ++j) need = std::max(need, std::min(span, qs[j].count - begin));
       if (need > 0) {
-        if (held == nullptr || held_count < need || held->alike(qs[j0]) < begin + need) {
+        if (held == nullptr || !held->same_keys(qs[j0]) || held_count < need) {
           widen(qs[j0], qs[j0].values, begin, need, hd, block, lead);
           held = qs + j0;
           held_count = need;
@@ -797,7 +784,7 @@ void attend_cache(const AttentionArgs& a, int64_t begin, int64_t end) {
   // contiguous (first, count) or through its masked order.
   thread_local std::vector<float> scores;
   thread_local std::vector<std::vector<int64_t>> orders;
-  thread_local std::vector<int64_t> firsts, counts, runs;
+  thread_local std::vector<int64_t> firsts, counts;
   thread_local std::vector<const int64_t*> indices;
   // The rows some item of the range has (all of them where it spans two groups).
   const int64_t first_row = first_group == last_group ? begin % per_group / group : 0;
@@ -807,7 +794,6 @@ void attend_cache(const AttentionArgs& a, int64_t begin, int64_t end) {
   if (static_cast<int64_t>(orders.size()) < row_count) orders.resize(row_count);
   firsts.resize(row_count);
   counts.resize(row_count);
-  runs.resize(row_count);
   indices.assign(row_count, nullptr);
   for (int64_t t = first_row; t <= last_row; ++t) {
     const Segment& s = a.segments[a.row_segment[t]];
@@ -815,7 +801,7 @@ void attend_cache(const AttentionArgs& a, int64_t begin, int64_t end) {
     if (s.mask == nullptr) {
       const int64_t count = s.visible[row], first = s.window > 0 ? std::max<int64_t>(0, count - s.window) : 0;
       firsts[r] = first;
-      counts[r] = runs[r] = count - first;
+      counts[r] = count - first;
     } else {
       std::vector<int64_t>& order = orders[r];
       const int64_t tail_len = s.num_keys - s.prefix;
@@ -825,9 +811,8 @@ void attend_cache(const AttentionArgs& a, int64_t begin, int64_t end) {
         if (s.mask[row * tail_len + j]) order.push_back(s.prefix + j);
       const int64_t count = static_cast<int64_t>(order.size());
       const int64_t skip = s.window > 0 ? std::max<int64_t>(0, count - s.window) : 0;
-      firsts[r] = skip;  // its keys from `skip` to the prefix's end lie in order
+      firsts[r] = 0;
       counts[r] = count - skip;
-      runs[r] = std::max<int64_t>(0, s.prefix - skip);
       indices[r] = order.data() + skip;
     }
   }
@@ -849,7 +834,7 @@ void attend_cache(const AttentionArgs& a, int64_t begin, int64_t end) {
         if (item < begin || item >= end) continue;
         batch[n] = {a.q + (t * heads + h) * hd, a.out + t * heads * hd + h * hd, scores.data() + n * (a.most_keys + LANES),
                     static_cast<const E*>(s.keys) + g * s.capacity * hd,
-                    static_cast<const E*>(s.values) + g * s.capacity * hd, counts[r], firsts[r], indices[r], runs[r]};
+                    static_cast<const E*>(s.values) + g * s.capacity * hd, counts[r], firsts[r], indices[r]};
         if (++n == ATTEND_BATCH) {
           attend_queries(batch, n, hd, scale, lead);
           n = 0;
