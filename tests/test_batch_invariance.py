@@ -22,12 +22,13 @@ FORMATS = ["none", "int8", "int4"]
 
 
 def kernel_model(quantization: str, seed: int = 0, dtype=torch.float32, tier: str | None = None,
-                 architecture: str = "llama"):
+                 architecture: str = "llama", **overrides):
     """A tiny random model of `architecture` (TINY_ARCHITECTURES) on the CPU kernels, in `tier`
-    (default: the best this CPU runs; the matrices' inputs split into blocks of 32)."""
+    (default: the best this CPU runs; the matrices' inputs split into blocks of 32); `overrides`
+    change its config (vocab_size, num_hidden_layers, ...)."""
     kernels = load_tier(tier) if tier else cpu_kernels()
     assert kernels is not None
-    hf = tiny_hf_model(seed, **TINY_ARCHITECTURES[architecture], intermediate_size=128, vocab_size=160)
+    hf = tiny_hf_model(seed, **(TINY_ARCHITECTURES[architecture] | dict(intermediate_size=128, vocab_size=160) | overrides))
     config = LlamaConfig.from_dict(hf.config.to_dict())
     state = {k: v.detach().clone() for k, v in hf.state_dict().items()}
     model = build_model(LoadedWeights(config, state, None), dtype, "cpu", kernels)

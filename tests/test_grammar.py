@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from helpers import chi_square_p_value, decode, first_tokens, tiny_model
+from test_batch_invariance import kernel_model
 from specee.drafters.draft_model import DraftModel
 from specee.drafters.prompt_lookup import PromptLookup
 from specee.engine import Engine
@@ -172,7 +173,9 @@ P_VALUE_THRESHOLD = 1e-4
 
 @pytest.fixture(scope="module")
 def letter_model():
-    return tiny_model(seed=7, vocab_size=VOCAB, num_hidden_layers=3)
+    # Int8 weights on the compiled kernels, as users decode: a pass is one kernel call, where
+    # PyTorch's own kernels make dozens a layer. A seed whose top-p case leaves 16 pairs possible.
+    return kernel_model("int8", seed=10, vocab_size=VOCAB, num_hidden_layers=3)
 
 
 def exact_joint(model, letters, params) -> torch.Tensor:
@@ -227,7 +230,7 @@ SAMPLING_CASES = {
 }
 
 
-@pytest.mark.slow  # 40 s a case: the full run's
+@pytest.mark.slow  # a few seconds a case: the full run's
 @pytest.mark.parametrize("case", SAMPLING_CASES)
 def test_speculative_sampling_under_a_grammar_matches_plain_sampling_under_it(letter_model, letters, case):
     make_strategy, params = SAMPLING_CASES[case]

@@ -1,6 +1,6 @@
-"""Speculative sampling end to end on a tiny model: the first two speculative tokens are
-distributed exactly like plain sampling from the target, for chains and trees, with
-temperature, top-k and top-p applied to target and draft alike.
+"""Speculative sampling end to end on a tiny model (int8 weights on the compiled kernels, as users
+decode): the first two speculative tokens are distributed exactly like plain sampling from the
+target, for chains and trees, with temperature, top-k and top-p applied to target and draft alike.
 
 Each case draws 2000 seeded samples and runs Pearson's chi-square test on the joint
 distribution of the two tokens; a correct implementation fails a case with probability 1e-4
@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from helpers import chi_square_p_value, first_tokens, tiny_model
+from test_batch_invariance import kernel_model
 from specee.drafters.auto import AutoDrafter
 from specee.drafters.draft_model import DraftModel
 from specee.drafters.eagle import EagleArtifact, EagleDrafter, EagleHead, EagleModel
@@ -41,8 +42,9 @@ P_VALUE_THRESHOLD = 1e-4
 
 @pytest.fixture(scope="module")
 def model():
-    # Unpacked: at this size oneDNN's packed matmuls cost more in calls than they save.
-    return tiny_model(seed=7, vocab_size=VOCAB, num_hidden_layers=3, pack=False)
+    # Int8 weights on the compiled kernels, as users decode: a pass is one kernel call, where
+    # PyTorch's own kernels make dozens a layer (most of a sample's time at this size).
+    return kernel_model("int8", seed=7, vocab_size=VOCAB, num_hidden_layers=3)
 
 
 def exact_joint(model, params) -> torch.Tensor:
@@ -184,8 +186,8 @@ CASES = {
 }
 
 
-# Each case samples for about a minute: all run in the full run. The fast tier keeps the
-# acceptance rule's own distribution tests (tests/test_acceptance.py).
+# Each case samples for seconds: all run in the full run. The fast tier keeps the acceptance rule's
+# own distribution tests (tests/test_acceptance.py).
 @pytest.mark.slow
 @pytest.mark.parametrize("case", CASES)
 def test_speculative_sampling_matches_plain_sampling(model, case):
@@ -244,7 +246,7 @@ def constant_model(log_odds: float):
         hidden = model.config.hidden_size
         model.lm_head.weight.zero_()
         model.lm_head.weight[0].fill_(log_odds / hidden)  # the normed state is all ones
-    return model  # unpacked, as `model` above
+    return model  # on PyTorch's own kernels: its weights are edited after it is built
 
 
 class ConfidenceAfterDrawing(DraftModel):
