@@ -28,7 +28,8 @@ def kernel_model(quantization: str, seed: int = 0, dtype=torch.float32, tier: st
     change its config (vocab_size, num_hidden_layers, ...)."""
     kernels = load_tier(tier) if tier else cpu_kernels()
     assert kernels is not None
-    hf = tiny_hf_model(seed, **(TINY_ARCHITECTURES[architecture] | dict(intermediate_size=128, vocab_size=160) | overrides))
+    shape = TINY_ARCHITECTURES[architecture] | dict(intermediate_size=128, vocab_size=160) | overrides
+    hf = tiny_hf_model(seed, **shape)
     config = LlamaConfig.from_dict(hf.config.to_dict())
     state = {k: v.detach().clone() for k, v in hf.state_dict().items()}
     model = build_model(LoadedWeights(config, state, None), dtype, "cpu", kernels)

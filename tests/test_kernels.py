@@ -322,7 +322,7 @@ def test_attention_equals_pytorch_and_each_row_alone(kernels):
 def test_a_tree_row_attends_as_it_would_after_its_path_was_compacted(kernels, past, window, half):
     """A tree's row sees the prefix and its ancestors, scattered among the draft's slots; after
     acceptance the path is compacted next to the prefix. Both must give the same bits, on either
-    cache: the rows share the prefix's loads, each adding its own ancestors alone."""
+    cache."""
     T = 16
     q, keys, values = attention_inputs(T, past, seed=1)
     if half:
