@@ -13,8 +13,9 @@ from ray.exceptions import RayError
 from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException
 
-from ..server.app import MAX_BODY_BYTES, PAGE, RETRY_AFTER_S, WRONG_KEY, key_matches
-from ..server.schemas import error_body
+from ..server.bodies import MAX_BODY_BYTES
+from ..server.errors import error_body
+from ..server.front import PAGE, RETRY_AFTER_S, WRONG_KEY, key_matches
 from . import metrics, router
 from .asgi import Forwarded, Start, routing_text
 

@@ -3,14 +3,12 @@ Handlers validate, submit a Job to the scheduler and relay what its worker deliv
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import socket
 import time
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import AsyncIterator, Callable
 
 from fastapi import Depends, FastAPI, Request
@@ -21,7 +19,8 @@ from starlette.exceptions import HTTPException
 from ..batch import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK, Batch
 from ..engine import Engine, Event, Result
 from ..options import LoadOptions, flag
-from .bodies import MAX_BODY_BYTES, ClientGone, read_json  # noqa: F401 (the cluster ingress imports MAX_BODY_BYTES here)
+from .bodies import ClientGone, read_json
+from .front import PAGE, RETRY_AFTER_S, WRONG_KEY, key_matches
 from .completions import Defaults, Planner, Shaper, check_token_ids, prompts_of
 from .metrics import Metrics
 from .inbox import Inbox
@@ -36,9 +35,7 @@ from .schemas import (
     parse,
 )
 
-RETRY_AFTER_S = 1
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
-PAGE = Path(__file__).with_name("page.html")
 # After SIGTERM, how long running requests may take to finish (--shutdown-grace); those still
 # running SHUTDOWN_MARGIN_S before the end get an error event and [DONE] instead.
 GRACEFUL_SHUTDOWN_S = 30
@@ -75,17 +72,6 @@ def model_id_of(engine: Engine) -> str:
     """What /v1/models calls the served model: a file's stem or a directory's name."""
     source = engine.source
     return source.stem if source and source.is_file() else (source.name if source else "specee")
-
-
-WRONG_KEY = "a missing or wrong API key: send Authorization: Bearer KEY"
-
-
-def key_matches(request: Request, api_key: str | None) -> bool:
-    """No key set, or the request's bearer token equals it (compared in constant time)."""
-    if api_key is None:
-        return True
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(token.encode(), api_key.encode())
 
 
 def failure(ended: Ended) -> BadRequest:

@@ -9,7 +9,7 @@ from fastapi import Request
 from starlette.requests import ClientDisconnect
 
 from .json_depth import MAX_JSON_DEPTH, raw_nesting_depth
-from .schemas import BadRequest
+from .errors import BadRequest
 
 MAX_BODY_BYTES = 1 << 20  # a full 8k-token context is ~40 KB of text; anything near 1 MiB is abuse
 

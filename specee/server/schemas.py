@@ -13,6 +13,7 @@ from ..grammar import Grammar, strict_schema
 from ..sampling import MAX_LOGIT_BIAS, MAX_PENALTY, MAX_TOP_LOGPROBS
 from ..strategies.config import request_schema
 from .calls import DEFAULT_MAX_TOOL_CALLS, MAX_TOOL_CALLS
+from .errors import BadRequest, error_body  # noqa: F401 (the handlers import them from here)
 from .json_depth import MAX_JSON_DEPTH, raw_nesting_depth
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
@@ -428,22 +429,6 @@ class DetokenizeRequest(Strict):
 
 # What pydantic adds to an error's location for the member of a union that refused the value.
 TYPE_NAMES = {"str", "int", "float", "bool", "dict", "list"}
-
-
-class BadRequest(Exception):
-    """A 4xx answer in the OpenAI error shape."""
-
-    def __init__(self, message: str, param: str | None = None, code: str | None = None,
-                 status: int = 400, kind: str = "invalid_request_error") -> None:
-        super().__init__(message)
-        self.message, self.param, self.code, self.status, self.kind = message, param, code, status, kind
-
-    def body(self) -> dict:
-        return error_body(self.message, self.kind, self.param, self.code)
-
-
-def error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict:
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 def parse(model: type[BaseModel], body: object) -> BaseModel:
