@@ -94,16 +94,32 @@ def default_server():
     assert running.stop() == 0, running.output()
 
 
+def _fresh_cache(tmp_path, monkeypatch, shared: list[str]):
+    """$SPECEE_CACHE in a new folder, in which the named entries of the machine's cache are links."""
+    from specee.model.loading import cache_root
+
+    machine = cache_root()
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    for name in shared:
+        (machine / name).mkdir(parents=True, exist_ok=True)
+        (cache / name).symlink_to(machine / name)
+    monkeypatch.setenv("SPECEE_CACHE", str(cache))
+    return cache
+
+
 @pytest.fixture
 def model_cache(tmp_path, monkeypatch):
     """A fresh $SPECEE_CACHE for a test's GGUF metadata and packed weights, sharing the machine's
     built kernels (a build per test would take a minute each)."""
+    return _fresh_cache(tmp_path, monkeypatch, ["kernels"])
+
+
+@pytest.fixture
+def training_cache(tmp_path, monkeypatch):
+    """A fresh $SPECEE_CACHE for what a training run collects (so the run collects it, and leaves
+    nothing in the machine's cache), sharing the machine's kernels and converted models (converting
+    the default model's file again takes seconds)."""
     from specee.model.loading import cache_root
 
-    kernels = cache_root() / "kernels"
-    kernels.mkdir(parents=True, exist_ok=True)
-    cache = tmp_path / "cache"
-    cache.mkdir()
-    (cache / "kernels").symlink_to(kernels)
-    monkeypatch.setenv("SPECEE_CACHE", str(cache))
-    return cache
+    return _fresh_cache(tmp_path, monkeypatch, [p.name for p in cache_root().iterdir() if p.is_dir()])

@@ -54,9 +54,8 @@ def test_drafter_flag_with_another_method_is_refused(capsys):
     assert code == 2 and "applies to the eagle, eagle-copy and kangaroo methods, not ngram" in capsys.readouterr().err
 
 
-def test_train_eagle_from_the_command_line(tmp_path, default_engine, monkeypatch):
+def test_train_eagle_from_the_command_line(tmp_path, default_engine, training_cache):
     """A short run on a small text file: an artifact that loads and drafts, and records how it was made."""
-    monkeypatch.setenv("SPECEE_CACHE", str(tmp_path / "cache"))
     corpus = arithmetic_corpus(tmp_path / "corpus.txt", 80)
     out = tmp_path / "head.pt"
     assert main(["train", "eagle", "--out", str(out), "--corpus", str(corpus), "--no-sharegpt", "--minutes", "0.08",
@@ -94,9 +93,8 @@ def test_bad_kangaroo_training_flags_exit_2(capsys, tmp_path, flags, message):
     assert code == 2 and message in err and "Traceback" not in err
 
 
-def test_train_kangaroo_from_the_command_line(tmp_path, default_engine, monkeypatch):
+def test_train_kangaroo_from_the_command_line(tmp_path, default_engine, training_cache):
     """A short run on a small text file: an artifact that loads, drafts exactly, and records its settings."""
-    monkeypatch.setenv("SPECEE_CACHE", str(tmp_path / "cache"))
     corpus = arithmetic_corpus(tmp_path / "corpus.txt", 80)
     out = tmp_path / "adapter.pt"
     assert main(["train", "kangaroo", "--out", str(out), "--corpus", str(corpus), "--no-sharegpt", "--minutes", "0.08",
