@@ -117,9 +117,12 @@ def test_the_key_the_live_page_and_the_slots_of_every_replica(tiny_replicated):
     assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
     assert httpx.get(tiny_replicated.url + "/slots", timeout=10).status_code == 401
     key = {"Authorization": f"Bearer {tiny_replicated.api_key}"}
-    time.sleep(2.5)  # replicas report their slots every second: let the last test's end arrive
-    slots = httpx.get(tiny_replicated.url + "/slots", headers=key, timeout=10).json()
-    assert slots["max_batch"] == 2 * 8 and slots["slots"] == []  # two replicas' slots, none running
+    def slots() -> dict:
+        return httpx.get(tiny_replicated.url + "/slots", headers=key, timeout=10).json()
+
+    # Replicas report their slots every second: the last test's end arrives within a report or two.
+    wait_for(lambda: slots()["slots"] == [], 10, "empty slots", tiny_replicated)
+    assert slots()["max_batch"] == 2 * 8  # two replicas' slots
     page = httpx.get(tiny_replicated.url + "/", timeout=10)
     assert page.status_code == 200 and 'fetch("/slots"' in page.text
     bad = httpx.post(tiny_replicated.url + "/v1/chat/completions", headers=key, json={"messages": []}, timeout=60)
@@ -127,9 +130,17 @@ def test_the_key_the_live_page_and_the_slots_of_every_replica(tiny_replicated):
 
 
 def test_concurrent_requests_reach_both_replicas_and_a_shared_prefix_sticks(tiny_replicated):
-    time.sleep(2.5)  # replicas report their metrics every second: let the last test's arrive
-    before = {r["replica"]: counter(tiny_replicated, "specee_requests_total", replica=r["replica"],
-                                    route="/v1/chat/completions") for r in tiny_replicated.replicas()}
+    def served_by_each() -> dict:
+        return {r["replica"]: counter(tiny_replicated, "specee_requests_total", replica=r["replica"],
+                                      route="/v1/chat/completions") for r in tiny_replicated.replicas()}
+
+    # Replicas report their metrics every second: counts that stay the same over 1.5 s have the last
+    # test's requests in them.
+    before = served_by_each()
+    while True:
+        time.sleep(1.5)
+        if before == (before := served_by_each()):
+            break
     c = client(tiny_replicated)
 
     def ask(i: int) -> str:
@@ -138,9 +149,9 @@ def test_concurrent_requests_reach_both_replicas_and_a_shared_prefix_sticks(tiny
 
     with ThreadPoolExecutor(16) as pool:
         assert all(reason in ("stop", "length") for reason in pool.map(ask, range(16)))
-    time.sleep(2.5)  # replicas report their metrics every second
-    after = {r: counter(tiny_replicated, "specee_requests_total", replica=r, route="/v1/chat/completions")
-             for r in before}
+    wait_for(lambda: sum(served_by_each().values()) >= sum(before.values()) + 16, 10, "16 requests in the metrics",
+             tiny_replicated)
+    after = served_by_each()
     served = {r: after[r] - before[r] for r in before}
     assert sum(served.values()) == 16 and all(n > 0 for n in served.values()), served
     assert counter(tiny_replicated, "specee_requests_total", replica="all", route="/v1/chat/completions") == \

@@ -62,8 +62,12 @@ def test_a_replica_killed_mid_stream_ends_its_stream_with_an_error_and_comes_bac
     def the_new_replica_serves() -> bool:  # a round of concurrent requests; a warming replica may miss one
         with ThreadPoolExecutor(4) as pool:
             list(pool.map(lambda i: c.completions.create(model=None, prompt=PROMPTS[i], max_tokens=16), range(4)))
-        time.sleep(2.5)  # the metrics merge
-        return counter(default_replicated, "specee_requests_total", replica=new, route="/v1/completions") > 0
+        deadline = time.monotonic() + 2.5  # replicas report their metrics every second
+        while time.monotonic() < deadline:
+            if counter(default_replicated, "specee_requests_total", replica=new, route="/v1/completions") > 0:
+                return True
+            time.sleep(0.25)
+        return False
 
     wait_for(the_new_replica_serves, 120, "the restarted replica serving a request", default_replicated)
     assert counter(default_replicated, "specee_replica_failures_total") >= 1
