@@ -22,16 +22,19 @@ FORMATS = ["none", "int8", "int4"]
 
 
 def kernel_model(quantization: str, seed: int = 0, dtype=torch.float32, tier: str | None = None,
-                 architecture: str = "llama", **overrides):
+                 architecture: str = "llama", edit=None, **overrides):
     """A tiny random model of `architecture` (TINY_ARCHITECTURES) on the CPU kernels, in `tier`
     (default: the best this CPU runs; the matrices' inputs split into blocks of 32); `overrides`
-    change its config (vocab_size, num_hidden_layers, ...)."""
+    change its config (vocab_size, num_hidden_layers, ...); `edit(state)` changes its Hugging Face
+    weights in place before they are packed."""
     kernels = load_tier(tier) if tier else cpu_kernels()
     assert kernels is not None
     shape = TINY_ARCHITECTURES[architecture] | dict(intermediate_size=128, vocab_size=160) | overrides
     hf = tiny_hf_model(seed, **shape)
     config = LlamaConfig.from_dict(hf.config.to_dict())
     state = {k: v.detach().clone() for k, v in hf.state_dict().items()}
+    if edit is not None:
+        edit(state)
     model = build_model(LoadedWeights(config, state, None), dtype, "cpu", kernels)
     quantize_model(model, quantization, kernels=kernels)
     pack_linears(model)

@@ -16,7 +16,7 @@ import math
 import pytest
 import torch
 
-from helpers import chi_square_p_value, first_tokens, tiny_model
+from helpers import chi_square_p_value, first_tokens
 from test_batch_invariance import kernel_model
 from specee.drafters.auto import AutoDrafter
 from specee.drafters.draft_model import DraftModel
@@ -233,20 +233,19 @@ CONFIDENCE_SAMPLES = 4000
 
 def constant_model(log_odds: float):
     """A two-token model whose next-token distribution is softmax((log_odds, 0)) after any input:
-    the layers add nothing (zero output projections) and every embedding row is the same."""
-    model = tiny_model(seed=1, vocab_size=2, num_hidden_layers=1, pack=False)
-    with torch.inference_mode():  # as the engine decodes (and quicker per call than no_grad)
-        for layer in model.layers:
-            layer.self_attn.o_proj.weight.zero_()
-            layer.mlp.down_proj.weight.zero_()
-            layer.input_layernorm.weight.fill_(1.0)
-            layer.post_attention_layernorm.weight.fill_(1.0)
-        model.embed_tokens.weight.fill_(1.0)
-        model.norm.weight.fill_(1.0)
-        hidden = model.config.hidden_size
-        model.lm_head.weight.zero_()
-        model.lm_head.weight[0].fill_(log_odds / hidden)  # the normed state is all ones
-    return model  # on PyTorch's own kernels: its weights are edited after it is built
+    the layers add nothing (zero output projections) and every embedding row is the same. fp32
+    weights on the compiled kernels, as the engine decodes."""
+    def constant(state: dict) -> None:
+        for name, weight in state.items():
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                weight.zero_()
+            elif name.endswith(("norm.weight", "embed_tokens.weight")):
+                weight.fill_(1.0)
+        head = state["lm_head.weight"]
+        head.zero_()
+        head[0].fill_(log_odds / head.shape[1])  # the normed state is all ones
+
+    return kernel_model("none", seed=1, vocab_size=2, num_hidden_layers=1, edit=constant)
 
 
 class ConfidenceAfterDrawing(DraftModel):
