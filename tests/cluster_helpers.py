@@ -8,7 +8,6 @@ import sys
 import time
 
 import httpx
-import openai
 
 from serve_helpers import ROOT
 from specee.eval.server_process import ChildServer
@@ -81,7 +80,9 @@ def wait_for(condition, seconds: float, what: str, server: ChildServer) -> None:
         time.sleep(0.5)
 
 
-def client(server) -> openai.OpenAI:
+def client(server):
+    import openai  # imported where used, not at collection
+
     return openai.OpenAI(base_url=server.url + "/v1", api_key=getattr(server, "api_key", "unused"), max_retries=0,
                          timeout=300)
 

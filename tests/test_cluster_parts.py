@@ -18,7 +18,6 @@ from specee.cli import UsageError, build_parser, main
 from specee.cli.serve import options_from_config, validate_serve_args
 from specee.cluster import metrics
 from specee.cluster.asgi import Forwarded, Start, call, routing_text
-from specee.cluster.router import BLOCK_CHARS, MIN_MATCH_BLOCKS, PrefixAffinityRouter, block_hashes
 from specee.server.app import ServerConfig, create_app
 from specee.server.completions import Defaults
 
@@ -121,7 +120,9 @@ class Replica(SimpleNamespace):
     pass
 
 
-def router_with(queue_lengths: dict[str, int | None]) -> tuple[PrefixAffinityRouter, list]:
+def router_with(queue_lengths: dict[str, int | None]) -> tuple:
+    from specee.cluster.router import PrefixAffinityRouter  # Ray Serve: imported where used, not at collection
+
     router = PrefixAffinityRouter.__new__(PrefixAffinityRouter)  # the Ray-side constructor needs a controller
     router.initialize_state()
     router._replica_queue_len_cache = SimpleNamespace(get=lambda replica_id: queue_lengths[replica_id])
@@ -134,6 +135,8 @@ def choose(router, candidates, text: str):
 
 
 def test_a_prompt_goes_where_its_beginning_went_unless_that_replica_is_much_busier():
+    from specee.cluster.router import BLOCK_CHARS, MIN_MATCH_BLOCKS, block_hashes
+
     router, (a, b) = router_with({"a": 0, "b": 0})
     shared = "x" * (BLOCK_CHARS * 4)
     router.tables["b"] = dict.fromkeys(block_hashes(shared + "first question"))
@@ -152,6 +155,8 @@ def test_a_prompt_goes_where_its_beginning_went_unless_that_replica_is_much_busi
 
 
 def test_block_hashes_chain_so_a_match_is_a_whole_common_beginning():
+    from specee.cluster.router import BLOCK_CHARS, block_hashes
+
     one = block_hashes("a" * BLOCK_CHARS + "b" * BLOCK_CHARS)
     two = block_hashes("c" * BLOCK_CHARS + "b" * BLOCK_CHARS)
     assert len(one) == 2 and one[1] != two[1]  # the same second block after a different first
