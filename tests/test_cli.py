@@ -70,7 +70,6 @@ def test_the_speed_line_names_the_weight_format_and_kernels_that_ran(capsys):
     code, out, err = run_main(capsys, "generate", "hello", "--max-tokens", "8", "--cpu-tier", "portable", "--json")
     assert code == 0 and "[gguf weights, compiled kernels (portable);" in err
     assert json.loads(out.strip().splitlines()[-1])["cpu_tier"] == "portable"
-    compiled = out
     code, out, err = run_main(capsys, "generate", "hello", "--max-tokens", "8", "--no-compile")
     assert code == 0 and "[int4 weights, PyTorch kernels;" in err and out.strip()  # auto off the kernels: int4
     code, _, err = run_main(capsys, "generate", "hello", "--max-tokens", "2", "--quantization", "gguf")

@@ -9,8 +9,6 @@ import ast
 import graphlib
 from pathlib import Path
 
-import pytest
-
 import specee
 
 PACKAGE = Path(specee.__file__).parent

@@ -13,7 +13,6 @@ import specee.model.memory as memory
 from helpers import write_llama_gguf
 from specee.cli import main
 from specee.model.errors import ModelLoadError
-from specee.model.memory import blocks_given_back
 
 Q4_K_M = {"default": "Q4_K", "attn_v": "Q6_K", "ffn_down": "Q6_K", "token_embd": "Q6_K"}
 
@@ -37,8 +36,6 @@ def test_the_context_defaults_to_the_models_and_can_be_shortened(gguf_path):
 
 
 def test_the_weight_estimate_is_what_the_model_holds(gguf_path):
-    import torch
-
     engine = specee.load(gguf_path, threads=1)
     estimate, _ = memory.gguf_weight_bytes(gguf_path, "gguf", torch.float32)
     # weight_bytes: what a pass reads (every matrix, the tied head once, the norms).
@@ -53,8 +50,6 @@ def test_a_model_that_cannot_fit_is_refused_before_it_loads(gguf_path, monkeypat
         specee.load(gguf_path, threads=1)
     assert not list((tmp_path / "cache").rglob("packed-*.pt"))
     # The KV cache of the whole context counts: room for a short one is not room for a long one.
-    import torch
-
     from specee.model.loading import read_config, resolve_model_dir
 
     directory = resolve_model_dir(gguf_path)

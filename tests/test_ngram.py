@@ -4,7 +4,6 @@ import pytest
 import torch
 
 from specee.drafters.ngram import NgramModel, NgramProposer
-from specee.verification.tree import TreeLayout
 
 VOCAB = 12
 

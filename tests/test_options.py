@@ -6,7 +6,6 @@ from dataclasses import fields, replace
 
 import pytest
 
-import specee
 from specee.cli import build_parser
 from specee.cli.serve import options_from_config
 from specee.options import LoadOptions, from_mapping, from_namespace

@@ -1,7 +1,6 @@
 """Weight-only int8/int4: round trips within each format's bound, the kernels against the
 dequantized weights, row-count independence (what lossless speculation rests on), GGUF blocks
 read straight from a file against `gguf`'s own dequantization, and bad input."""
-import numpy as np
 import pytest
 import torch
 
