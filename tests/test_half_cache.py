@@ -146,17 +146,19 @@ def test_the_memory_check_counts_two_bytes_an_element():
 
 
 @pytest.mark.slow
-def test_speculative_decoding_on_a_half_cache_gives_dense_decodings_tokens(default_engine):
+def test_speculative_decoding_on_a_half_cache_gives_dense_decodings_tokens():
     """On the default model with --kv-cache-dtype fp16: chains, trees and `auto` give dense
     decoding's tokens on the same cache, accepting and rejecting drafts; the answers differ from
-    the fp32 cache's somewhere (the halves change the numbers); a prompt's K/V reused from the
-    prefix cache gives the same answer."""
+    those of the same weights on an fp32 cache somewhere (the halves change the numbers); a prompt's
+    K/V reused from the prefix cache gives the same answer."""
     import specee
 
     from test_speculative_lossless import PROMPTS
 
     engine = specee.load(kv_cache_dtype="fp16", suffix_cache_tokens=0)  # no earlier answer to copy whole
     assert engine.model.kv_cache_dtype == torch.float16 and engine.model.new_cache(8).keys.dtype == torch.float16
+    full_cache = specee.load(kv_cache_dtype="fp32", suffix_cache_tokens=0)
+    assert full_cache.model.new_cache(8).keys.dtype == torch.float32
     differs, answers = False, {}
     for prompt in PROMPTS[:4]:
         dense = engine.generate(prompt, max_tokens=64, ignore_eos=True, spec_method="none")
@@ -168,7 +170,7 @@ def test_speculative_decoding_on_a_half_cache_gives_dense_decodings_tokens(defau
             stats = result.stats
             assert stats.draft_tokens_accepted > 0 or config.get("spec_method") == "ngram", (prompt, config)
             assert stats.draft_tokens_proposed > stats.draft_tokens_accepted, (prompt, config)
-        full = default_engine.generate(prompt, max_tokens=64, ignore_eos=True, spec_method="none")
+        full = full_cache.generate(prompt, max_tokens=64, ignore_eos=True, spec_method="none")
         differs = differs or full.token_ids != dense.token_ids
     assert differs
     again = engine.generate(PROMPTS[0], max_tokens=64, ignore_eos=True, spec_method="none")
