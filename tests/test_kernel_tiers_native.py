@@ -21,9 +21,9 @@ HARNESS = Path(__file__).resolve().parent / "native" / "tier_check.cpp"
 CROSS_COMPILER = "aarch64-linux-gnu-g++"
 QEMU = "qemu-aarch64"
 CROSS_PACKAGES = "g++-aarch64-linux-gnu qemu-user"
-# The libraries build with -O3; -O0 builds the tier objects in a tenth of the time and a fifth of
-# -O1's, and the harness still runs in about a second (NEON under qemu in seven). Rounding does not
-# depend on it: -ffp-contract=off and the flags below stay. Nor does a build error hide behind it:
+# The libraries build with -O3; -O0 builds the tier objects far sooner (BENCHMARKS.md, "The suite in
+# 11 min 51 s on a Zen 4"), and its slower code costs the harness's run less than that. Rounding does
+# not depend on it: -ffp-contract=off and the flags below stay. Nor does a build error hide behind it:
 # at -O0 GCC's headers take immediate operands as macros, stricter than the inlined forms.
 OPTIMIZATION = "-O0"
 
