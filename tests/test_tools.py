@@ -7,7 +7,8 @@ import pytest
 
 from helpers import CHATML, tiny_model
 from specee.engine import Engine
-from specee.server.schemas import BadRequest, ChatRequest, parse
+from specee.server.errors import BadRequest
+from specee.server.schemas import ChatRequest, parse
 from specee.server.tools import CallReader, ToolPlan, knows_tools
 
 WEATHER = {"name": "get_weather", "description": "The weather in a city",

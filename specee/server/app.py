@@ -20,18 +20,17 @@ from ..batch import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK, Batch
 from ..engine import Engine, Event, Result
 from ..options import LoadOptions, flag
 from .bodies import ClientGone, read_json
-from .front import PAGE, RETRY_AFTER_S, WRONG_KEY, key_matches
 from .completions import Defaults, Planner, Shaper, check_token_ids, prompts_of
+from .errors import BadRequest, error_body
+from .front import PAGE, RETRY_AFTER_S, WRONG_KEY, key_matches
 from .metrics import Metrics
 from .inbox import Inbox
 from .scheduler import Ended, Job, QueueFull, Scheduler
 from .schemas import (
-    BadRequest,
     ChatRequest,
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
-    error_body,
     parse,
 )
 

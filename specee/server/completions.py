@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from ..engine import Engine, Event, Generation, Result, TokenLogprob
 from ..strategies.config import SpecConfig
 from ..text_stream import TextStream
-from .schemas import BadRequest, ChatRequest, CompletionRequest, Sampling
+from .errors import BadRequest
+from .schemas import ChatRequest, CompletionRequest, Sampling
 from .tools import CallReader, ToolPlan, knows_tools
 
 # Distinct speculative configurations whose strategies are kept (strategies hold no request state).

@@ -13,7 +13,7 @@ from ..grammar import Grammar, strict_schema
 from ..sampling import MAX_LOGIT_BIAS, MAX_PENALTY, MAX_TOP_LOGPROBS
 from ..strategies.config import request_schema
 from .calls import DEFAULT_MAX_TOOL_CALLS, MAX_TOOL_CALLS
-from .errors import BadRequest, error_body  # noqa: F401 (the handlers import them from here)
+from .errors import BadRequest
 from .json_depth import MAX_JSON_DEPTH, raw_nesting_depth
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
