@@ -267,10 +267,10 @@ def test_a_matrix_whose_inputs_do_not_split_into_blocks_stays_on_aten(kernels):
     assert isinstance(layer, Int8Linear)
 
 
-def attention_inputs(T: int, past: int, seed: int = 0):
+def attention_inputs(T: int, past: int, seed: int = 0, head_dim: int = 64):
     g = torch.Generator().manual_seed(seed)
-    keys, values = torch.randn(3, 256, 64, generator=g), torch.randn(3, 256, 64, generator=g)
-    return torch.randn(T, 9, 64, generator=g), keys, values
+    keys, values = torch.randn(3, 256, head_dim, generator=g), torch.randn(3, 256, head_dim, generator=g)
+    return torch.randn(T, 9, head_dim, generator=g), keys, values
 
 
 NO_MASK = torch.empty(0, dtype=torch.uint8)
@@ -302,16 +302,24 @@ def test_a_sliding_row_sees_its_last_window_keys_and_the_scale_is_applied(kernel
     assert not torch.allclose(out, kernels.attention(q, keys, values, visible, NO_MASK, 0, past + T, 0, 0.3))
 
 
-def test_attention_equals_pytorch_and_each_row_alone(kernels):
+# Head sizes whose value rows the kernel sums in one sweep of registers, in several (256), and in
+# sweeps that end short of a full one (80: 5 chunks of 16, a sweep of 4 or 2 then 1); fp32 and half caches.
+@pytest.mark.parametrize("head_dim", [64, 80, 256])
+@pytest.mark.parametrize("half", [False, True], ids=["fp32", "fp16"])
+def test_attention_equals_pytorch_and_each_row_alone(kernels, head_dim, half):
     past, T = 100, 13
-    q, keys, values = attention_inputs(T, past)
+    q, keys, values = attention_inputs(T, past, head_dim=head_dim)
+    if half:
+        keys, values = keys.half(), values.half()
     visible = torch.arange(past + 1, past + T + 1)
-    out = kernels.attention(q, keys, values, visible, NO_MASK, 0, past + T, 0, SCALE)
+    scale = head_dim ** -0.5
+    out = kernels.attention(q, keys, values, visible, NO_MASK, 0, past + T, 0, scale)
     for t in range(T):
         S = past + t + 1
-        expected = F.scaled_dot_product_attention(q[t].view(3, 3, 64)[None], keys[None, :, :S], values[None, :, :S])
+        expected = F.scaled_dot_product_attention(q[t].view(3, 3, head_dim)[None], keys[None, :, :S].float(),
+                                                  values[None, :, :S].float())
         torch.testing.assert_close(out[t], expected.reshape(-1), rtol=1e-5, atol=1e-5)
-        alone = kernels.attention(q[t:t + 1].contiguous(), keys, values, visible[t:t + 1], NO_MASK, 0, S, 0, SCALE)
+        alone = kernels.attention(q[t:t + 1].contiguous(), keys, values, visible[t:t + 1], NO_MASK, 0, S, 0, scale)
         assert torch.equal(alone[0], out[t]), f"row {t}"
 
 

@@ -488,10 +488,14 @@ constexpr int64_t MAX_HEAD_CHUNKS = 16;  // head_dim up to 256
 constexpr int64_t PREFETCH_KV_BYTES = 4096;
 constexpr int64_t WIDENED_FLOATS = 4096;  // a cache of halves' keys or values widened at once: 16 KB
 constexpr int64_t ATTEND_BATCH = 24;     // queries that walk the keys together (their scores: 24 x keys floats)
-#if defined(__AVX512F__)  // queries whose value sums share one load of each value, as registers allow
+// Queries whose value sums share one load of each value, and the chunks of their rows summed at once:
+// VALUE_QUERIES x SWEEP_CHUNKS vectors held in registers (32 AVX-512 ones; 16 AVX2 halves).
+#if defined(__AVX512F__)
 constexpr int64_t VALUE_QUERIES = 4;
+constexpr int64_t SWEEP_CHUNKS = 4;
 #else
 constexpr int64_t VALUE_QUERIES = 2;
+constexpr int64_t SWEEP_CHUNKS = 2;
 #endif
 
 #ifndef SPECEE_REDUCE_EACH
@@ -539,42 +543,70 @@ inline F16 key_products(const F16* qv, const float* key, int64_t chunks) {
   return a;
 }
 
-// acc[j] += query j's weight for key i times `value` (the key's fp32 row), for M queries at once.
-template <int M, typename E>
-inline void add_weighted(const Query<E>* qs, int64_t i, const float* value, int64_t chunks,
-                         F16 (*acc)[MAX_HEAD_CHUNKS]) {
-  F16 weights[M];
-  for (int j = 0; j < M; ++j) weights[j] = splat(qs[j].scores[i]);
-  for (int64_t c = 0; c < chunks; ++c) {
-    const F16 v = load(value + c * LANES);
-    for (int j = 0; j < M; ++j) acc[j][c] = fmadd(weights[j], v, acc[j][c]);
+// sums[j hd + c LANES ...] += query j's weight for key i times chunk c of key i's value row
+// (`value_row(i)`, fp32), for the chunks c0 .. c0 + width - 1 of the row and the keys from .. to - 1,
+// for M queries at once: each value loaded once for all M, the sums held in registers over the keys.
+// W: width, where known when compiled (0: not).
+template <int M, int W, typename E, typename ValueRow>
+inline void weigh_sweep(const Query<E>* qs, int64_t hd, int64_t c0, int64_t width, int64_t from, int64_t to,
+                        ValueRow value_row, float* sums) {
+  const int64_t chunks = W > 0 ? W : width;
+  F16 acc[M][SWEEP_CHUNKS];
+  for (int j = 0; j < M; ++j)
+    for (int64_t c = 0; c < chunks; ++c) acc[j][c] = load(sums + j * hd + (c0 + c) * LANES);
+  for (int64_t i = from; i < to; ++i) {
+    const float* value = value_row(i) + c0 * LANES;
+    F16 weights[M];
+    for (int j = 0; j < M; ++j) weights[j] = splat(qs[j].scores[i]);
+    for (int64_t c = 0; c < chunks; ++c) {
+      const F16 v = load(value + c * LANES);
+      for (int j = 0; j < M; ++j) acc[j][c] = fmadd(weights[j], v, acc[j][c]);
+    }
+  }
+  for (int j = 0; j < M; ++j)
+    for (int64_t c = 0; c < chunks; ++c) store(sums + j * hd + (c0 + c) * LANES, acc[j][c]);
+}
+
+// weigh_sweep over the whole row, SWEEP_CHUNKS chunks at a time: M x SWEEP_CHUNKS sums are as many
+// vectors as the tier's registers hold (more, or held in an array indexed through a pointer, they
+// went to memory and back on every key: twice the time). The keys go by as many as 16 KB of values
+// hold, so a row's later sweeps find them in L1.
+template <int M, typename E, typename ValueRow>
+inline void weigh_values(const Query<E>* qs, int64_t hd, int64_t from, int64_t to, ValueRow value_row, float* sums) {
+  const int64_t chunks = hd / LANES, span = WIDENED_FLOATS / hd;
+  for (int64_t first = from; first < to; first += span) {
+    const int64_t last = std::min(to, first + span);
+    for (int64_t c0 = 0; c0 < chunks; c0 += SWEEP_CHUNKS) {
+      if (c0 + SWEEP_CHUNKS <= chunks)
+        weigh_sweep<M, SWEEP_CHUNKS>(qs, hd, c0, SWEEP_CHUNKS, first, last, value_row, sums);
+      else  // the rest of a row whose chunks are no multiple of SWEEP_CHUNKS
+        weigh_sweep<M, 0>(qs, hd, c0, chunks - c0, first, last, value_row, sums);
+    }
   }
 }
 
 // The outputs of M queries that see the same keys: each query's values summed key by key, a
 // value loaded once for all M over the keys they all see, then each alone over the rest of its own.
-template <int M, int CHUNKS>
+template <int M>
 void sum_values(const Query<float>* qs, int64_t hd, const float* inverse, bool lead) {
-  const int64_t chunks = CHUNKS > 0 ? CHUNKS : hd / LANES;
+  const int64_t chunks = hd / LANES;
   int64_t common = qs[0].count;
   for (int j = 1; j < M; ++j) common = std::min(common, qs[j].count);
-  F16 acc[M][MAX_HEAD_CHUNKS];
-  for (int j = 0; j < M; ++j)
-    for (int64_t c = 0; c < chunks; ++c) acc[j][c] = splat(0.0f);
+  alignas(64) float sums[M * MAX_HEAD_CHUNKS * LANES];
+  std::fill(sums, sums + M * hd, 0.0f);
   const int64_t ahead = positions_ahead<float>(hd);
   // The call's first run on these values asks for them ahead (the others find them in cache); a
   // masked order is not worth predicting.
   const bool ask = lead && qs[0].index == nullptr;
-  for (int64_t i = 0; i < common; ++i) {
-    const float* value = qs[0].value(i, hd);
+  weigh_values<M>(qs, hd, 0, common, [&](int64_t i) {
     if (ask && i + ahead < common) prefetch_row(qs[0].value(i + ahead, hd), hd);
-    add_weighted<M>(qs, i, value, chunks, acc);
-  }
+    return qs[0].value(i, hd);
+  }, sums);
   for (int j = 0; j < M; ++j) {
     const Query<float>& query = qs[j];
-    for (int64_t i = common; i < query.count; ++i) add_weighted<1>(qs + j, i, query.value(i, hd), chunks, acc + j);
+    weigh_values<1>(qs + j, hd, common, query.count, [&](int64_t i) { return query.value(i, hd); }, sums + j * hd);
     const F16 factor = splat(inverse[j]);
-    for (int64_t c = 0; c < chunks; ++c) store(query.out + c * LANES, acc[j][c] * factor);
+    for (int64_t c = 0; c < chunks; ++c) store(query.out + c * LANES, load(sums + j * hd + c * LANES) * factor);
   }
 }
 
@@ -606,7 +638,10 @@ void softmax(const Query<E>* qs, int64_t n, float* inverse) {
 // little more than one).
 template <int CHUNKS>  // hd / LANES, or 0: hd / LANES at run time
 void attend_batch(Query<float>* qs, int64_t n, int64_t hd, float scale, bool lead) {
-  const int64_t chunks = CHUNKS > 0 ? CHUNKS : hd / LANES;
+  // hd known when compiled: the loads of a block's keys take fixed offsets from one pointer (at run
+  // time the compiler kept sixteen pointers on the stack and loaded one for every multiply-add).
+  if (CHUNKS > 0) hd = CHUNKS * LANES;
+  const int64_t chunks = hd / LANES;
   int64_t longest = 0;
   for (int64_t j = 0; j < n; ++j) longest = std::max(longest, qs[j].count);
   const F16 scaled = splat(scale);
@@ -621,7 +656,12 @@ void attend_batch(Query<float>* qs, int64_t n, int64_t hd, float scale, bool lea
         if (lead && j == 0 && query.index == nullptr && p + ahead + LANES <= query.count)  // the first reader
           for (int64_t k = 0; k < LANES; ++k) prefetch_row(query.key(p + ahead + k, hd), hd);
         F16 acc[LANES];
-        for (int64_t k = 0; k < LANES; ++k) acc[k] = key_products(qv, query.key(p + k, hd), chunks);
+        if (query.index == nullptr) {  // rows hd apart: fixed offsets from one pointer
+          const float* keys = query.key(p, hd);
+          for (int64_t k = 0; k < LANES; ++k) acc[k] = key_products(qv, keys + k * hd, chunks);
+        } else {
+          for (int64_t k = 0; k < LANES; ++k) acc[k] = key_products(qv, query.key(p + k, hd), chunks);
+        }
         store(query.scores + p, reduce_add_each(acc) * scaled);
       } else {
         for (int64_t i = p; i < query.count; ++i)
@@ -634,10 +674,10 @@ void attend_batch(Query<float>* qs, int64_t n, int64_t hd, float scale, bool lea
     int64_t m = 1;
     while (m < VALUE_QUERIES && j0 + m < n && qs[j0 + m].same_keys(qs[j0])) ++m;
     switch (m) {
-      case 1: sum_values<1, CHUNKS>(qs + j0, hd, inverse + j0, lead && j0 == 0); break;
-      case 2: sum_values<2, CHUNKS>(qs + j0, hd, inverse + j0, lead && j0 == 0); break;
-      case 3: sum_values<3, CHUNKS>(qs + j0, hd, inverse + j0, lead && j0 == 0); break;
-      default: sum_values<4, CHUNKS>(qs + j0, hd, inverse + j0, lead && j0 == 0); break;
+      case 1: sum_values<1>(qs + j0, hd, inverse + j0, lead && j0 == 0); break;
+      case 2: sum_values<2>(qs + j0, hd, inverse + j0, lead && j0 == 0); break;
+      case 3: sum_values<3>(qs + j0, hd, inverse + j0, lead && j0 == 0); break;
+      default: sum_values<4>(qs + j0, hd, inverse + j0, lead && j0 == 0); break;
     }
     j0 += m;
   }
@@ -658,21 +698,15 @@ inline void widen(const Query<uint16_t>& query, const uint16_t* base, int64_t fi
 
 // sum_values over the keys begin .. end - 1 only, their values in `block` (the row of key i at
 // (i - begin) hd), the sums carried in `sums` [M][hd] from one block of keys to the next.
-template <int M, int CHUNKS>
+template <int M>
 void sum_values_block(const Query<uint16_t>* qs, int64_t hd, const float* block, int64_t begin, int64_t end,
                       float* sums) {
-  const int64_t chunks = CHUNKS > 0 ? CHUNKS : hd / LANES;
   int64_t common = qs[0].count;
   for (int j = 1; j < M; ++j) common = std::min(common, qs[j].count);
-  F16 acc[M][MAX_HEAD_CHUNKS];
+  auto row = [&](int64_t i) { return block + (i - begin) * hd; };
+  weigh_values<M>(qs, hd, begin, std::min(end, common), row, sums);
   for (int j = 0; j < M; ++j)
-    for (int64_t c = 0; c < chunks; ++c) acc[j][c] = load(sums + j * hd + c * LANES);
-  for (int64_t i = begin; i < std::min(end, common); ++i) add_weighted<M>(qs, i, block + (i - begin) * hd, chunks, acc);
-  for (int j = 0; j < M; ++j) {
-    for (int64_t i = std::max(begin, common); i < std::min(end, qs[j].count); ++i)
-      add_weighted<1>(qs + j, i, block + (i - begin) * hd, chunks, acc + j);
-    for (int64_t c = 0; c < chunks; ++c) store(sums + j * hd + c * LANES, acc[j][c]);
-  }
+    weigh_values<1>(qs + j, hd, std::max(begin, common), std::min(end, qs[j].count), row, sums + j * hd);
 }
 
 // A cache of halves: attend_batch's arithmetic, key for key, on the keys and values widened to
@@ -681,7 +715,8 @@ void sum_values_block(const Query<uint16_t>* qs, int64_t hd, const float* block,
 // the widening once, and reads half the bytes of an fp32 cache.
 template <int CHUNKS>
 void attend_batch_half(Query<uint16_t>* qs, int64_t n, int64_t hd, float scale, bool lead) {
-  const int64_t chunks = CHUNKS > 0 ? CHUNKS : hd / LANES;
+  if (CHUNKS > 0) hd = CHUNKS * LANES;  // known when compiled (attend_batch)
+  const int64_t chunks = hd / LANES;
   const int64_t span = WIDENED_FLOATS / hd / LANES * LANES;  // keys widened at once for the values (16 or more)
   // Aligned to cache lines: a vector load that straddled two would cost two.
   alignas(64) float block[WIDENED_FLOATS];
@@ -733,10 +768,10 @@ void attend_batch_half(Query<uint16_t>* qs, int64_t n, int64_t hd, float scale, 
         const int64_t end = begin + need;
         float* carried = sums + j0 * hd;
         switch (m) {
-          case 1: sum_values_block<1, CHUNKS>(qs + j0, hd, block, begin, end, carried); break;
-          case 2: sum_values_block<2, CHUNKS>(qs + j0, hd, block, begin, end, carried); break;
-          case 3: sum_values_block<3, CHUNKS>(qs + j0, hd, block, begin, end, carried); break;
-          default: sum_values_block<4, CHUNKS>(qs + j0, hd, block, begin, end, carried); break;
+          case 1: sum_values_block<1>(qs + j0, hd, block, begin, end, carried); break;
+          case 2: sum_values_block<2>(qs + j0, hd, block, begin, end, carried); break;
+          case 3: sum_values_block<3>(qs + j0, hd, block, begin, end, carried); break;
+          default: sum_values_block<4>(qs + j0, hd, block, begin, end, carried); break;
         }
       }
       j0 += m;
