@@ -488,15 +488,25 @@ constexpr int64_t MAX_HEAD_CHUNKS = 16;  // head_dim up to 256
 constexpr int64_t PREFETCH_KV_BYTES = 4096;
 constexpr int64_t WIDENED_FLOATS = 4096;  // a cache of halves' keys or values widened at once: 16 KB
 constexpr int64_t ATTEND_BATCH = 24;     // queries that walk the keys together (their scores: 24 x keys floats)
-// Queries whose value sums share one load of each value, and the chunks of their rows summed at once:
-// VALUE_QUERIES x SWEEP_CHUNKS vectors held in registers (32 AVX-512 ones; 16 AVX2 halves).
+// Queries whose value sums share one load of each value (as many as the registers allow), and the
+// vectors of value sums a tier's registers hold at once (32 AVX-512 registers; 16 AVX2 halves): a
+// sweep over the keys takes that many over the M queries (weigh_values). An fp32 cache's rows are
+// read where they lie, and a sweep reads only its chunks' cache lines: on AVX2 two sweeps over a
+// row of 64 read it from L2 twice, slower than the one spilled sum of a single sweep, so its sweeps
+// may take twice as many.
 #if defined(__AVX512F__)
 constexpr int64_t VALUE_QUERIES = 4;
-constexpr int64_t SWEEP_CHUNKS = 4;
+constexpr int64_t SUM_VECTORS = 16, FP32_SUM_VECTORS = 16;
 #else
 constexpr int64_t VALUE_QUERIES = 2;
-constexpr int64_t SWEEP_CHUNKS = 2;
+constexpr int64_t SUM_VECTORS = 4, FP32_SUM_VECTORS = 8;
 #endif
+// Chunks of a value row summed in one sweep for M queries: a power of two, M of them at most `budget`.
+constexpr int64_t sweep_chunks(int64_t m, int64_t budget) {
+  int64_t width = 1;
+  while (2 * width * m <= budget) width *= 2;
+  return width;
+}
 
 #ifndef SPECEE_REDUCE_EACH
 // Lane j: reduce_add(a[j]), the halving tree of each vector (tiers with shuffles have their own).
@@ -544,45 +554,48 @@ inline F16 key_products(const F16* qv, const float* key, int64_t chunks) {
 }
 
 // sums[j hd + c LANES ...] += query j's weight for key i times chunk c of key i's value row
-// (`value_row(i)`, fp32), for the chunks c0 .. c0 + width - 1 of the row and the keys from .. to - 1,
+// (`value_row(i)`, fp32), for the W chunks c0 .. c0 + W - 1 of the row and the keys from .. to - 1,
 // for M queries at once: each value loaded once for all M, the sums held in registers over the keys.
-// W: width, where known when compiled (0: not).
-template <int M, int W, typename E, typename ValueRow>
-inline void weigh_sweep(const Query<E>* qs, int64_t hd, int64_t c0, int64_t width, int64_t from, int64_t to,
-                        ValueRow value_row, float* sums) {
-  const int64_t chunks = W > 0 ? W : width;
-  F16 acc[M][SWEEP_CHUNKS];
+template <int M, int64_t W, typename E, typename ValueRow>
+inline void weigh_sweep(const Query<E>* qs, int64_t hd, int64_t c0, int64_t from, int64_t to, ValueRow value_row,
+                        float* sums) {
+  F16 acc[M][W];
   for (int j = 0; j < M; ++j)
-    for (int64_t c = 0; c < chunks; ++c) acc[j][c] = load(sums + j * hd + (c0 + c) * LANES);
+    for (int64_t c = 0; c < W; ++c) acc[j][c] = load(sums + j * hd + (c0 + c) * LANES);
   for (int64_t i = from; i < to; ++i) {
     const float* value = value_row(i) + c0 * LANES;
     F16 weights[M];
     for (int j = 0; j < M; ++j) weights[j] = splat(qs[j].scores[i]);
-    for (int64_t c = 0; c < chunks; ++c) {
+    for (int64_t c = 0; c < W; ++c) {
       const F16 v = load(value + c * LANES);
       for (int j = 0; j < M; ++j) acc[j][c] = fmadd(weights[j], v, acc[j][c]);
     }
   }
   for (int j = 0; j < M; ++j)
-    for (int64_t c = 0; c < chunks; ++c) store(sums + j * hd + (c0 + c) * LANES, acc[j][c]);
+    for (int64_t c = 0; c < W; ++c) store(sums + j * hd + (c0 + c) * LANES, acc[j][c]);
 }
 
-// weigh_sweep over the whole row, SWEEP_CHUNKS chunks at a time: M x SWEEP_CHUNKS sums are as many
-// vectors as the tier's registers hold (more, or held in an array indexed through a pointer, they
-// went to memory and back on every key: twice the time). The keys go by as many as 16 KB of values
-// hold, so a row's later sweeps find them in L1.
+// weigh_sweep over the chunks c0 .. of the row, W at a time, then what is left in narrower sweeps.
+template <int M, int64_t W, typename E, typename ValueRow>
+inline void weigh_sweeps(const Query<E>* qs, int64_t hd, int64_t c0, int64_t from, int64_t to, ValueRow value_row,
+                         float* sums) {
+  const int64_t chunks = hd / LANES;
+  for (; c0 + W <= chunks; c0 += W) weigh_sweep<M, W>(qs, hd, c0, from, to, value_row, sums);
+  if constexpr (W > 1)
+    if (c0 < chunks) weigh_sweeps<M, W / 2>(qs, hd, c0, from, to, value_row, sums);
+}
+
+// The value sums of M queries over the keys from .. to - 1, sweep_chunks(M, ...) chunks of the row at a
+// time: as many sums as the registers hold, and enough of them that a key's multiply-adds need not
+// wait for the last key's (more, or held in an array indexed through a pointer, they went to
+// memory and back on every key: twice the time). The keys go by as many as 16 KB of values hold,
+// so a widened block's later sweeps find them in L1.
 template <int M, typename E, typename ValueRow>
 inline void weigh_values(const Query<E>* qs, int64_t hd, int64_t from, int64_t to, ValueRow value_row, float* sums) {
-  const int64_t chunks = hd / LANES, span = WIDENED_FLOATS / hd;
-  for (int64_t first = from; first < to; first += span) {
-    const int64_t last = std::min(to, first + span);
-    for (int64_t c0 = 0; c0 < chunks; c0 += SWEEP_CHUNKS) {
-      if (c0 + SWEEP_CHUNKS <= chunks)
-        weigh_sweep<M, SWEEP_CHUNKS>(qs, hd, c0, SWEEP_CHUNKS, first, last, value_row, sums);
-      else  // the rest of a row whose chunks are no multiple of SWEEP_CHUNKS
-        weigh_sweep<M, 0>(qs, hd, c0, chunks - c0, first, last, value_row, sums);
-    }
-  }
+  constexpr int64_t SWEEP = sweep_chunks(M, std::is_same_v<E, float> ? FP32_SUM_VECTORS : SUM_VECTORS);
+  const int64_t span = WIDENED_FLOATS / hd;
+  for (int64_t first = from; first < to; first += span)
+    weigh_sweeps<M, SWEEP>(qs, hd, 0, first, std::min(to, first + span), value_row, sums);
 }
 
 // The outputs of M queries that see the same keys: each query's values summed key by key, a
