@@ -12,12 +12,16 @@ def scan(context: list[int], n: int) -> list[int]:
 
 
 @pytest.mark.parametrize("seed", range(5))
-def test_lookups_equal_a_full_scan_for_committed_text_plus_a_draft_path(seed):
+@pytest.mark.parametrize("at_once", [False, True], ids=["grown", "at once"])
+def test_lookups_equal_a_full_scan_for_committed_text_plus_a_draft_path(seed, at_once):
     rng = random.Random(seed)
     committed = [rng.randrange(4) for _ in range(rng.randrange(1, 200))]
     index = SuffixIndex(max_n=3)
-    index.reset(committed[:5])
-    index.extend(committed)  # grown in two steps, as during a generation
+    if at_once:  # a prompt, indexed whole
+        index.reset(committed)
+    else:  # grown in two steps, as during a generation
+        index.reset(committed[:5])
+        index.extend(committed)
     for _ in range(20):
         context = committed + [rng.randrange(4) for _ in range(rng.randrange(0, 10))]
         for n in range(1, min(3, len(context) - 1) + 1):

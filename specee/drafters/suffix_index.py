@@ -21,10 +21,15 @@ class SuffixIndex:
         self._extended_by: list[int] | None = None  # the latest list `covered` found extending the text
 
     def reset(self, tokens: list[int]) -> None:
-        self.tokens = []
-        self._follows = {}
+        """Index `tokens` afresh: each n's n-grams in one loop over zipped views of the text (half
+        the time of appending a long prompt token by token; the same positions, oldest first)."""
+        self.tokens = list(tokens)
         self._extended_by = None
-        self.extend(tokens)
+        follows: dict[tuple[int, ...], list[int]] = {}
+        for n in range(1, self.max_n + 1):
+            for end, key in enumerate(zip(*(self.tokens[k:] for k in range(n))), start=n):
+                follows.setdefault(key, []).append(end)
+        self._follows = follows
 
     def extend(self, context: list[int]) -> None:
         """Index `context`, which must start with the text indexed so far (else it is re-indexed)."""
